@@ -1,0 +1,50 @@
+"""The project's exception tree.
+
+    DflashError
+    ├── RetryableError          transient: try again later (connection reset, 5xx, 503, S3 SlowDown)
+    │   └── ServerUnavailable   the SGLang server is down; the chunk goes back to the queue
+    └── PermanentError          retrying cannot help
+        ├── SampleRejected      the server refused one sample (HTTP 400); recorded, never retried
+        ├── ConfigError         bad settings or arguments
+        ├── InputError          the input file cannot be read at all
+        ├── JobMismatch         the output root holds a different job
+        └── StoreError          the output store is unusable (missing bucket, permissions)
+"""
+
+from __future__ import annotations
+
+
+class DflashError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class RetryableError(DflashError):
+    """A transient failure: the same operation may succeed later."""
+
+
+class ServerUnavailable(RetryableError):
+    """The inference server cannot be reached or is unhealthy."""
+
+
+class PermanentError(DflashError):
+    """A failure that retrying will not fix."""
+
+
+class SampleRejected(PermanentError):
+    """The server rejected one request (e.g. the prompt is longer than the context)."""
+
+
+class ConfigError(PermanentError):
+    """Invalid settings or command-line arguments."""
+
+
+class InputError(PermanentError):
+    """The input cannot be read at all (missing file, unreadable gzip)."""
+
+
+class JobMismatch(PermanentError):
+    """The output root already holds a job with another input or generation spec."""
+
+
+class StoreError(PermanentError):
+    """The output store cannot be used."""
