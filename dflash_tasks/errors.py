@@ -1,14 +1,14 @@
 """The project's exception tree.
 
-    DflashError
-    ├── RetryableError          transient: try again later (connection reset, 5xx, 503, S3 SlowDown)
-    │   └── ServerUnavailable   the SGLang server is down; the chunk goes back to the queue
-    └── PermanentError          retrying cannot help
-        ├── SampleRejected      the server refused one sample (HTTP 400); recorded, never retried
-        ├── ConfigError         bad settings or arguments
-        ├── InputError          the input file cannot be read at all
-        ├── JobMismatch         the output root holds a different job
-        └── StoreError          the output store is unusable (missing bucket, permissions)
+DflashError
+├── RetryableError          transient: try again later (connection reset, 5xx, 503, S3 SlowDown)
+│   └── ServerUnavailable   the SGLang server is down; the chunk goes back to the queue
+└── PermanentError          retrying cannot help
+    ├── SampleRejected      the server refused one sample (HTTP 400); recorded, never retried
+    ├── ConfigError         bad settings or arguments
+    ├── InputError          the input file cannot be read at all
+    ├── JobMismatch         the output root holds a different job
+    └── StoreError          the output store is unusable (missing bucket, permissions)
 """
 
 from __future__ import annotations

@@ -1,0 +1,201 @@
+"""Redis bookkeeping: the job registry, chunk leases, done markers and counters.
+
+Redis only speeds things up and coordinates live workers; the store stays the truth. Losing
+every key here (a fresh Redis, FLUSHALL) costs no data: re-running enqueue rebuilds it.
+
+Keys (``P`` is the prefix, ``J`` a job id)::
+
+    P:jobs                  set of registered job ids
+    P:job:J                 hash: output URI, state (running|paused), pause reason
+    P:job:J:leases          zset chunk -> lease expiry (unix s); a live lease means "running"
+    P:job:J:owners          hash chunk -> owner (worker name / task id)
+    P:job:J:done            set of chunks whose completions are stored
+    P:job:J:stats           hash of counters (samples_ok, samples_failed, completion_tokens, ...)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+import redis
+
+from dflash_tasks.errors import RetryableError
+
+# Take (or re-take) a lease unless a different owner holds a live one. Returns 1 on success.
+_ACQUIRE = """
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if expiry and tonumber(expiry) > tonumber(ARGV[3]) then
+  local owner = redis.call('HGET', KEYS[2], ARGV[1])
+  if owner and owner ~= ARGV[2] then return 0 end
+end
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
+# Mark a chunk done once: counters move only on the first completion of a chunk.
+_COMPLETE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+if redis.call('SADD', KEYS[3], ARGV[1]) == 1 then
+  for i = 2, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[4], ARGV[i], ARGV[i + 1]) end
+  return 1
+end
+return 0
+"""
+
+# Release a lease only if we still own it.
+_RELEASE = """
+if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
+class Bookkeeping:
+    """The boundary to the bookkeeping keys in Redis; Redis errors become :class:`RetryableError`."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "dflash") -> None:
+        self._r = client
+        self._p = prefix
+        self._acquire = client.register_script(_ACQUIRE)
+        self._complete = client.register_script(_COMPLETE)
+        self._release = client.register_script(_RELEASE)
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "dflash") -> Bookkeeping:
+        client = redis.Redis.from_url(
+            url, socket_timeout=30, socket_connect_timeout=10, health_check_interval=25
+        )
+        return cls(client, prefix)
+
+    @property
+    def client(self) -> redis.Redis:
+        return self._r
+
+    def _k(self, job_id: str, what: str = "") -> str:
+        return f"{self._p}:job:{job_id}" + (f":{what}" if what else "")
+
+    # -- job registry ---------------------------------------------------------------------------
+    def register_job(self, job_id: str, output_uri: str) -> None:
+        """Make the job known to workers (they look up its output location here)."""
+        with _redis_errors("registering the job"):
+            pipe = self._r.pipeline()
+            pipe.sadd(f"{self._p}:jobs", job_id)
+            pipe.hsetnx(self._k(job_id), "state", "running")
+            pipe.hset(self._k(job_id), mapping={"output": output_uri, "registered": time.time()})
+            pipe.execute()
+
+    def job_info(self, job_id: str) -> dict[str, str]:
+        with _redis_errors("reading the job registry"):
+            raw = cast(Mapping[bytes, bytes], self._r.hgetall(self._k(job_id)))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def jobs(self) -> list[str]:
+        with _redis_errors("listing jobs"):
+            return sorted(m.decode() for m in cast(Iterable[bytes], self._r.smembers(f"{self._p}:jobs")))
+
+    def finish_job(self, job_id: str) -> None:
+        """Forget a finished job's registry entry (the store keeps everything)."""
+        with _redis_errors("unregistering the job"):
+            self._r.srem(f"{self._p}:jobs", job_id)
+
+    # -- leases -----------------------------------------------------------------------------------
+    def acquire(self, job_id: str, chunk: int, owner: str, lease_seconds: float) -> bool:
+        """Lease ``chunk`` for ``owner``; False when another owner holds a live lease."""
+        now = time.time()
+        with _redis_errors("taking a chunk lease"):
+            got = self._acquire(
+                keys=[self._k(job_id, "leases"), self._k(job_id, "owners")],
+                args=[chunk, owner, now, now + lease_seconds],
+            )
+        return bool(got)
+
+    def renew(self, leases: Iterable[tuple[str, int, str]], lease_seconds: float) -> None:
+        """Extend the given (job, chunk, owner) leases; re-creates them if Redis lost them."""
+        expiry = time.time() + lease_seconds
+        pipe = self._r.pipeline(transaction=False)
+        for job_id, chunk, owner in leases:
+            pipe.zadd(self._k(job_id, "leases"), {str(chunk): expiry})
+            pipe.hset(self._k(job_id, "owners"), str(chunk), owner)
+        with _redis_errors("renewing chunk leases"):
+            pipe.execute()
+
+    def release(self, job_id: str, chunk: int, owner: str) -> None:
+        with _redis_errors("releasing a chunk lease"):
+            self._release(keys=[self._k(job_id, "leases"), self._k(job_id, "owners")], args=[chunk, owner])
+
+    def complete(self, job_id: str, chunk: int, counters: Mapping[str, float]) -> bool:
+        """Record ``chunk`` as done and add ``counters`` (once per chunk). True on the first completion."""
+        args: list[Any] = [chunk]
+        for name, value in counters.items():
+            args += [name, value]
+        keys = [self._k(job_id, w) for w in ("leases", "owners", "done", "stats")]
+        with _redis_errors("recording a finished chunk"):
+            return bool(self._complete(keys=keys, args=args))
+
+    def live_leases(self, job_id: str, now: float | None = None) -> dict[int, float]:
+        """Running chunks: chunk -> lease expiry, for leases not yet expired."""
+        with _redis_errors("reading leases"):
+            rows = self._r.zrangebyscore(
+                self._k(job_id, "leases"), now or time.time(), "+inf", withscores=True
+            )
+        return {int(m): float(s) for m, s in cast(list[tuple[bytes, float]], rows)}
+
+    def expired_leases(self, job_id: str, now: float | None = None) -> list[int]:
+        with _redis_errors("reading leases"):
+            rows = self._r.zrangebyscore(self._k(job_id, "leases"), "-inf", now or time.time())
+        return [int(m) for m in cast(list[bytes], rows)]
+
+    def claim_expired(self, job_id: str, chunk: int) -> bool:
+        """Remove an expired lease; True for exactly one of several concurrent reconcilers."""
+        with _redis_errors("claiming an expired lease"):
+            removed = self._r.zrem(self._k(job_id, "leases"), str(chunk))
+            self._r.hdel(self._k(job_id, "owners"), str(chunk))
+        return bool(removed)
+
+    def owners(self, job_id: str) -> dict[int, str]:
+        with _redis_errors("reading lease owners"):
+            raw = cast(Mapping[bytes, bytes], self._r.hgetall(self._k(job_id, "owners")))
+        return {int(k): v.decode() for k, v in raw.items()}
+
+    # -- done markers and counters ------------------------------------------------------------------
+    def mark_done(self, job_id: str, chunks: Iterable[int]) -> None:
+        """Seed the done set from the store (after a restart or a Redis loss)."""
+        batch = [str(c) for c in chunks]
+        with _redis_errors("seeding done chunks"):
+            for i in range(0, len(batch), 10_000):
+                self._r.sadd(self._k(job_id, "done"), *batch[i : i + 10_000])
+
+    def done_count(self, job_id: str) -> int:
+        with _redis_errors("counting done chunks"):
+            return int(self._r.scard(self._k(job_id, "done")))
+
+    def stats(self, job_id: str) -> dict[str, float]:
+        with _redis_errors("reading job counters"):
+            raw = cast(Mapping[bytes, bytes], self._r.hgetall(self._k(job_id, "stats")))
+        return {k.decode(): float(v) for k, v in raw.items()}
+
+    def try_lock(self, name: str, owner: str, seconds: float) -> bool:
+        """A short best-effort lock (e.g. one reconciler at a time)."""
+        with _redis_errors("taking a lock"):
+            return bool(self._r.set(f"{self._p}:lock:{name}", owner, nx=True, px=int(seconds * 1000)))
+
+
+class _redis_errors:
+    """Context manager translating redis-py errors into :class:`RetryableError`."""
+
+    def __init__(self, doing: str) -> None:
+        self._doing = doing
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, redis.RedisError):
+            raise RetryableError(f"Redis error while {self._doing}: {exc}") from exc

@@ -1,0 +1,122 @@
+"""Running one chunk: the plain function behind the Celery task (testable without a broker)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_tasks.bookkeeping import Bookkeeping
+from dflash_tasks.errors import ServerUnavailable
+from dflash_tasks.generation import RetryPolicy, WorkerIdentity, generate_sample
+from dflash_tasks.job import input_key, output_key
+from dflash_tasks.jobs_cache import JobCache
+from dflash_tasks.leases import LeaseKeeper
+from dflash_tasks.sglang_client import SGLangClient
+from dflash_tasks.staging import decode_chunk
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkOutcome:
+    """What happened to a chunk delivery."""
+
+    status: str  # "done" | "skipped"
+    reason: str = ""
+    samples_ok: int = 0
+    samples_failed: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "samples_ok": self.samples_ok,
+            "samples_failed": self.samples_failed,
+            "completion_tokens": self.completion_tokens,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass(slots=True)
+class ChunkContext:
+    """What a worker process shares between the chunks it runs."""
+
+    client: SGLangClient
+    pool: ThreadPoolExecutor  # max_inflight threads: the server's in-flight budget, shared by chunks
+    bookkeeping: Bookkeeping
+    jobs: JobCache
+    leases: LeaseKeeper
+    policy: RetryPolicy
+    identity: WorkerIdentity
+    lease_seconds: float
+
+
+def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOutcome:
+    """Generate and store ``chunk`` of ``job_id`` unless it is done or running elsewhere.
+
+    Raises :class:`ServerUnavailable` (nothing stored, lease released) when the server dies.
+    """
+    job = ctx.jobs.get(job_id)
+    out_key = output_key(chunk)
+    if job.store.exists(out_key):
+        return ChunkOutcome("skipped", "already done")
+    if not ctx.bookkeeping.acquire(job_id, chunk, owner, ctx.lease_seconds):
+        return ChunkOutcome("skipped", "running elsewhere (live lease)")
+    started = time.monotonic()
+    ctx.leases.hold(job_id, chunk, owner)
+    try:
+        if job.store.exists(out_key):  # finished by another worker between the check and the lease
+            ctx.bookkeeping.release(job_id, chunk, owner)
+            return ChunkOutcome("skipped", "already done")
+        samples = decode_chunk(job.store.read(input_key(chunk)))
+        spec = job.definition.spec
+        rid_prefix = f"{job_id}-{chunk}"
+        futures = [
+            ctx.pool.submit(generate_sample, ctx.client, spec, s, ctx.identity, ctx.policy, rid_prefix)
+            for s in samples
+        ]
+        records = _collect(futures)
+        job.store.write(
+            out_key, b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
+        )
+        ok = sum(1 for r in records if r["status"] == "ok")
+        tokens = sum(int(r["usage"]["completion_tokens"]) for r in records)
+        ctx.bookkeeping.complete(
+            job_id,
+            chunk,
+            {
+                "samples_ok": ok,
+                "samples_failed": len(records) - ok,
+                "completion_tokens": tokens,
+                "prompt_tokens": sum(int(r["usage"]["prompt_tokens"]) for r in records),
+                "chunk_seconds": time.monotonic() - started,
+            },
+        )
+        return ChunkOutcome("done", "", ok, len(records) - ok, tokens, time.monotonic() - started)
+    except BaseException:
+        try:
+            ctx.bookkeeping.release(job_id, chunk, owner)
+        except Exception:  # the lease expires on its own; the reconciler re-queues the chunk
+            log.warning("could not release the lease of chunk %s of job %s", chunk, job_id)
+        raise
+    finally:
+        ctx.leases.drop(job_id, chunk)
+
+
+def _collect(futures: list[Future[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Results in input order; on a dead server, cancel what has not started and re-raise."""
+    records: list[dict[str, Any]] = []
+    try:
+        for fut in futures:
+            records.append(fut.result())
+    except ServerUnavailable:
+        for fut in futures:
+            fut.cancel()
+        raise
+    return records

@@ -1,0 +1,117 @@
+"""Lease heartbeats and the reconciler that re-queues chunks whose worker died.
+
+A worker renews the leases of the chunks it runs every ``heartbeat_seconds``. When a worker
+(or its whole machine) dies, its leases stop being renewed; within ``lease_seconds`` +
+``reconcile_seconds`` some live worker notices the expired lease and queues the chunk again,
+without waiting for the broker's visibility timeout (hours, by design).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from dflash_tasks.bookkeeping import Bookkeeping
+from dflash_tasks.errors import DflashError
+from dflash_tasks.job import output_key
+from dflash_tasks.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    """Tracks this process's leases and renews them from one background thread."""
+
+    def __init__(self, bookkeeping: Bookkeeping, lease_seconds: float, heartbeat_seconds: float) -> None:
+        self._bk = bookkeeping
+        self._lease = lease_seconds
+        self._beat = heartbeat_seconds
+        self._held: dict[tuple[str, int], str] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, job_id: str, chunk: int, owner: str) -> None:
+        with self._lock:
+            self._held[(job_id, chunk)] = owner
+
+    def drop(self, job_id: str, chunk: int) -> None:
+        with self._lock:
+            self._held.pop((job_id, chunk), None)
+
+    def held(self) -> list[tuple[str, int, str]]:
+        with self._lock:
+            return [(job, chunk, owner) for (job, chunk), owner in self._held.items()]
+
+    def renew_now(self) -> None:
+        held = self.held()
+        if held:
+            self._bk.renew(held, self._lease)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="dflash-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._beat):
+            try:
+                self.renew_now()
+            except DflashError as exc:
+                log.warning("lease heartbeat failed: %s", exc)
+
+
+class Reconciler:
+    """Re-queues chunks whose lease expired; at most one live worker runs a pass at a time."""
+
+    def __init__(
+        self,
+        bookkeeping: Bookkeeping,
+        open_job_store: Callable[[str], Store],
+        requeue: Callable[[str, int], None],
+        owner: str,
+        interval: float,
+    ) -> None:
+        self._bk = bookkeeping
+        self._open = open_job_store
+        self._requeue = requeue
+        self._owner = owner
+        self._interval = interval
+        self._stop = threading.Event()
+
+    def run_once(self) -> list[tuple[str, int]]:
+        """One pass over every registered job; returns the (job, chunk) pairs re-queued."""
+        if not self._bk.try_lock("reconcile", self._owner, max(self._interval * 0.8, 1.0)):
+            return []
+        requeued: list[tuple[str, int]] = []
+        for job_id in self._bk.jobs():
+            expired = self._bk.expired_leases(job_id)
+            if not expired:
+                continue
+            store = self._open(job_id)
+            for chunk in expired:
+                if self._bk.claim_expired(job_id, chunk) and not store.exists(output_key(chunk)):
+                    self._requeue(job_id, chunk)
+                    requeued.append((job_id, chunk))
+                    log.warning(
+                        "re-queued chunk %d of job %s: its lease expired (worker lost)", chunk, job_id
+                    )
+        return requeued
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="dflash-reconciler", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.run_once()
+            except DflashError as exc:
+                log.warning("reconciler pass failed: %s", exc)
+            except Exception:
+                log.exception("reconciler pass crashed")

@@ -1,0 +1,129 @@
+"""Runtime settings: one frozen dataclass built from ``DFLASH_*`` environment variables and CLI flags.
+
+This is the only module that reads the environment. Every process (enqueue, workers, verify,
+Celery's own configuration in ``celeryconfig.py``) builds a :class:`Settings` with
+:meth:`Settings.load` and passes it down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from dflash_tasks.errors import ConfigError
+
+ENV_PREFIX = "DFLASH_"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Process settings. Field ``x`` is read from ``DFLASH_X``; CLI flags override both."""
+
+    #: Celery broker and bookkeeping Redis (one Redis holds both).
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    #: The shared Celery queue every GPU worker consumes.
+    queue: str = "dflash"
+    #: Key prefix of the bookkeeping keys in Redis (leases, counters, job registry).
+    redis_prefix: str = "dflash"
+    #: Broker visibility timeout (s): far above the longest chunk, so live chunks are never redelivered.
+    visibility_timeout: int = 12 * 3600
+    #: A chunk lease lives this long without a heartbeat before the chunk is re-queued (s).
+    lease_seconds: float = 60.0
+    #: How often a worker renews the leases of the chunks it runs (s).
+    heartbeat_seconds: float = 10.0
+    #: How often live workers look for chunks whose lease expired (s).
+    reconcile_seconds: float = 15.0
+    #: Client timeout of one generation request (s). Thinking outputs are long: be generous.
+    request_timeout: float = 1800.0
+    #: Attempts per sample for retryable failures (connection errors, timeouts, 5xx, 503).
+    request_attempts: int = 6
+    #: First backoff delay (s); doubles per attempt, with full jitter, up to ``retry_backoff_max``.
+    retry_backoff: float = 1.0
+    retry_backoff_max: float = 60.0
+    #: How often a worker whose server is down polls its health endpoint (s).
+    health_poll_seconds: float = 5.0
+    #: The SGLang endpoint this worker is bound to (workers only).
+    endpoint: str = ""
+    #: Bearer token for SGLang servers started with ``--api-key`` (never logged).
+    sglang_api_key: str = ""
+    #: Requests this worker keeps in flight against its server (SGLang's spec-decoding cap is 48).
+    max_inflight: int = 48
+    #: Chunks a worker holds at once; 0 = enough to keep ``max_inflight`` busy across chunk boundaries.
+    chunks_per_worker: int = 0
+    #: Worker name shown in Flower and recorded on each sample.
+    worker_name: str = ""
+    #: Log level of workers.
+    log_level: str = "INFO"
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Build settings from ``env`` (default: ``os.environ``), then apply non-None ``overrides``."""
+        source = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for field in fields(cls):
+            raw = source.get(ENV_PREFIX + field.name.upper())
+            if raw is not None and raw != "":
+                values[field.name] = _coerce(field.name, field.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first invalid field."""
+        if self.max_inflight < 1:
+            raise ConfigError(f"max_inflight must be >= 1, got {self.max_inflight}")
+        if self.request_attempts < 1:
+            raise ConfigError(f"request_attempts must be >= 1, got {self.request_attempts}")
+        if self.heartbeat_seconds <= 0 or self.lease_seconds <= self.heartbeat_seconds:
+            raise ConfigError(
+                f"lease_seconds ({self.lease_seconds}) must exceed "
+                f"heartbeat_seconds ({self.heartbeat_seconds})"
+            )
+        if self.visibility_timeout <= self.lease_seconds:
+            raise ConfigError("visibility_timeout must exceed lease_seconds")
+        if not self.broker_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"broker_url must be a redis:// URL, got {redact_url(self.broker_url)!r}")
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied and validated."""
+        settings = dataclasses.replace(self, **changes)
+        settings.validate()
+        return settings
+
+    def effective_chunks_per_worker(self, chunk_size: int = 64) -> int:
+        """Chunks held at once so the next chunk fills the slots while one drains its slowest requests."""
+        if self.chunks_per_worker > 0:
+            return self.chunks_per_worker
+        return max(2, -(-self.max_inflight // max(chunk_size, 1)) + 1)
+
+
+def _coerce(name: str, kind: Any, raw: str) -> Any:
+    kind_name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+    try:
+        if kind_name == "int":
+            return int(raw)
+        if kind_name == "float":
+            return float(raw)
+        if kind_name == "bool":
+            if raw.lower() in {"1", "true", "yes", "on"}:
+                return True
+            if raw.lower() in {"0", "false", "no", "off"}:
+                return False
+            raise ValueError(raw)
+    except ValueError:
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind_name}") from None
+    return raw
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for logs and messages."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user + ':' if user else ':'}***@{host}"

@@ -1,0 +1,88 @@
+"""``python -m dflash_tasks.sim``: run the simulator until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from dflash_tasks.sim.config import FAULT_KINDS, REASONING_PARSERS, FaultSpec, SimConfig
+from dflash_tasks.sim.server import start_simulator
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = SimConfig()
+    p = argparse.ArgumentParser(prog="python -m dflash_tasks.sim", description=__doc__)
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port, help="0 picks a free port")
+    p.add_argument("--model", default=d.model, help="model_path reported by the info endpoints")
+    p.add_argument("--served-model-name", default=None, help="default: --model")
+    p.add_argument("--context-length", type=int, default=d.context_length)
+    p.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
+    p.add_argument("--max-queued-requests", type=int, default=None, help="default: unlimited")
+    p.add_argument("--tokens-per-second", type=float, default=d.tokens_per_second, help="per request")
+    p.add_argument(
+        "--time-scale", type=float, default=d.time_scale, help="multiplies every duration; 0 = instant"
+    )
+    p.add_argument("--mean-output-tokens", type=int, default=d.mean_output_tokens)
+    p.add_argument(
+        "--output-tokens-sigma", type=float, default=d.output_tokens_sigma, help="lognormal spread"
+    )
+    p.add_argument("--reasoning-fraction", type=float, default=d.reasoning_fraction)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=d.reasoning_parser)
+    p.add_argument("--ignore-thinking-flag", action="store_true", help="never reason (misconfigured server)")
+    p.add_argument("--accept-length", type=float, default=d.accept_length)
+    p.add_argument(
+        "--startup-seconds", type=float, default=d.startup_seconds, help="/health is 503 meanwhile"
+    )
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="KIND[:COUNT]",
+        help=f"inject a fault at startup (repeatable); kinds: {', '.join(sorted(FAULT_KINDS))}",
+    )
+    p.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> SimConfig:
+    """Parse the command line into a :class:`SimConfig` (exits with status 2 on bad input)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        faults = tuple(FaultSpec.parse(f) for f in args.fault)
+        values = {k: v for k, v in vars(args).items() if k != "fault"}
+        return SimConfig(faults=faults, **values)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; prints ``SIM READY http://HOST:PORT`` once listening."""
+    config = config_from_args(argv)
+    done = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        sim = start_simulator(config)
+    except OSError as exc:
+        print(f"sim: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    print(f"SIM READY {sim.url}", flush=True)
+    while not done.wait(0.5):
+        pass
+    sim.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

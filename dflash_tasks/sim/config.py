@@ -1,0 +1,115 @@
+"""Simulator settings: one frozen dataclass, plus the fault description shared by CLI and HTTP."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FAULT_KINDS = frozenset({"http_500", "http_503", "hang", "bad_json", "abort", "reset", "unhealthy"})
+"""Fault kinds accepted by ``POST /sim/faults`` and ``--fault`` (plus ``clear`` over HTTP)."""
+
+REASONING_PARSERS = ("qwen3", "none")
+
+DEFAULT_HANG_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One injected fault.
+
+    ``count`` limits it to the next N chat requests (N health probes for ``unhealthy``),
+    ``seconds`` to a time span from its installation; with neither it lasts until cleared.
+    """
+
+    kind: str
+    count: int | None = None
+    seconds: float | None = None
+    hang_seconds: float = DEFAULT_HANG_SECONDS
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {self.kind!r}; expected one of {sorted(FAULT_KINDS)}")
+        if self.count is not None and self.count < 1:
+            raise ValueError(f"fault count must be >= 1, got {self.count}")
+        if self.seconds is not None and self.seconds <= 0:
+            raise ValueError(f"fault seconds must be > 0, got {self.seconds}")
+        if self.hang_seconds < 0:
+            raise ValueError(f"hang_seconds must be >= 0, got {self.hang_seconds}")
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> FaultSpec:
+        """Build from a ``POST /sim/faults`` body; raises ``ValueError`` on bad fields."""
+        count = body.get("count")
+        seconds = body.get("seconds")
+        hang = body.get("hang_seconds", DEFAULT_HANG_SECONDS)
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+            raise ValueError("count must be an integer")
+        for name, value in (("seconds", seconds), ("hang_seconds", hang)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ValueError(f"{name} must be a number")
+        return cls(
+            kind=str(body.get("kind")),
+            count=count,
+            seconds=None if seconds is None else float(seconds),
+            hang_seconds=float(hang),
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> FaultSpec:
+        """Parse the CLI form ``KIND[:COUNT]``, e.g. ``http_500:20``."""
+        kind, _, count = text.partition(":")
+        return cls(kind=kind.strip(), count=int(count) if count else None)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything the simulator can be told at startup (see ``python -m dflash_tasks.sim --help``)."""
+
+    host: str = "127.0.0.1"
+    port: int = 30000
+    model: str = "Qwen/Qwen3-8B"
+    served_model_name: str | None = None
+    context_length: int = 32768
+    max_running_requests: int = 48
+    max_queued_requests: int | None = None
+    tokens_per_second: float = 40.0
+    time_scale: float = 1.0
+    mean_output_tokens: int = 2300
+    output_tokens_sigma: float = 0.6
+    reasoning_fraction: float = 0.9
+    seed: int = 0
+    reasoning_parser: str = "qwen3"
+    ignore_thinking_flag: bool = False
+    accept_length: float = 3.6
+    startup_seconds: float = 0.0
+    faults: tuple[FaultSpec, ...] = field(default_factory=tuple)
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        checks = (
+            (self.context_length >= 16, "context_length must be >= 16"),
+            (self.max_running_requests >= 1, "max_running_requests must be >= 1"),
+            (self.max_queued_requests is None or self.max_queued_requests >= 0, "max_queued_requests >= 0"),
+            (self.tokens_per_second > 0, "tokens_per_second must be > 0"),
+            (self.time_scale >= 0, "time_scale must be >= 0"),
+            (self.mean_output_tokens >= 1, "mean_output_tokens must be >= 1"),
+            (self.output_tokens_sigma >= 0, "output_tokens_sigma must be >= 0"),
+            (0.0 <= self.reasoning_fraction < 1.0, "reasoning_fraction must be in [0, 1)"),
+            (self.reasoning_parser in REASONING_PARSERS, f"reasoning_parser must be in {REASONING_PARSERS}"),
+            (self.accept_length >= 1.0, "accept_length must be >= 1"),
+            (self.startup_seconds >= 0, "startup_seconds must be >= 0"),
+            (0 <= self.port <= 65535, "port must be in [0, 65535]"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def served_name(self) -> str:
+        """The name reported by ``/v1/models`` and used as the metrics label."""
+        return self.served_model_name or self.model
+
+    @property
+    def has_reasoning_parser(self) -> bool:
+        """True when the simulated server was launched with ``--reasoning-parser qwen3``."""
+        return self.reasoning_parser != "none"

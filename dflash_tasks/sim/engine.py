@@ -1,0 +1,213 @@
+"""The HTTP-free simulator core: admission, faults, timed generation and counters."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_tasks.sim.config import FaultSpec, SimConfig
+from dflash_tasks.sim.faults import FaultBoard
+from dflash_tasks.sim.protocol import (
+    ApiError,
+    ChatRequest,
+    Outcome,
+    chat_response,
+    error_body,
+    parse_chat_request,
+    queue_full_error,
+)
+from dflash_tasks.sim.scheduler import QueueFull, SlotScheduler, Stopped
+from dflash_tasks.sim.textgen import Plan, plan_output, prompt_rng, render_raw, split_reasoning, truncate
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP answer; ``reset`` means: close the connection without answering."""
+
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    reset: bool = False
+
+
+def json_reply(status: int, payload: Any) -> Reply:
+    """A JSON reply."""
+    return Reply(status, json.dumps(payload).encode())
+
+
+def _error_reply(err: ApiError) -> Reply:
+    return json_reply(err.status, err.body())
+
+
+class SimEngine:
+    """Serves chat requests against a :class:`SimConfig`; thread-safe, one instance per server."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.scheduler = SlotScheduler(config.max_running_requests, config.max_queued_requests)
+        self.faults = FaultBoard(config.faults)
+        self.started_at = time.time()
+        self._ready_at = time.monotonic() + config.startup_seconds
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._rids: set[str] = set()
+        self._counters: Counter[str] = Counter()
+        self._totals: Counter[str] = Counter()
+
+    # ----------------------------------------------------------------- lifecycle and health
+    def stop(self) -> None:
+        """Wake every sleeping or waiting request; they end without an answer."""
+        self._stopping.set()
+        self.scheduler.stop()
+
+    def is_starting(self) -> bool:
+        """True during the simulated startup (``--startup-seconds``)."""
+        return time.monotonic() < self._ready_at
+
+    def health_status(self) -> int:
+        """200, or 503 while starting or under an ``unhealthy`` fault."""
+        if self.is_starting() or self.faults.take_unhealthy():
+            return 503
+        return 200
+
+    # ----------------------------------------------------------------- statistics
+    def _count(self, **amounts: int) -> None:
+        with self._lock:
+            self._counters.update(amounts)
+            self._totals.update(amounts)
+
+    def totals(self) -> dict[str, int]:
+        """Cumulative counters since startup (never reset; used by ``/metrics``)."""
+        with self._lock:
+            return dict(self._totals)
+
+    def gen_throughput(self) -> float:
+        """Current generation rate in tokens per wall-clock second."""
+        running, _ = self.scheduler.counts()
+        scale = self.config.time_scale
+        return running * self.config.tokens_per_second / (scale if scale > 0 else 1.0)
+
+    def stats(self) -> dict[str, Any]:
+        """The ``GET /sim/stats`` document."""
+        with self._lock:
+            counters = dict(self._counters)
+        names = ("requests_total", "completed", "aborted", "bad_requests", "faults_injected")
+        tokens = ("prompt_tokens", "generation_tokens", "reasoning_tokens")
+        stats: dict[str, Any] = {name: counters.get(name, 0) for name in names + tokens}
+        stats.update(self.scheduler.snapshot())
+        return stats
+
+    def reset_stats(self) -> None:
+        """Zero the ``/sim/stats`` counters and restart the occupancy window."""
+        with self._lock:
+            self._counters.clear()
+        self.scheduler.reset_stats()
+
+    # ----------------------------------------------------------------- chat
+    def chat(self, content_type: str, raw: bytes) -> Reply:
+        """Answer one ``POST /v1/chat/completions``."""
+        self._count(requests_total=1)
+        fault = self.faults.take_chat()
+        if fault is not None:
+            self._count(faults_injected=1)
+            early = self._early_fault(fault)
+            if early is not None:
+                return early
+        try:
+            req = parse_chat_request(content_type, raw, self.config)
+        except ApiError as err:
+            self._count(bad_requests=1)
+            return _error_reply(err)
+        self._log(f"chat rid={req.rid} prompt_tokens={req.prompt_tokens} max_new={req.max_new_tokens}")
+        if self._stopping.wait(max(0.0, self._ready_at - time.monotonic())):
+            return Reply(0, reset=True)
+        return self._admit(req, fault)
+
+    def _early_fault(self, fault: FaultSpec) -> Reply | None:
+        if fault.kind == "http_500":
+            return json_reply(
+                500, error_body(500, "Internal server error (simulated fault).", "InternalServerError")
+            )
+        if fault.kind == "http_503":
+            return _error_reply(queue_full_error())
+        if fault.kind == "reset":
+            return Reply(0, reset=True)
+        if fault.kind == "hang" and self._stopping.wait(fault.hang_seconds):
+            return Reply(0, reset=True)
+        return None
+
+    def _admit(self, req: ChatRequest, fault: FaultSpec | None) -> Reply:
+        request_id = req.rid or secrets.token_hex(16)
+        with self._lock:
+            if request_id in self._rids:
+                self._counters["bad_requests"] += 1
+                return _error_reply(ApiError(400, f"Duplicate request ID detected: {request_id}"))
+            self._rids.add(request_id)
+        try:
+            with self.scheduler.slot():
+                outcome = self._generate(req, request_id, fault)
+        except QueueFull:
+            return _error_reply(queue_full_error())
+        except Stopped:
+            return Reply(0, reset=True)
+        finally:
+            with self._lock:
+                self._rids.discard(request_id)
+        if outcome is None:
+            return Reply(0, reset=True)
+        body = json.dumps(chat_response(req, outcome, self.config)).encode()
+        if fault is not None and fault.kind == "bad_json":
+            body = body[: max(1, len(body) // 2)]
+        return Reply(200, body)
+
+    def _plan(self, req: ChatRequest, fault: FaultSpec | None) -> tuple[Plan, bool]:
+        cfg = self.config
+        thinking = req.thinking and not cfg.ignore_thinking_flag
+        rng = prompt_rng(cfg.seed, req.prompt)
+        plan = plan_output(
+            rng, thinking, cfg.mean_output_tokens, cfg.output_tokens_sigma, cfg.reasoning_fraction
+        )
+        plan = truncate(plan, req.max_new_tokens, "length")
+        if fault is not None and fault.kind == "abort":
+            plan = truncate(plan, plan.completion_tokens // 2, "abort")
+        return plan, thinking
+
+    def _generate(self, req: ChatRequest, request_id: str, fault: FaultSpec | None) -> Outcome | None:
+        cfg = self.config
+        started = time.monotonic()
+        plan, thinking = self._plan(req, fault)
+        duration = plan.completion_tokens / cfg.tokens_per_second * cfg.time_scale
+        if duration > 0 and self._stopping.wait(duration):
+            return None
+        raw = render_raw(prompt_rng(cfg.seed + 1, req.prompt), plan)
+        if cfg.has_reasoning_parser and req.separate_reasoning:
+            reasoning, content = split_reasoning(raw, force_reasoning=thinking)
+        else:
+            reasoning, content = None, raw
+        reasoning_tokens = plan.reasoning_tokens if cfg.has_reasoning_parser else 0
+        self._count(
+            completed=1,
+            aborted=int(plan.finish_reason == "abort"),
+            prompt_tokens=req.prompt_tokens,
+            generation_tokens=plan.completion_tokens,
+            reasoning_tokens=reasoning_tokens,
+        )
+        return Outcome(
+            request_id=request_id,
+            plan=plan,
+            reasoning_content=reasoning,
+            content=content,
+            reasoning_tokens=reasoning_tokens,
+            created=int(time.time()),
+            e2e_latency=time.monotonic() - started,
+        )
+
+    def _log(self, line: str) -> None:
+        if self.config.verbose:
+            print(f"[sim] {line}", file=sys.stderr, flush=True)

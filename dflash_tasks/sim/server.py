@@ -1,0 +1,204 @@
+"""The HTTP layer: a keep-alive ``ThreadingHTTPServer`` routing to :class:`SimEngine`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import struct
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from dflash_tasks.sim import info
+from dflash_tasks.sim.config import FaultSpec, SimConfig
+from dflash_tasks.sim.engine import Reply, SimEngine, json_reply
+
+_NOT_FOUND = json_reply(404, {"detail": "Not Found"})
+_NOT_ALLOWED = json_reply(405, {"detail": "Method Not Allowed"})
+
+
+class SimHTTPServer(ThreadingHTTPServer):
+    """A threading server that knows its engine and can cut its open connections on shutdown."""
+
+    daemon_threads = True
+    request_queue_size = 1024
+
+    def __init__(self, config: SimConfig, engine: SimEngine) -> None:
+        self.engine = engine
+        self._connections: set[socket.socket] = set()
+        self._conn_lock = threading.Lock()
+        super().__init__((config.host, config.port), SimHandler)
+
+    def track(self, conn: socket.socket, open_: bool) -> None:
+        """Remember (or forget) a client connection."""
+        with self._conn_lock:
+            if open_:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+
+    def close_connections(self) -> None:
+        """Shut down every open client connection (idle keep-alive ones included)."""
+        with self._conn_lock:
+            conns = list(self._connections)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+
+class SimHandler(BaseHTTPRequestHandler):
+    """Routes one request at a time on a keep-alive HTTP/1.1 connection."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "sglang-sim"
+    server: SimHTTPServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, True)
+
+    def finish(self) -> None:
+        self.server.track(self.connection, False)
+        with contextlib.suppress(OSError):
+            super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.engine.config.verbose:
+            sys.stderr.write(f"[sim] {self.address_string()} {format % args}\n")
+
+    def do_GET(self) -> None:
+        self._read_body()
+        self._send(self._route_get(urlsplit(self.path).path))
+
+    def do_POST(self) -> None:
+        body = self._read_body()
+        self._send(self._route_post(urlsplit(self.path).path, body))
+
+    def _route_get(self, path: str) -> Reply:
+        engine = self.server.engine
+        routes: dict[str, Callable[[], Any]] = {
+            "/get_server_info": lambda: info.server_info(engine, self.server.server_address[1]),
+            "/server_info": lambda: info.server_info(engine, self.server.server_address[1]),
+            "/get_model_info": lambda: info.model_info(engine),
+            "/model_info": lambda: info.model_info(engine),
+            "/v1/models": lambda: info.models(engine),
+            "/sim/stats": engine.stats,
+            "/sim/faults": lambda: {"faults": engine.faults.snapshot()},
+        }
+        if path in ("/health", "/health_generate"):
+            return Reply(engine.health_status(), b"", "text/plain; charset=utf-8")
+        if path == "/metrics":
+            return Reply(200, info.metrics_text(engine).encode(), "text/plain; version=0.0.4; charset=utf-8")
+        if path in routes:
+            return json_reply(200, routes[path]())
+        return _NOT_ALLOWED if path in _POST_PATHS else _NOT_FOUND
+
+    def _route_post(self, path: str, body: bytes) -> Reply:
+        engine = self.server.engine
+        if path == "/v1/chat/completions":
+            return engine.chat(self.headers.get("Content-Type", ""), body)
+        if path == "/sim/faults":
+            return _post_fault(engine, body)
+        if path == "/sim/stats/reset":
+            engine.reset_stats()
+            return json_reply(200, engine.stats())
+        return _NOT_FOUND if path not in _GET_PATHS else _NOT_ALLOWED
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _send(self, reply: Reply) -> None:
+        if reply.reset:
+            self._reset()
+            return
+        try:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", reply.content_type)
+            self.send_header("Content-Length", str(len(reply.body)))
+            self.end_headers()
+            self.wfile.write(reply.body)
+            self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+
+    def _reset(self) -> None:
+        """Close the socket abortively (RST), with no response at all."""
+        self.close_connection = True
+        try:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+        except OSError:
+            pass
+
+
+_GET_PATHS = frozenset(
+    {"/health", "/health_generate", "/get_server_info", "/server_info", "/get_model_info", "/model_info"}
+    | {"/v1/models", "/metrics", "/sim/stats", "/sim/faults"}
+)
+_POST_PATHS = frozenset({"/v1/chat/completions", "/sim/faults", "/sim/stats/reset"})
+
+
+def _post_fault(engine: SimEngine, raw: bytes) -> Reply:
+    try:
+        body = json.loads(raw or b"{}")
+        if not isinstance(body, dict):
+            raise ValueError("body must be a JSON object")
+        if body.get("kind") == "clear":
+            engine.faults.clear()
+        else:
+            engine.faults.add(FaultSpec.from_json(body))
+    except ValueError as exc:
+        return json_reply(400, {"error": str(exc)})
+    return json_reply(200, {"faults": engine.faults.snapshot()})
+
+
+class RunningSimulator:
+    """A simulator serving in a background thread; ``with start_simulator(...) as sim:`` stops it."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.engine = SimEngine(config)
+        self.httpd = SimHTTPServer(config, self.engine)
+        self.host = config.host
+        self.port: int = self.httpd.server_address[1]
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="sim-http", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:30000``."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> RunningSimulator:
+        """Start serving (returns self)."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving: pending requests end without an answer; open connections are closed."""
+        self.engine.stop()
+        if self._thread.is_alive():
+            self.httpd.shutdown()
+        self.httpd.close_connections()
+        self.httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> RunningSimulator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_simulator(config: SimConfig | None = None, **overrides: Any) -> RunningSimulator:
+    """Start a simulator in this process; ``port=0`` (the default here) picks a free port."""
+    base = config or SimConfig(port=0)
+    if overrides:
+        base = replace(base, **overrides)
+    return RunningSimulator(base).start()

@@ -1,0 +1,101 @@
+"""Staging: split the validated input into chunk files in the store, once per job.
+
+Staging is deterministic (same input, same chunks), so an enqueue killed halfway simply
+stages again; ``manifest.json`` is written last and marks staging complete.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_tasks.inputs import InvalidLine, Sample, read_input
+from dflash_tasks.job import INVALID_KEY, MANIFEST_KEY, Manifest, input_key
+from dflash_tasks.store import Store
+
+
+@dataclass(slots=True)
+class StagingReport:
+    """What staging (or a dry run) found in the input."""
+
+    manifest: Manifest
+    invalid: list[InvalidLine] = field(default_factory=list)
+
+
+def encode_sample(sample: Sample) -> bytes:
+    """One staged line: the sample's id, input line and prompt messages."""
+    return json.dumps(
+        {"id": sample.id, "line": sample.line, "messages": sample.messages}, ensure_ascii=False
+    ).encode()
+
+
+def decode_chunk(data: bytes) -> list[Sample]:
+    """The samples of a staged chunk file."""
+    out: list[Sample] = []
+    for raw in data.splitlines():
+        if raw.strip():
+            doc = json.loads(raw)
+            out.append(Sample(id=doc["id"], messages=doc["messages"], line=doc["line"]))
+    return out
+
+
+def chunked(
+    items: Iterable[Sample | InvalidLine], size: int, on_invalid: Callable[[InvalidLine], None]
+) -> Iterator[list[Sample]]:
+    """Group the valid samples of ``items`` into lists of ``size``; hand invalid lines to ``on_invalid``."""
+    batch: list[Sample] = []
+    for item in items:
+        if isinstance(item, InvalidLine):
+            on_invalid(item)
+            continue
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def stage_input(path: str | Path, store: Store | None, job_id: str, chunk_size: int) -> StagingReport:
+    """Read ``path``, write chunk inputs, ``invalid.jsonl`` and the manifest to ``store``.
+
+    With ``store=None`` nothing is written (a dry run): only the counts are computed.
+    """
+    invalid: list[InvalidLine] = []
+    samples = lines = chunks = 0
+    for index, batch in enumerate(chunked(read_input(path), chunk_size, invalid.append)):
+        if store is not None:
+            store.write(input_key(index), b"\n".join(encode_sample(s) for s in batch) + b"\n")
+        samples += len(batch)
+        chunks = index + 1
+        lines = max(lines, batch[-1].line)
+    lines = max([lines, *(bad.line for bad in invalid[-1:])])
+    manifest = Manifest(
+        job_id=job_id,
+        lines=lines,
+        samples=samples,
+        invalid=len(invalid),
+        chunk_size=chunk_size,
+        chunks=chunks,
+    )
+    if store is not None:
+        store.write(INVALID_KEY, b"".join(_invalid_line(bad) for bad in invalid))
+        store.write(MANIFEST_KEY, manifest.to_json())
+    return StagingReport(manifest=manifest, invalid=invalid)
+
+
+def _invalid_line(bad: InvalidLine) -> bytes:
+    return (
+        json.dumps({"file": bad.file, "line": bad.line, "reason": bad.reason}, ensure_ascii=False) + "\n"
+    ).encode()
+
+
+def read_invalid(store: Store) -> list[dict[str, object]]:
+    """The invalid-line report of a staged job."""
+    try:
+        data = store.read(INVALID_KEY)
+    except KeyError:
+        return []
+    return [json.loads(line) for line in data.splitlines() if line.strip()]

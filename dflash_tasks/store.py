@@ -1,0 +1,142 @@
+"""The output store: where staged chunk inputs, completions and the job files live.
+
+The store is the source of truth. A chunk is done iff its completions object exists, and
+objects are written atomically (whole or not at all). :class:`Store` is the small interface
+everything above it uses; :class:`LocalStore` implements it on a directory. Keys are relative,
+``/``-separated and validated, so nothing can be written outside the output root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+from dflash_tasks.errors import RetryableError, StoreError
+
+_KEY_PART = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+class Store(Protocol):
+    """A flat key → bytes store with atomic writes."""
+
+    @property
+    def uri(self) -> str:
+        """Where the store is, as the user wrote it (no credentials)."""
+        ...
+
+    def read(self, key: str) -> bytes:
+        """The object's bytes; raises :class:`KeyError` when it does not exist."""
+        ...
+
+    def write(self, key: str, data: bytes) -> None:
+        """Write ``data`` atomically: readers see the old object, or the whole new one."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists."""
+        ...
+
+    def list(self, prefix: str) -> Iterator[str]:
+        """Every key under ``prefix`` (a folder such as ``"outputs/"``), in one listing pass."""
+        ...
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a safe relative key, else raise :class:`StoreError`."""
+    parts = key.split("/")
+    if not key or any(p in ("", ".", "..") or not _KEY_PART.match(p) for p in parts):
+        raise StoreError(f"invalid store key {key!r}: keys are relative, '/'-separated, [A-Za-z0-9._-]")
+    return key
+
+
+class LocalStore:
+    """A :class:`Store` on a local (or network-mounted) directory."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self._root = Path(root).expanduser().resolve()
+        self._uri = str(root)
+
+    @property
+    def uri(self) -> str:
+        return self._uri
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    def _path(self, key: str) -> Path:
+        return self._root / check_key(key)
+
+    def read(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise KeyError(key) from None
+        except OSError as exc:
+            raise _translate(exc, f"reading {self._root / key}") from exc
+
+    def write(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise _translate(exc, f"writing {path}") from exc
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str) -> Iterator[str]:
+        folder = self._root / prefix.rstrip("/") if prefix else self._root
+        base = prefix.rstrip("/") + "/" if prefix else ""
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise _translate(exc, f"listing {folder}") from exc
+        for entry in entries:
+            if entry.is_file() and not entry.name.startswith("."):
+                yield base + entry.name
+
+
+def open_store(uri: str) -> Store:
+    """Open the store at ``uri``: a local path (or ``file://`` URL)."""
+    if not uri:
+        raise StoreError("no output location given (use --output PATH)")
+    if uri.startswith("file://"):
+        return LocalStore(uri[len("file://") :])
+    if "://" in uri:
+        scheme = uri.split("://", 1)[0]
+        raise StoreError(f"unsupported output location {uri!r}: scheme {scheme!r} is not supported")
+    return LocalStore(uri)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _translate(exc: OSError, doing: str) -> Exception:
+    """Map an OS error to retryable (disk full, I/O) or permanent (permissions, not a folder)."""
+    if exc.errno in (errno.ENOSPC, errno.EIO, errno.EAGAIN, errno.EDQUOT, errno.ESTALE):
+        return RetryableError(f"{doing}: {exc.strerror}")
+    return StoreError(f"{doing}: {exc.strerror or exc}")

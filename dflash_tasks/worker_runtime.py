@@ -1,0 +1,134 @@
+"""Everything a GPU worker process holds besides Celery: its server client, the in-flight
+request pool, leases, the health gate and the reconciler."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+
+from dflash_tasks.bookkeeping import Bookkeeping
+from dflash_tasks.chunk_runner import ChunkContext, run_chunk
+from dflash_tasks.errors import RetryableError, ServerUnavailable
+from dflash_tasks.generation import RetryPolicy, WorkerIdentity
+from dflash_tasks.health import HealthGate
+from dflash_tasks.jobs_cache import JobCache, UnknownJob
+from dflash_tasks.leases import LeaseKeeper, Reconciler
+from dflash_tasks.publish import publish_chunks
+from dflash_tasks.settings import Settings
+from dflash_tasks.sglang_client import SGLangClient
+
+log = logging.getLogger(__name__)
+
+_current: WorkerRuntime | None = None
+
+
+@dataclass(slots=True)
+class WorkerRuntime:
+    settings: Settings
+    app: Celery
+    hostname: str
+    ctx: ChunkContext
+    health: HealthGate
+    reconciler: Reconciler
+
+    @classmethod
+    def build(cls, settings: Settings, app: Celery) -> WorkerRuntime:
+        name = settings.worker_name or socket.gethostname()
+        hostname = name if "@" in name else f"{name}@{socket.gethostname()}"
+        bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
+        client = SGLangClient(settings.endpoint, settings.request_timeout, settings.sglang_api_key)
+        jobs = JobCache(bk)
+        ctx = ChunkContext(
+            client=client,
+            pool=ThreadPoolExecutor(max_workers=settings.max_inflight, thread_name_prefix="dflash-req"),
+            bookkeeping=bk,
+            jobs=jobs,
+            leases=LeaseKeeper(bk, settings.lease_seconds, settings.heartbeat_seconds),
+            policy=RetryPolicy(settings.request_attempts, settings.retry_backoff, settings.retry_backoff_max),
+            identity=WorkerIdentity(worker=hostname, endpoint=settings.endpoint),
+            lease_seconds=settings.lease_seconds,
+        )
+
+        def control(command: str) -> None:
+            getattr(app.control, command)(settings.queue, destination=[hostname], reply=False)
+
+        health = HealthGate(
+            client.healthy,
+            settings.health_poll_seconds,
+            on_down=lambda: control("cancel_consumer"),
+            on_up=lambda: control("add_consumer"),
+        )
+        runtime = cls(settings, app, hostname, ctx, health, None)  # type: ignore[arg-type]
+        runtime.reconciler = Reconciler(
+            bk,
+            lambda job_id: jobs.get(job_id).store,
+            runtime.requeue,
+            owner=hostname,
+            interval=settings.reconcile_seconds,
+        )
+        return runtime
+
+    def start_background(self) -> None:
+        """Heartbeats, reconciler, and an initial health probe (called once the worker is ready)."""
+        self.ctx.leases.start()
+        self.reconciler.start()
+        self.health.check_now()
+
+    def stop_background(self) -> None:
+        self.ctx.leases.stop()
+        self.reconciler.stop()
+        self.health.stop()
+
+    def requeue(self, job_id: str, chunk: int, countdown: float | None = None) -> None:
+        publish_chunks(self.app, job_id, [chunk], countdown=countdown)
+
+    def handle_delivery(self, job_id: str, chunk: int, task_id: str) -> dict[str, Any]:
+        """Run one delivered chunk message; never raises for expected failures."""
+        if not self.health.healthy:
+            self.requeue(job_id, chunk)
+            return {"status": "requeued", "reason": "server unhealthy"}
+        owner = f"{self.hostname}/{task_id}/{uuid.uuid4().hex[:6]}"
+        try:
+            outcome = run_chunk(self.ctx, job_id, chunk, owner)
+        except ServerUnavailable as exc:
+            self.health.mark_down(str(exc))
+            self.requeue(job_id, chunk)
+            log.warning("chunk %d of job %s re-queued: %s", chunk, job_id, exc)
+            return {"status": "requeued", "reason": str(exc)}
+        except UnknownJob as exc:
+            log.error("dropping chunk %d: %s", chunk, exc)
+            return {"status": "dropped", "reason": str(exc)}
+        except RetryableError as exc:
+            self.requeue(job_id, chunk, countdown=30)
+            log.warning("chunk %d of job %s re-queued in 30s: %s", chunk, job_id, exc)
+            return {"status": "requeued", "reason": str(exc)}
+        log.info(
+            "chunk %d of job %s: %s %s (%d ok, %d failed, %d tokens, %.1fs)",
+            chunk,
+            job_id,
+            outcome.status,
+            outcome.reason,
+            outcome.samples_ok,
+            outcome.samples_failed,
+            outcome.completion_tokens,
+            outcome.seconds,
+        )
+        return outcome.as_dict()
+
+
+def install(runtime: WorkerRuntime) -> None:
+    """Make ``runtime`` the one the chunk task uses in this process."""
+    global _current
+    _current = runtime
+
+
+def current() -> WorkerRuntime:
+    if _current is None:
+        raise RuntimeError("no worker runtime: start workers with `python -m workers`")
+    return _current

@@ -1,0 +1,89 @@
+"""``python -m workers --endpoint URL --name NAME``: one Celery worker bound to one SGLang server.
+
+The worker consumes the shared queue (a faster GPU simply takes more chunks) and keeps
+``--max-inflight`` requests in flight against its server, across chunk boundaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from celery import signals
+
+from dflash_tasks.celery_app import app, configure
+from dflash_tasks.errors import ConfigError
+from dflash_tasks.settings import Settings, redact_url
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m workers", description=__doc__.splitlines()[0])
+    p.add_argument("--endpoint", help="SGLang server URL, e.g. http://127.0.0.1:30000 [DFLASH_ENDPOINT]")
+    p.add_argument("--name", help="worker name shown in Flower, e.g. gpu0 [DFLASH_WORKER_NAME]")
+    p.add_argument(
+        "--max-inflight", type=int, help="requests kept in flight (default 48) [DFLASH_MAX_INFLIGHT]"
+    )
+    p.add_argument("--chunks-per-worker", type=int, help="chunks held at once (default: auto)")
+    p.add_argument("--broker-url", help="Redis URL (default redis://127.0.0.1:6379/0) [DFLASH_BROKER_URL]")
+    p.add_argument("--queue", help="queue name (default dflash) [DFLASH_QUEUE]")
+    p.add_argument("--log-level", help="INFO, WARNING, DEBUG [DFLASH_LOG_LEVEL]")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        settings = Settings.load(
+            endpoint=args.endpoint,
+            worker_name=args.name,
+            max_inflight=args.max_inflight,
+            chunks_per_worker=args.chunks_per_worker,
+            broker_url=args.broker_url,
+            queue=args.queue,
+            log_level=args.log_level,
+        )
+        if not settings.endpoint.startswith(("http://", "https://")):
+            raise ConfigError(
+                "--endpoint is required and must be an http(s) URL, e.g. http://127.0.0.1:30000"
+            )
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from dflash_tasks import worker_runtime
+
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s [%(name)s] %(message)s"
+    )
+    configure(app, settings)
+    runtime = worker_runtime.WorkerRuntime.build(settings, app)
+    worker_runtime.install(runtime)
+    signals.worker_ready.connect(lambda **_: runtime.start_background(), weak=False)
+    concurrency = settings.effective_chunks_per_worker()
+    logging.getLogger("workers").info(
+        "worker %s: endpoint %s, broker %s, queue %s, %d in flight, %d chunks at once",
+        runtime.hostname,
+        settings.endpoint,
+        redact_url(settings.broker_url),
+        settings.queue,
+        settings.max_inflight,
+        concurrency,
+    )
+    app.worker_main(
+        [
+            "worker",
+            "--pool=threads",
+            f"--concurrency={concurrency}",
+            f"--hostname={runtime.hostname}",
+            f"--queues={settings.queue}",
+            f"--loglevel={settings.log_level.upper()}",
+            "--events",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
