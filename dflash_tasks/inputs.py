@@ -140,6 +140,7 @@ def _is_gzip(name: str) -> bool:
 def _open(name: str) -> tuple[BinaryIO | gzip.GzipFile, bool]:
     try:
         if _is_gzip(name):
+            # No large buffer on top: on a truncated stream, lines buffered ahead would be lost.
             return gzip.open(name, "rb"), True
         return open(name, "rb", buffering=_BLOCK), False
     except OSError as exc:

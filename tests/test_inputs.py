@@ -191,7 +191,8 @@ def test_ids_string_int_absent_null(tmp_path: Path) -> None:
 
 
 def test_duplicate_id_names_first_line(tmp_path: Path) -> None:
-    lines: list[Line] = [{"prompt": "x"}] * 6 + [{"id": 42, "prompt": "a"}, {"id": "42", "prompt": "b"}]
+    lines: list[Line] = [{"prompt": "x"} for _ in range(6)]
+    lines += [{"id": 42, "prompt": "a"}, {"id": "42", "prompt": "b"}]
     items = read(write(tmp_path, lines))
     assert items[6] == Sample("42", [user("a")], 7)
     assert items[7] == InvalidLine(str(tmp_path / "in.jsonl"), 8, "duplicate id '42' (first seen on line 7)")

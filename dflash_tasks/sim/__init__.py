@@ -1,6 +1,22 @@
 """An SGLang-compatible HTTP simulator for development, tests, demos and benchmarks (no GPU).
 
-Run it as ``python -m dflash_tasks.sim --port 30000`` or in-process::
+It answers like SGLang 0.5.23 with ``--reasoning-parser qwen3`` and EAGLE/MTP speculative decoding
+(see ``/work/shared/reference/sglang-http-api.md``): ``POST /v1/chat/completions`` (non-stream),
+``GET /health``, ``/health_generate``, ``/get_server_info``, ``/get_model_info``, ``/v1/models``
+and ``/metrics``.  Output lengths are lognormal and deterministic per ``(--seed, prompt)``;
+each request holds one of ``--max-running-requests`` slots for
+``completion_tokens / --tokens-per-second * --time-scale`` seconds, later ones wait in FIFO order.
+
+Simulator-only endpoints:
+
+* ``POST /sim/faults`` ``{"kind": K, "count": N | "seconds": S, "hang_seconds": H}`` with K in
+  ``http_500 http_503 hang bad_json abort reset unhealthy``; ``{"kind": "clear"}`` removes all.
+  ``GET /sim/faults`` lists the active ones.
+* ``GET /sim/stats`` (counters, live counts, peak and time-weighted mean running, occupancy) and
+  ``POST /sim/stats/reset``.
+
+Run it as ``python -m dflash_tasks.sim --port 30000`` (prints ``SIM READY http://HOST:PORT``) or
+in-process::
 
     from dflash_tasks.sim import SimConfig, start_simulator
 

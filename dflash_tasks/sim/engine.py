@@ -111,7 +111,11 @@ class SimEngine:
 
     # ----------------------------------------------------------------- chat
     def chat(self, content_type: str, raw: bytes) -> Reply:
-        """Answer one ``POST /v1/chat/completions``."""
+        """Answer one ``POST /v1/chat/completions``.
+
+        Order: chat fault (if any) → validation (400) → wait out the simulated startup → duplicate
+        ``rid`` check → a running slot (FIFO; 503 when the queue is full) → sleep for the generation.
+        """
         self._count(requests_total=1)
         fault = self.faults.take_chat()
         if fault is not None:

@@ -61,11 +61,8 @@ def _number(body: dict[str, Any], name: str, integer: bool = False) -> float | N
     value = body.get(name)
     if value is None:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or (integer and isinstance(value, float))
-    ):
+    fractional = isinstance(value, float) and not value.is_integer()
+    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and fractional):
         raise _bad_field(name, "Input should be a valid " + ("integer" if integer else "number"))
     return float(value)
 
@@ -159,7 +156,7 @@ def parse_chat_request(content_type: str, raw: bytes, config: SimConfig) -> Chat
     kwargs = body.get("chat_template_kwargs") or {}
     rid = body.get("rid")
     return ChatRequest(
-        model=str(body.get("model", "default")),
+        model=str(body.get("model") or "default"),
         prompt="\x1e".join(texts),
         num_messages=len(texts),
         prompt_tokens=prompt_tokens,

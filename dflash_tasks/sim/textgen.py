@@ -100,7 +100,7 @@ def _filler(rng: random.Random, tokens: int, vocab: list[str]) -> str:
 def render_raw(rng: random.Random, plan: Plan) -> str:
     """The raw generated text, Qwen3 hybrid style: ``<think>\\n…\\n</think>\\n\\nanswer``."""
     answer = _filler(rng, plan.answer_tokens, _ANSWER_WORDS)
-    if not plan.thinking:
+    if not plan.thinking or plan.completion_tokens == 0:
         return answer
     reasoning = "<think>\n" + _filler(rng, plan.reasoning_tokens - 1, _REASONING_WORDS)
     if not plan.reasoning_closed:
