@@ -78,6 +78,11 @@ class Bookkeeping:
     def client(self) -> redis.Redis:
         return self._r
 
+    def ping(self) -> None:
+        """Raise :class:`RetryableError` (naming the host, not the password) if Redis is unreachable."""
+        with _redis_errors("connecting to the broker"):
+            self._r.ping()
+
     def _k(self, job_id: str, what: str = "") -> str:
         return f"{self._p}:job:{job_id}" + (f":{what}" if what else "")
 

@@ -125,9 +125,14 @@ def enqueue(args: argparse.Namespace, settings: Settings) -> EnqueueResult:
     manifest = load_manifest(store)
     if args.dry_run:
         if manifest is None:
-            manifest = stage_input(args.input, None, wanted.job_id, spec.chunk_size).manifest
+            report = stage_input(args.input, None, wanted.job_id, spec.chunk_size)
+            manifest = report.manifest
+            if report.invalid:
+                print(summarize_invalid(report.invalid), file=sys.stderr)
         plan = plan_job(store, None, None, settings.queue, wanted.job_id, manifest.chunks)
         return EnqueueResult(wanted, manifest, plan, 0, args.output)
+    bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
+    bk.ping()  # fail before writing anything when the broker is unreachable
     if existing is None:
         store.write(JOB_KEY, wanted.to_json())
     if manifest is None:
@@ -137,7 +142,6 @@ def enqueue(args: argparse.Namespace, settings: Settings) -> EnqueueResult:
             print(summarize_invalid(report.invalid), file=sys.stderr)
     elif manifest.invalid:
         print(f"{manifest.invalid} invalid lines (details in {args.output}/invalid.jsonl)", file=sys.stderr)
-    bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
     bk.register_job(wanted.job_id, registered_location(store))
     plan = plan_job(store, bk, bk.client, settings.queue, wanted.job_id, manifest.chunks)
     bk.mark_done(wanted.job_id, plan.done)

@@ -1,0 +1,83 @@
+# dflash-tasks: set-up, demo, tests and checks. `make` alone lists the targets.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Written after a successful install; pip runs again only when pyproject.toml changes.
+STAMP := $(VENV)/.installed
+# 1 = also make sure Debian's chromium is installed (for browser tests; none need it yet).
+BROWSER_TESTS ?= 0
+# Extra arguments: make test PYTEST_ARGS='-k leases -x', make demo DEMO_ARGS='--prompts 500'.
+PYTEST_ARGS ?=
+DEMO_ARGS ?=
+BENCH_ARGS ?=
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+
+.DEFAULT_GOAL := help
+.PHONY: help venv redis browser demo test lint format bench reliability clean distclean
+
+help:
+	@echo "make venv         create $(VENV) (with $(PYTHON)) and install the package with its dev extras"
+	@echo "make redis        install redis-server if missing; start a local Redis at DFLASH_BROKER_URL if none answers"
+	@echo "make demo         4 simulated GPUs + workers + Flower, one 3,000-prompt job, verify (DEMO_ARGS='--help')"
+	@echo "make test         venv + redis (+ chromium when BROWSER_TESTS=1), then pytest (PYTEST_ARGS=...)"
+	@echo "make lint         ruff check, ruff format --check, mypy --strict"
+	@echo "make format       sort imports and format with ruff"
+	@echo "make bench        run the benchmarks (python -m benchmarks), if there are any"
+	@echo "make reliability  run the tests marked 'reliability'"
+	@echo "make clean        remove caches, build metadata and demo-output/ (distclean: also $(VENV))"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || { echo "creating $(VENV) with $$($(PYTHON) --version)"; $(PYTHON) -m venv $(VENV); }
+	@echo "installing dflash-tasks and its dev tools into $(VENV) ..."
+	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[dev]'
+	@touch $@
+
+redis:
+	@bash scripts/ensure_redis.sh
+
+browser:
+	@if [ "$(BROWSER_TESTS)" = 1 ] && ! command -v chromium >/dev/null 2>&1; then \
+		echo "installing Debian's chromium ..."; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	fi
+
+demo: venv redis
+	$(BIN)/python -m dflash_tasks.demo $(DEMO_ARGS)
+
+# scripts/ensure_redis.sh (the redis target) also installs the redis-server binary the tests start.
+test: venv redis browser
+	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: venv
+	@status=0; \
+	echo "ruff check"; $(BIN)/ruff check . || status=1; \
+	echo "ruff format --check"; $(BIN)/ruff format --check . || status=1; \
+	echo "mypy"; $(BIN)/mypy || status=1; \
+	exit $$status
+
+format: venv
+	$(BIN)/ruff check --fix-only --select I --quiet .
+	$(BIN)/ruff format .
+
+bench: venv redis
+	@if [ -f benchmarks/__main__.py ]; then \
+		$(BIN)/python -m benchmarks $(BENCH_ARGS); \
+	else \
+		echo "no benchmarks yet (benchmarks/__main__.py does not exist)"; \
+	fi
+
+# pytest exits 5 when the marker selects nothing: that is not a failure here.
+reliability: venv redis
+	@$(BIN)/pytest -q -p no:cacheprovider -m reliability $(PYTEST_ARGS); status=$$?; \
+	if [ $$status -eq 5 ]; then echo "no reliability tests yet"; exit 0; fi; exit $$status
+
+clean:
+	rm -rf demo-output test-artifacts .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
