@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,7 @@ from dflash_tasks.generation import RetryPolicy, WorkerIdentity, generate_sample
 from dflash_tasks.job import input_key, output_key
 from dflash_tasks.jobs_cache import JobCache
 from dflash_tasks.leases import LeaseKeeper
+from dflash_tasks.request_pool import RequestPool
 from dflash_tasks.sglang_client import SGLangClient
 from dflash_tasks.staging import decode_chunk
 
@@ -48,7 +49,7 @@ class ChunkContext:
     """What a worker process shares between the chunks it runs."""
 
     client: SGLangClient
-    pool: ThreadPoolExecutor  # max_inflight threads: the server's in-flight budget, shared by chunks
+    pool: RequestPool  # the server's in-flight budget, shared by every chunk the worker holds
     bookkeeping: Bookkeeping
     jobs: JobCache
     leases: LeaseKeeper

@@ -13,7 +13,6 @@ from dflash_tasks.inputs import Sample
 from dflash_tasks.job import GenerationSpec
 from dflash_tasks.sglang_client import Completion, SGLangClient
 
-
 _EMPTY = Completion("", "", "", 0, 0, 0)
 
 

@@ -51,8 +51,11 @@ class Settings:
     sglang_api_key: str = ""
     #: Requests this worker keeps in flight against its server (SGLang's spec-decoding cap is 48).
     max_inflight: int = 48
-    #: Chunks a worker holds at once; 0 = enough to keep ``max_inflight`` busy across chunk boundaries.
-    chunks_per_worker: int = 0
+    #: Most chunks a worker holds at once. It takes the next chunk whenever fewer than
+    #: ``backlog_low_water`` requests wait for a slot, so slots never idle at chunk boundaries.
+    max_chunks: int = 8
+    #: Backlog (requests waiting for a slot) below which a worker takes another chunk; 0 = max_inflight/2.
+    backlog_low_water: int = 0
     #: Worker name shown in Flower and recorded on each sample.
     worker_name: str = ""
     #: Log level of workers.
@@ -76,6 +79,8 @@ class Settings:
         """Raise :class:`ConfigError` naming the first invalid field."""
         if self.max_inflight < 1:
             raise ConfigError(f"max_inflight must be >= 1, got {self.max_inflight}")
+        if self.max_chunks < 1:
+            raise ConfigError(f"max_chunks must be >= 1, got {self.max_chunks}")
         if self.request_attempts < 1:
             raise ConfigError(f"request_attempts must be >= 1, got {self.request_attempts}")
         if self.heartbeat_seconds <= 0 or self.lease_seconds <= self.heartbeat_seconds:
@@ -94,11 +99,9 @@ class Settings:
         settings.validate()
         return settings
 
-    def effective_chunks_per_worker(self, chunk_size: int = 64) -> int:
-        """Chunks held at once so the next chunk fills the slots while one drains its slowest requests."""
-        if self.chunks_per_worker > 0:
-            return self.chunks_per_worker
-        return max(2, -(-self.max_inflight // max(chunk_size, 1)) + 1)
+    def low_water(self) -> int:
+        """The backlog below which a worker takes another chunk."""
+        return self.backlog_low_water if self.backlog_low_water > 0 else max(1, self.max_inflight // 2)
 
 
 def _coerce(name: str, kind: Any, raw: str) -> Any:

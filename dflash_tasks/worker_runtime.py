@@ -3,10 +3,11 @@ request pool, leases, the health gate and the reconciler."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
+import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,9 @@ from dflash_tasks.generation import RetryPolicy, WorkerIdentity
 from dflash_tasks.health import HealthGate
 from dflash_tasks.jobs_cache import JobCache, UnknownJob
 from dflash_tasks.leases import LeaseKeeper, Reconciler
+from dflash_tasks.prefetch import PrefetchController
 from dflash_tasks.publish import publish_chunks
+from dflash_tasks.request_pool import RequestPool
 from dflash_tasks.settings import Settings
 from dflash_tasks.sglang_client import SGLangClient
 
@@ -36,6 +39,9 @@ class WorkerRuntime:
     ctx: ChunkContext
     health: HealthGate
     reconciler: Reconciler
+    prefetch: PrefetchController
+    _held: int = 0
+    _held_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     @classmethod
     def build(cls, settings: Settings, app: Celery) -> WorkerRuntime:
@@ -46,7 +52,7 @@ class WorkerRuntime:
         jobs = JobCache(bk)
         ctx = ChunkContext(
             client=client,
-            pool=ThreadPoolExecutor(max_workers=settings.max_inflight, thread_name_prefix="dflash-req"),
+            pool=RequestPool(settings.max_inflight),
             bookkeeping=bk,
             jobs=jobs,
             leases=LeaseKeeper(bk, settings.lease_seconds, settings.heartbeat_seconds),
@@ -64,7 +70,13 @@ class WorkerRuntime:
             on_down=lambda: control("cancel_consumer"),
             on_up=lambda: control("add_consumer"),
         )
-        runtime = cls(settings, app, hostname, ctx, health, None)  # type: ignore[arg-type]
+        runtime = cls(settings, app, hostname, ctx, health, None, None)  # type: ignore[arg-type]
+        runtime.prefetch = PrefetchController(
+            held=lambda: runtime.held_chunks,
+            backlog=lambda: ctx.pool.waiting,
+            low_water=settings.low_water(),
+            max_chunks=settings.max_chunks,
+        )
         runtime.reconciler = Reconciler(
             bk,
             lambda job_id: jobs.get(job_id).store,
@@ -78,12 +90,19 @@ class WorkerRuntime:
         """Heartbeats, reconciler, and an initial health probe (called once the worker is ready)."""
         self.ctx.leases.start()
         self.reconciler.start()
+        self.prefetch.start()
         self.health.check_now()
 
     def stop_background(self) -> None:
         self.ctx.leases.stop()
         self.reconciler.stop()
+        self.prefetch.stop()
         self.health.stop()
+
+    @property
+    def held_chunks(self) -> int:
+        """Chunks this worker is running now."""
+        return self._held
 
     def requeue(self, job_id: str, chunk: int, countdown: float | None = None) -> None:
         publish_chunks(self.app, job_id, [chunk], countdown=countdown)
@@ -94,6 +113,8 @@ class WorkerRuntime:
             self.requeue(job_id, chunk)
             return {"status": "requeued", "reason": "server unhealthy"}
         owner = f"{self.hostname}/{task_id}/{uuid.uuid4().hex[:6]}"
+        with self._held_lock:
+            self._held += 1
         try:
             outcome = run_chunk(self.ctx, job_id, chunk, owner)
         except ServerUnavailable as exc:
@@ -108,6 +129,9 @@ class WorkerRuntime:
             self.requeue(job_id, chunk, countdown=30)
             log.warning("chunk %d of job %s re-queued in 30s: %s", chunk, job_id, exc)
             return {"status": "requeued", "reason": str(exc)}
+        finally:
+            with self._held_lock:
+                self._held -= 1
         log.info(
             "chunk %d of job %s: %s %s (%d ok, %d failed, %d tokens, %.1fs)",
             chunk,

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
-from celery import signals
+from celery import bootsteps, signals
 
 from dflash_tasks.celery_app import app, configure
 from dflash_tasks.errors import ConfigError
 from dflash_tasks.settings import Settings, redact_url
+from dflash_tasks.worker_runtime import WorkerRuntime
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -24,11 +26,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--max-inflight", type=int, help="requests kept in flight (default 48) [DFLASH_MAX_INFLIGHT]"
     )
-    p.add_argument("--chunks-per-worker", type=int, help="chunks held at once (default: auto)")
+    p.add_argument("--max-chunks", type=int, help="most chunks held at once (default 8) [DFLASH_MAX_CHUNKS]")
     p.add_argument("--broker-url", help="Redis URL (default redis://127.0.0.1:6379/0) [DFLASH_BROKER_URL]")
     p.add_argument("--queue", help="queue name (default dflash) [DFLASH_QUEUE]")
     p.add_argument("--log-level", help="INFO, WARNING, DEBUG [DFLASH_LOG_LEVEL]")
     return p.parse_args(argv)
+
+
+def prefetch_step(runtime: WorkerRuntime) -> type[bootsteps.StartStopStep]:
+    """A consumer bootstep handing the consumer's QoS to the runtime's prefetch controller."""
+
+    class BacklogPrefetch(bootsteps.StartStopStep):  # type: ignore[misc]
+        requires = ("celery.worker.consumer.tasks:Tasks",)
+
+        def start(self, consumer: Any) -> None:
+            runtime.prefetch.attach(consumer.qos)
+
+    return BacklogPrefetch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             endpoint=args.endpoint,
             worker_name=args.name,
             max_inflight=args.max_inflight,
-            chunks_per_worker=args.chunks_per_worker,
+            max_chunks=args.max_chunks,
             broker_url=args.broker_url,
             queue=args.queue,
             log_level=args.log_level,
@@ -59,9 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     runtime = worker_runtime.WorkerRuntime.build(settings, app)
     worker_runtime.install(runtime)
     signals.worker_ready.connect(lambda **_: runtime.start_background(), weak=False)
-    concurrency = settings.effective_chunks_per_worker()
+    app.steps["consumer"].add(prefetch_step(runtime))
+    concurrency = settings.max_chunks
     logging.getLogger("workers").info(
-        "worker %s: endpoint %s, broker %s, queue %s, %d in flight, %d chunks at once",
+        "worker %s: endpoint %s, broker %s, queue %s, %d in flight, up to %d chunks",
         runtime.hostname,
         settings.endpoint,
         redact_url(settings.broker_url),

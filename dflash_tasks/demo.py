@@ -1,0 +1,424 @@
+"""``python -m dflash_tasks.demo``: the whole pipeline on one machine, with simulated GPUs.
+
+Writes a prompt file in every accepted format (plus a few malformed lines), starts one SGLang
+simulator and one worker per simulated GPU and Flower, runs ``enqueue --wait`` (live progress
+bar), checks the output with ``verify``, and stops everything it started, on Ctrl-C too.
+Redis must already answer at ``DFLASH_BROKER_URL`` (``make demo`` sees to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from dflash_tasks.errors import DflashError
+from dflash_tasks.inputs import InvalidLine, read_input
+from dflash_tasks.settings import Settings, redact_url
+
+MODEL = "Qwen/Qwen3-8B"
+FLOWER_USER = "admin"
+_READY = re.compile(r"SIM READY (\S+)")
+
+
+# --- child processes ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path | None
+
+
+@dataclass(slots=True)
+class Children:
+    """Processes started by the demo; each leads its own process group, so Ctrl-C reaches only us."""
+
+    logs: Path
+    started: list[Child] = field(default_factory=list)
+
+    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Child:
+        log = self.logs / f"{name}.log"
+        with open(log, "ab") as fh:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        child = Child(name, proc, log)
+        self.started.append(child)
+        return child
+
+    def foreground(self, name: str, argv: Sequence[str]) -> int:
+        """Run ``argv`` on our terminal (its progress bar shows live) and return its exit status."""
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, start_new_session=True)
+        child = Child(name, proc, None)
+        self.started.append(child)
+        try:
+            return proc.wait()
+        finally:
+            stop([child], timeout=5.0)
+
+    def stop_all(self, timeout: float) -> None:
+        """Workers first (they may be mid-request), then Flower and the simulators."""
+        workers = [c for c in self.started if c.name.startswith("gpu")]
+        try:
+            stop([c for c in self.started if c.log is None], timeout)
+            stop(workers, timeout)
+            stop([c for c in self.started if c not in workers], timeout)
+        except KeyboardInterrupt:
+            for child in self.started:
+                if child.proc.poll() is None:
+                    _signal_group(child.proc, signal.SIGKILL)
+                    child.proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def stop(children: Sequence[Child], timeout: float) -> None:
+    """SIGTERM each live child's process group, then SIGKILL what is left after ``timeout`` s."""
+    live = [c for c in children if c.proc.poll() is None]
+    for child in live:
+        _signal_group(child.proc, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for child in live:
+        try:
+            child.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"demo: {child.name} did not stop within {timeout:.0f}s; killing it", file=sys.stderr)
+            _signal_group(child.proc, signal.SIGKILL)
+            child.proc.wait()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def wait_for_log(child: Child, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+    """Wait until ``child``'s log matches ``pattern``; raise DemoError if it exits or times out."""
+    assert child.log is not None
+    deadline = time.monotonic() + timeout
+    while True:
+        found = pattern.search(child.log.read_text(errors="replace"))
+        if found:
+            return found
+        if child.proc.poll() is not None:
+            raise DemoError(f"{child.name} exited with status {child.proc.returncode}:\n{_tail(child.log)}")
+        if time.monotonic() > deadline:
+            raise DemoError(f"{child.name} not ready after {timeout:.0f}s (log: {child.log})")
+        time.sleep(0.1)
+
+
+class DemoError(Exception):
+    """The demo cannot go on; the message says why."""
+
+
+class Terminated(Exception):
+    """SIGTERM or SIGHUP arrived."""
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise Terminated(signal.Signals(signum).name)
+
+
+# --- the prompt file ---------------------------------------------------------------------------
+
+_TOPICS = (
+    "binary search",
+    "the CAP theorem",
+    "photosynthesis",
+    "TCP congestion control",
+    "Bayes' rule",
+    "the Fourier transform",
+    "garbage collection",
+    "plate tectonics",
+    "public-key cryptography",
+    "the halting problem",
+    "supply and demand",
+    "CRISPR",
+    "gradient descent",
+    "black holes",
+    "consistent hashing",
+    "the French Revolution",
+    "eigenvalues",
+    "Raft consensus",
+    "enzymes",
+)
+_ASKS = (
+    "Explain {t} to a first-year student, step by step.",
+    "What is a common misconception about {t}? Reason it through.",
+    "Write three exam questions about {t}, each with a worked answer.",
+    "Compare {t} with a related idea and say when each applies.",
+    "Summarize {t} in five bullet points, then give one example.",
+)
+_SYSTEM = "You are a careful assistant. Think before you answer."
+
+
+def _math(rng: random.Random) -> str:
+    a, b, c = rng.randint(12, 999), rng.randint(12, 999), rng.randint(2, 99)
+    return f"Compute ({a} * {b}) mod {c} and show your reasoning."
+
+
+def _question(rng: random.Random) -> str:
+    if rng.random() < 0.25:
+        return _math(rng)
+    return rng.choice(_ASKS).format(t=rng.choice(_TOPICS))
+
+
+def _record(i: int, tag: str, rng: random.Random) -> dict[str, Any]:
+    """One well-formed line; the format cycles through every accepted shape."""
+    q = _question(rng)
+    sid = f"demo-{tag}-{i:06d}"
+    kind = i % 6
+    if kind == 0:
+        return {
+            "id": sid,
+            "messages": [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": q}],
+        }
+    if kind == 1:
+        parts = [{"type": "text", "text": q}, {"type": "text", "text": "Keep it short."}]
+        return {"id": sid, "messages": [{"role": "user", "content": parts}]}
+    if kind == 2:
+        turns = [
+            {"from": "human", "value": _question(rng)},
+            {"from": "gpt", "value": "(an earlier answer)"},
+            {"from": "human", "value": q},
+            {"from": "gpt", "value": "(the answer to regenerate)"},
+        ]
+        return {"id": sid, "conversations": turns}
+    if kind == 3:
+        return {"id": sid, "conversations": [{"role": "user", "content": q}]}
+    if kind == 4:
+        return {"id": i, "prompt": q}  # an integer id
+    return {"prompt": f"[{tag}] {q}"}  # no id: named after its line
+
+
+_MALFORMED = (
+    '{"prompt": "an unterminated line',
+    "[1, 2, 3]",
+    "{}",
+    '{"prompt": 42}',
+    '{"messages": []}',
+    '{"messages": [{"role": "assistant", "content": "only an answer"}]}',
+    '{"conversations": [{"from": "human"}]}',
+    '{"messages": [{"role": "wizard", "content": "an unknown role"}]}',
+)
+
+
+def write_prompts(path: Path, count: int, seed: int) -> tuple[int, int]:
+    """Write ``count`` valid prompts with the malformed lines spread among them.
+
+    Every run gets a fresh tag in its ids, so the file (and so the job) is new each time.
+    Returns (valid, invalid) as counted by the real reader.
+    """
+    rng = random.Random(seed)
+    tag = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(2)}"
+    lines = [json.dumps(_record(i, tag, rng)) for i in range(count)]
+    dup = next(line for line in lines if '"id": "demo-' in line)
+    extra = [*_MALFORMED, dup]  # a duplicate id
+    for bad in extra:
+        lines.insert(rng.randint(0, len(lines)), bad)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    invalid = sum(1 for item in read_input(path) if isinstance(item, InvalidLine))
+    return len(lines) - invalid, invalid
+
+
+# --- the demo ----------------------------------------------------------------------------------
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_port(port: int, child: Child, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and child.proc.poll() is None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def check_redis(url: str) -> None:
+    """Raise DemoError unless Redis answers at ``url``."""
+    import redis
+
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3).ping()
+    except redis.RedisError as exc:
+        raise DemoError(f"no Redis at {redact_url(url)} ({exc}); `make redis` starts one") from None
+
+
+def _say(message: str) -> None:
+    print(f"demo: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    enqueue_status: int
+    verify_status: int
+    seconds: float
+
+
+def run_demo(args: argparse.Namespace, children: Children) -> Outcome:
+    py = sys.executable
+    settings = Settings.load()
+    check_redis(settings.broker_url)
+    out = Path(args.out).resolve()
+    prompts, completions, logs = out / "prompts.jsonl", out / "completions", out / "logs"
+    shutil.rmtree(completions, ignore_errors=True)
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    valid, invalid = write_prompts(prompts, args.prompts, args.seed)
+    _say(f"wrote {prompts}: {valid:,} prompts + {invalid} malformed lines")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    sim_flags = f"--port 0 --model {MODEL} --time-scale {args.time_scale}"
+    sims = []
+    for i in range(args.gpus):
+        flags = [*sim_flags.split(), "--mean-output-tokens", str(args.mean_output_tokens)]
+        sims.append(
+            children.spawn(
+                f"sim{i}", [py, "-m", "dflash_tasks.sim", *flags, "--seed", str(args.seed + i)], env
+            )
+        )
+    urls = [wait_for_log(sim, _READY, 30.0).group(1) for sim in sims]
+    _say(f"{args.gpus} simulated GPUs: {', '.join(urls)} (time scale {args.time_scale})")
+    workers = [
+        children.spawn(f"gpu{i}", [py, "-m", "workers", "--endpoint", url, "--name", f"gpu{i}"], env)
+        for i, url in enumerate(urls)
+    ]
+
+    flower_port = args.flower_port if _port_free(args.flower_port) else _free_port()
+    given = os.environ.get("DFLASH_FLOWER_PASSWORD", "")
+    password = given or secrets.token_urlsafe(12)
+    flower_env = {**env, "FLOWER_BASIC_AUTH": f"{FLOWER_USER}:{password}"}  # not on the command line
+    flower_argv = [py, "-m", "celery", "-A", "dflash_tasks.celery_app", "flower", "--address=127.0.0.1"]
+    flower = children.spawn("flower", [*flower_argv, f"--port={flower_port}"], flower_env)
+    flower_url = f"http://127.0.0.1:{flower_port}"
+    where = "from DFLASH_FLOWER_PASSWORD" if given else password
+    for worker in workers:
+        wait_for_log(worker, re.compile(r"\bready\b"), 60.0)
+    _say(f"{args.gpus} workers ready on broker {redact_url(settings.broker_url)}, queue {settings.queue!r}")
+    if _wait_port(flower_port, flower, 20.0):
+        _say(f"Flower: {flower_url}  user {FLOWER_USER}  password {where}")
+    else:
+        _say(f"Flower did not come up (see {logs / 'flower.log'}); going on without it")
+
+    started = time.monotonic()
+    files = ["--input", str(prompts), "--output", str(completions)]
+    enqueue_argv = [py, "-m", "dflash_tasks.enqueue", *files, "--model", MODEL, "--wait"]
+    enqueue_status = children.foreground("enqueue", enqueue_argv)
+    seconds = time.monotonic() - started
+    if enqueue_status != 0:
+        _say(f"enqueue exited with status {enqueue_status}; worker logs are in {logs}")
+    verify_status = children.foreground("verify", [py, "-m", "dflash_tasks.verify", *files])
+    _say(f"job took {seconds:.0f}s; completions in {completions / 'outputs'}")
+    _say(f"prompts {prompts} | logs {logs} | Flower {flower_url} (user {FLOWER_USER})")
+    if args.keep_running:
+        _say("services keep running: press Ctrl-C to stop them")
+        _watch([*sims, *workers, flower])
+    return Outcome(enqueue_status, verify_status, seconds)
+
+
+def _watch(children: Sequence[Child]) -> None:
+    reported: set[str] = set()
+    while True:
+        for child in children:
+            if child.proc.poll() is not None and child.name not in reported:
+                reported.add(child.name)
+                _say(f"{child.name} exited with status {child.proc.returncode} (log: {child.log})")
+        time.sleep(1.0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dflash_tasks.demo", description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", type=int, default=3000, help="valid prompts to generate (default 3000)")
+    p.add_argument("--gpus", type=int, default=4, help="simulated GPUs: one simulator + worker each")
+    p.add_argument(
+        "--time-scale", type=float, default=0.1, help="simulator speed-up: 0.1 = ten times real time"
+    )
+    p.add_argument("--mean-output-tokens", type=int, default=2300, help="mean simulated completion length")
+    p.add_argument("--out", default="demo-output", help="demo folder (default demo-output)")
+    p.add_argument("--flower-port", type=int, default=5555, help="Flower's port, if free (default 5555)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt mix and the simulators")
+    p.add_argument("--stop-timeout", type=float, default=15.0, help="seconds from SIGTERM to SIGKILL")
+    p.add_argument("--keep-running", action="store_true", help="keep the services up until Ctrl-C")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.prompts < 1 or args.gpus < 1 or args.time_scale < 0:
+        print("error: --prompts and --gpus must be >= 1, --time-scale >= 0", file=sys.stderr)
+        return 2
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    children = Children(out / "logs")
+    status = 1
+    try:
+        outcome = run_demo(args, children)
+        status = 0 if outcome.enqueue_status == 0 and outcome.verify_status == 0 else 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        _say("interrupted")
+        status = 130
+    except Terminated as exc:
+        _say(f"{exc}: stopping")
+        status = 143
+    except (DemoError, DflashError, OSError) as exc:
+        _say(f"error: {exc}")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        _say("stopping the simulators, workers and Flower ... (Ctrl-C: kill them now)")
+        children.stop_all(args.stop_timeout)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
