@@ -46,6 +46,29 @@ end
 return 0
 """
 
+# Remove a lease only if it is still expired (a heartbeat may have renewed it meanwhile).
+_CLAIM_EXPIRED = """
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if expiry and tonumber(expiry) <= tonumber(ARGV[2]) then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+# Renew leases still owned by us (or lost with a Redis restart); never steal a taken-over lease.
+_RENEW = """
+for i = 1, #KEYS, 2 do
+  local owner = redis.call('HGET', KEYS[i + 1], ARGV[i])
+  if not owner or owner == ARGV[i + 1] then
+    redis.call('ZADD', KEYS[i], ARGV[#ARGV], ARGV[i])
+    redis.call('HSET', KEYS[i + 1], ARGV[i], ARGV[i + 1])
+  end
+end
+return 1
+"""
+
 # Release a lease only if we still own it.
 _RELEASE = """
 if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
@@ -66,6 +89,8 @@ class Bookkeeping:
         self._acquire = client.register_script(_ACQUIRE)
         self._complete = client.register_script(_COMPLETE)
         self._release = client.register_script(_RELEASE)
+        self._claim = client.register_script(_CLAIM_EXPIRED)
+        self._renew = client.register_script(_RENEW)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "dflash") -> Bookkeeping:
@@ -123,13 +148,15 @@ class Bookkeeping:
 
     def renew(self, leases: Iterable[tuple[str, int, str]], lease_seconds: float) -> None:
         """Extend the given (job, chunk, owner) leases; re-creates them if Redis lost them."""
-        expiry = time.time() + lease_seconds
-        pipe = self._r.pipeline(transaction=False)
+        keys: list[str] = []
+        args: list[Any] = []
         for job_id, chunk, owner in leases:
-            pipe.zadd(self._k(job_id, "leases"), {str(chunk): expiry})
-            pipe.hset(self._k(job_id, "owners"), str(chunk), owner)
+            keys += [self._k(job_id, "leases"), self._k(job_id, "owners")]
+            args += [chunk, owner]
+        if not keys:
+            return
         with _redis_errors("renewing chunk leases"):
-            pipe.execute()
+            self._renew(keys=keys, args=[*args, time.time() + lease_seconds])
 
     def release(self, job_id: str, chunk: int, owner: str) -> None:
         with _redis_errors("releasing a chunk lease"):
@@ -148,20 +175,23 @@ class Bookkeeping:
         """Running chunks: chunk -> lease expiry, for leases not yet expired."""
         with _redis_errors("reading leases"):
             rows = self._r.zrangebyscore(
-                self._k(job_id, "leases"), now or time.time(), "+inf", withscores=True
+                self._k(job_id, "leases"), time.time() if now is None else now, "+inf", withscores=True
             )
         return {int(m): float(s) for m, s in cast(list[tuple[bytes, float]], rows)}
 
     def expired_leases(self, job_id: str, now: float | None = None) -> list[int]:
         with _redis_errors("reading leases"):
-            rows = self._r.zrangebyscore(self._k(job_id, "leases"), "-inf", now or time.time())
+            rows = self._r.zrangebyscore(
+                self._k(job_id, "leases"), "-inf", time.time() if now is None else now
+            )
         return [int(m) for m in cast(list[bytes], rows)]
 
     def claim_expired(self, job_id: str, chunk: int) -> bool:
         """Remove an expired lease; True for exactly one of several concurrent reconcilers."""
         with _redis_errors("claiming an expired lease"):
-            removed = self._r.zrem(self._k(job_id, "leases"), str(chunk))
-            self._r.hdel(self._k(job_id, "owners"), str(chunk))
+            removed = self._claim(
+                keys=[self._k(job_id, "leases"), self._k(job_id, "owners")], args=[chunk, time.time()]
+            )
         return bool(removed)
 
     def owners(self, job_id: str) -> dict[int, str]:

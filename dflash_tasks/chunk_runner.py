@@ -77,7 +77,7 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
             return ChunkOutcome("skipped", "already done")
         samples = decode_chunk(job.store.read(input_key(chunk)))
         spec = job.definition.spec
-        rid_prefix = f"{job_id}-{chunk}"
+        rid_prefix = f"{job_id}-{chunk}-{owner.rsplit('/', 1)[-1]}"
         futures = [
             ctx.pool.submit(generate_sample, ctx.client, spec, s, ctx.identity, ctx.policy, rid_prefix)
             for s in samples

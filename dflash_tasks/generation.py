@@ -72,7 +72,7 @@ def generate_sample(
     started = time.monotonic()
     last_error = ""
     for attempt in range(1, policy.attempts + 1):
-        rid = f"{rid_prefix}-{sample.id}-{attempt}"[:200]
+        rid = f"{rid_prefix}-L{sample.line}-{attempt}"  # unique per delivery, sample and attempt
         try:
             completion = client.chat(build_request(spec, sample, rid))
             return make_record(spec, sample, who, completion, None, time.monotonic() - started, attempt)

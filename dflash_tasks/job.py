@@ -134,7 +134,7 @@ def parse_chunk_key(key: str) -> int | None:
     name = key.rsplit("/", 1)[-1]
     if name.startswith("chunk-") and name.endswith(".jsonl"):
         digits = name[len("chunk-") : -len(".jsonl")]
-        if digits.isdigit():
+        if digits.isascii() and digits.isdigit():
             return int(digits)
     return None
 

@@ -49,4 +49,4 @@ def plan_job(
         running = frozenset(bookkeeping.live_leases(job_id))
         queued = frozenset(queued_chunks(broker, queue, job_id))
     to_enqueue = tuple(c for c in range(chunks) if c not in done and c not in running and c not in queued)
-    return Plan(chunks, done, running - done, queued - done, to_enqueue)
+    return Plan(chunks, done, running - done, queued - done - running, to_enqueue)

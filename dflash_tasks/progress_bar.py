@@ -50,7 +50,7 @@ class ProgressBar:
         self._width = width
         self._tty = self._stream.isatty()
         self._plain_every = plain_every
-        self._last_plain = 0.0
+        self._last_plain = float("-inf")
 
     def render(self, done: int, samples_per_s: float, tokens_per_s: float) -> str:
         frac = done / self.total if self.total else 1.0

@@ -8,7 +8,9 @@ Celery's own configuration in ``celeryconfig.py``) builds a :class:`Settings` wi
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -88,6 +90,11 @@ class Settings:
                 f"lease_seconds ({self.lease_seconds}) must exceed "
                 f"heartbeat_seconds ({self.heartbeat_seconds})"
             )
+        for name in ("request_timeout", "reconcile_seconds", "health_poll_seconds"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not (self.retry_backoff >= 0 and self.retry_backoff_max >= 0):
+            raise ConfigError("retry_backoff and retry_backoff_max must be >= 0")
         if self.visibility_timeout <= self.lease_seconds:
             raise ConfigError("visibility_timeout must exceed lease_seconds")
         if not self.broker_url.startswith(("redis://", "rediss://", "unix://")):
@@ -110,7 +117,10 @@ def _coerce(name: str, kind: Any, raw: str) -> Any:
         if kind_name == "int":
             return int(raw)
         if kind_name == "float":
-            return float(raw)
+            value = float(raw)
+            if not math.isfinite(value):
+                raise ValueError(raw)
+            return value
         if kind_name == "bool":
             if raw.lower() in {"1", "true", "yes", "on"}:
                 return True
@@ -123,10 +133,16 @@ def _coerce(name: str, kind: Any, raw: str) -> Any:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for logs and messages."""
+    """``url`` with any password (userinfo or ``?password=``) replaced by ``***``, for logs and messages."""
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user + ':' if user else ':'}***@{host}"
+    if not sep:
+        scheme, rest = "", url
+    if "@" in rest:
+        creds, _, host = rest.rpartition("@")
+        user = creds.split(":", 1)[0]
+        rest = f"{user}:***@{host}" if ":" in creds else f"{creds}@{host}"
+    rest = _QUERY_PASSWORD.sub(r"\1***", rest)
+    return f"{scheme}://{rest}" if sep else rest
+
+
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)

@@ -50,7 +50,7 @@ class Store(Protocol):
 def check_key(key: str) -> str:
     """Return ``key`` if it is a safe relative key, else raise :class:`StoreError`."""
     parts = key.split("/")
-    if not key or any(p in ("", ".", "..") or not _KEY_PART.match(p) for p in parts):
+    if not key or any(p in ("", ".", "..") or not _KEY_PART.fullmatch(p) for p in parts):
         raise StoreError(f"invalid store key {key!r}: keys are relative, '/'-separated, [A-Za-z0-9._-]")
     return key
 
@@ -101,7 +101,7 @@ class LocalStore:
         return self._path(key).is_file()
 
     def list(self, prefix: str) -> Iterator[str]:
-        folder = self._root / prefix.rstrip("/") if prefix else self._root
+        folder = self._root / check_key(prefix.rstrip("/")) if prefix else self._root
         base = prefix.rstrip("/") + "/" if prefix else ""
         try:
             entries = list(os.scandir(folder))
@@ -119,6 +119,8 @@ def open_store(uri: str) -> Store:
     if not uri:
         raise StoreError("no output location given (use --output PATH)")
     if uri.startswith("file://"):
+        if not uri[len("file://") :]:
+            raise StoreError(f"no path in output location {uri!r}")
         return LocalStore(uri[len("file://") :])
     if "://" in uri:
         scheme = uri.split("://", 1)[0]

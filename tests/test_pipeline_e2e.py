@@ -114,7 +114,7 @@ def test_redis_flushall_mid_run_then_rerun_recovers(procs: Processes, tmp_path: 
     summary = last_json(rerun.stdout)
     assert summary["chunks_done"] == 30 and summary["job_id"]
     report = verify_ok(procs, inp, out)
-    assert report["ok"] == 600 and report["duplicated"] == 0
+    assert report["ok"] == 600 and report["duplicated"] == 0, report
 
 
 def test_server_errors_for_a_while_are_retried(procs: Processes, tmp_path: Path) -> None:
