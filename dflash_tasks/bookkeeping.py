@@ -10,11 +10,13 @@ Keys (``P`` is the prefix, ``J`` a job id)::
     P:job:J:leases          zset chunk -> lease expiry (unix s); a live lease means "running"
     P:job:J:owners          hash chunk -> owner (worker name / task id)
     P:job:J:done            set of chunks whose completions are stored
-    P:job:J:stats           hash of counters (samples_ok, samples_failed, completion_tokens, ...)
+    P:job:J:stats           hash of counters (samples_ok, samples_failed, completion_tokens, check_*, ...)
+    P:job:J:recent          list of recent chunk quality summaries (newest first), for the live gate
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
@@ -129,6 +131,41 @@ class Bookkeeping:
     def jobs(self) -> list[str]:
         with _redis_errors("listing jobs"):
             return sorted(m.decode() for m in cast(Iterable[bytes], self._r.smembers(f"{self._p}:jobs")))
+
+    def job_state(self, job_id: str) -> tuple[str, str]:
+        """(state, pause reason): state is ``running`` or ``paused``."""
+        with _redis_errors("reading the job state"):
+            state, reason = cast(
+                list[bytes | None], self._r.hmget(self._k(job_id), ["state", "pause_reason"])
+            )
+        return (state or b"running").decode(), (reason or b"").decode()
+
+    def pause_job(self, job_id: str, reason: str) -> bool:
+        """Pause the job (workers stop taking its chunks); True if it was running."""
+        with _redis_errors("pausing the job"):
+            pipe = self._r.pipeline()
+            pipe.hget(self._k(job_id), "state")
+            pipe.hset(
+                self._k(job_id), mapping={"state": "paused", "pause_reason": reason, "paused_at": time.time()}
+            )
+            previous, _ = pipe.execute()
+        return bool(previous != b"paused")
+
+    def resume_job(self, job_id: str) -> None:
+        with _redis_errors("resuming the job"):
+            self._r.hset(self._k(job_id), mapping={"state": "running", "pause_reason": ""})
+            self._r.delete(self._k(job_id, "recent"))
+
+    def push_recent(self, job_id: str, entry: Mapping[str, Any], keep: int) -> list[dict[str, Any]]:
+        """Add a chunk's quality summary; returns the newest ``keep`` summaries."""
+        key = self._k(job_id, "recent")
+        with _redis_errors("recording chunk quality"):
+            pipe = self._r.pipeline()
+            pipe.lpush(key, json.dumps(entry))
+            pipe.ltrim(key, 0, keep - 1)
+            pipe.lrange(key, 0, keep - 1)
+            rows = pipe.execute()[-1]
+        return [json.loads(row) for row in rows]
 
     def finish_job(self, job_id: str) -> None:
         """Forget a finished job's registry entry (the store keeps everything)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -13,8 +14,10 @@ from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.errors import ServerUnavailable
 from dflash_tasks.generation import RetryPolicy, WorkerIdentity, generate_sample
 from dflash_tasks.job import input_key, output_key
-from dflash_tasks.jobs_cache import JobCache
+from dflash_tasks.jobs_cache import JobCache, JobHandle
 from dflash_tasks.leases import LeaseKeeper
+from dflash_tasks.live_gate import record_chunk_and_judge
+from dflash_tasks.quality import check_record
 from dflash_tasks.request_pool import RequestPool
 from dflash_tasks.sglang_client import SGLangClient
 from dflash_tasks.staging import decode_chunk
@@ -83,23 +86,7 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
             for s in samples
         ]
         records = _collect(futures)
-        job.store.write(
-            out_key, b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
-        )
-        ok = sum(1 for r in records if r["status"] == "ok")
-        tokens = sum(int(r["usage"]["completion_tokens"]) for r in records)
-        ctx.bookkeeping.complete(
-            job_id,
-            chunk,
-            {
-                "samples_ok": ok,
-                "samples_failed": len(records) - ok,
-                "completion_tokens": tokens,
-                "prompt_tokens": sum(int(r["usage"]["prompt_tokens"]) for r in records),
-                "chunk_seconds": time.monotonic() - started,
-            },
-        )
-        return ChunkOutcome("done", "", ok, len(records) - ok, tokens, time.monotonic() - started)
+        return _store_chunk(ctx, job, job_id, chunk, records, started)
     except BaseException:
         try:
             ctx.bookkeeping.release(job_id, chunk, owner)
@@ -108,6 +95,33 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
         raise
     finally:
         ctx.leases.drop(job_id, chunk)
+
+
+def _store_chunk(
+    ctx: ChunkContext, job: JobHandle, job_id: str, chunk: int, records: list[dict[str, Any]], started: float
+) -> ChunkOutcome:
+    """Check each record, write the chunk atomically, count it once, and feed the live gate."""
+    quality = job.definition.quality
+    checks: Counter[str] = Counter()
+    for record in records:
+        record["checks"] = check_record(record, job.definition.spec.thinking, quality)
+        checks.update(record["checks"])
+    job.store.write(
+        output_key(chunk), b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
+    )
+    ok = sum(1 for r in records if r["status"] == "ok")
+    tokens = sum(int(r["usage"]["completion_tokens"]) for r in records)
+    counters = {
+        "samples_ok": ok,
+        "samples_failed": len(records) - ok,
+        "completion_tokens": tokens,
+        "prompt_tokens": sum(int(r["usage"]["prompt_tokens"]) for r in records),
+        "chunk_seconds": time.monotonic() - started,
+        **{f"check_{name}": n for name, n in checks.items()},
+    }
+    if ctx.bookkeeping.complete(job_id, chunk, counters):
+        record_chunk_and_judge(ctx.bookkeeping, job_id, len(records), checks, quality)
+    return ChunkOutcome("done", "", ok, len(records) - ok, tokens, time.monotonic() - started)
 
 
 def _collect(futures: list[Future[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -2,7 +2,8 @@
 
 Re-running the same command resumes the job: finished chunks are skipped (the store is the
 truth), chunks already queued or running are not queued twice, and chunks lost with a crashed
-worker or a wiped Redis are queued again.
+worker or a wiped Redis are queued again. A new job first runs a preflight sample through the
+quality gates (``--preflight N``, ``--no-preflight``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from celery import Celery
+
 from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.errors import ConfigError, DflashError
 from dflash_tasks.inputs import input_fingerprint, summarize_invalid
@@ -28,20 +31,28 @@ from dflash_tasks.job import (
     done_chunks,
     load_job,
     load_manifest,
+    output_key,
 )
-from dflash_tasks.planner import Plan, plan_job
+from dflash_tasks.planner import Plan, plan_job, queue_missing
+from dflash_tasks.preflight import PREFLIGHT_KEY, judge, preflight_chunks, print_progress, wait_for_chunks
 from dflash_tasks.progress_bar import ProgressBar, RateWindow
+from dflash_tasks.quality import CHECKS, QualitySettings
 from dflash_tasks.settings import Settings
 from dflash_tasks.staging import stage_input
-from dflash_tasks.store import LocalStore, Store, open_store
+from dflash_tasks.store import Store, open_store
 
 log = logging.getLogger("dflash_tasks.enqueue")
+
+EXIT_PREFLIGHT_FAILED = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dflash_tasks.enqueue", description=__doc__.splitlines()[0])
     p.add_argument("--input", required=True, help="prompts JSONL (.jsonl or .jsonl.gz)")
-    p.add_argument("--output", required=True, help="output root: a directory")
+    p.add_argument("--output", required=True, help="output root: a directory or s3://bucket/prefix")
+    p.add_argument(
+        "--s3-endpoint-url", help="S3-compatible endpoint for s3:// outputs [DFLASH_S3_ENDPOINT_URL]"
+    )
     p.add_argument("--model", help="model name sent to SGLang (required for a new job)")
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--temperature", type=float, default=0.6)
@@ -55,6 +66,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replan-seconds", type=float, default=60.0, help="with --wait: re-plan this often")
     p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     p.add_argument("--dry-run", action="store_true", help="plan and print; write and queue nothing")
+    q = p.add_argument_group("quality")
+    q.add_argument(
+        "--preflight", type=int, default=200, metavar="N", help="preflight sample size (default 200)"
+    )
+    q.add_argument("--no-preflight", action="store_true", help="queue the whole job at once")
+    q.add_argument(
+        "--preflight-timeout", type=float, default=3600.0, help="seconds to wait for the preflight"
+    )
+    q.add_argument("--gpu-hour-usd", type=float, help="price of one GPU-hour, for cost projections")
+    q.add_argument(
+        "--min-completion-tokens", type=int, help="flag completions shorter than this (default 32)"
+    )
+    q.add_argument(
+        "--max-share",
+        action="append",
+        default=[],
+        metavar="CHECK=SHARE",
+        help=f"gate threshold per check, e.g. no_reasoning=0.05; checks: {', '.join(CHECKS)}",
+    )
     return p
 
 
@@ -82,6 +112,23 @@ def spec_from_args(args: argparse.Namespace) -> GenerationSpec:
     )
 
 
+def quality_from_args(args: argparse.Namespace) -> QualitySettings:
+    base = QualitySettings()
+    shares = dict(base.max_share)
+    for item in args.max_share:
+        name, sep, value = item.partition("=")
+        if not sep or name not in CHECKS:
+            raise ConfigError(
+                f"--max-share {item!r}: expected CHECK=SHARE with CHECK one of {', '.join(CHECKS)}"
+            )
+        try:
+            shares[name] = float(value)
+        except ValueError:
+            raise ConfigError(f"--max-share {item!r}: {value!r} is not a number") from None
+    minimum = base.min_completion_tokens if args.min_completion_tokens is None else args.min_completion_tokens
+    return QualitySettings(min_completion_tokens=minimum, max_share=shares)
+
+
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
     job: JobDefinition
@@ -106,58 +153,113 @@ class EnqueueResult:
         }
 
 
-def registered_location(store: Store) -> str:
-    """Where workers find the store: absolute for a local directory."""
-    return str(store.root) if isinstance(store, LocalStore) else store.uri
+class PreflightFailed(DflashError):
+    """The preflight sample failed the quality gates; the job is paused."""
 
 
-def enqueue(args: argparse.Namespace, settings: Settings) -> EnqueueResult:
-    """Stage (once) and queue what is missing; returns what was done."""
+def celery_app(settings: Settings) -> Celery:
     from dflash_tasks.celery_app import app, configure
-    from dflash_tasks.publish import publish_chunks
 
+    return configure(app, settings)
+
+
+def prepare(
+    args: argparse.Namespace, settings: Settings | None = None
+) -> tuple[JobDefinition, Store, JobDefinition | None, Manifest | None]:
+    """Define the job and check it against what the output root already holds."""
     spec = spec_from_args(args)
-    wanted = JobDefinition.create(input_fingerprint(args.input), os.path.basename(args.input), spec)
-    store = open_store(args.output)
+    wanted = JobDefinition.create(
+        input_fingerprint(args.input), os.path.basename(args.input), spec, quality_from_args(args)
+    )
+    store = open_store(args.output, settings)
     existing = load_job(store)
     if existing is not None:
         check_same_job(existing, wanted, args.output)
-    manifest = load_manifest(store)
+    return (existing or wanted), store, existing, load_manifest(store)
+
+
+def enqueue(args: argparse.Namespace, settings: Settings) -> EnqueueResult:
+    """Stage (once), run the preflight (new jobs), and queue what is missing."""
+    job, store, existing, manifest = prepare(args, settings)
     if args.dry_run:
         if manifest is None:
-            report = stage_input(args.input, None, wanted.job_id, spec.chunk_size)
+            report = stage_input(args.input, None, job.job_id, job.spec.chunk_size)
             manifest = report.manifest
             if report.invalid:
                 print(summarize_invalid(report.invalid), file=sys.stderr)
-        plan = plan_job(store, None, None, settings.queue, wanted.job_id, manifest.chunks)
-        return EnqueueResult(wanted, manifest, plan, 0, args.output)
+        plan = plan_job(store, None, None, settings.queue, job.job_id, manifest.chunks)
+        return EnqueueResult(job, manifest, plan, 0, args.output)
     bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
     bk.ping()  # fail before writing anything when the broker is unreachable
+    store.check_writable()  # ... or the store cannot be written (no bucket, access denied, read-only)
     if existing is None:
-        store.write(JOB_KEY, wanted.to_json())
+        store.write(JOB_KEY, job.to_json())
     if manifest is None:
-        report = stage_input(args.input, store, wanted.job_id, spec.chunk_size)
+        report = stage_input(args.input, store, job.job_id, job.spec.chunk_size)
         manifest = report.manifest
         if report.invalid:
             print(summarize_invalid(report.invalid), file=sys.stderr)
     elif manifest.invalid:
         print(f"{manifest.invalid} invalid lines (details in {args.output}/invalid.jsonl)", file=sys.stderr)
-    bk.register_job(wanted.job_id, registered_location(store))
-    plan = plan_job(store, bk, bk.client, settings.queue, wanted.job_id, manifest.chunks)
-    bk.mark_done(wanted.job_id, plan.done)
-    configure(app, settings)
-    enqueued = publish_chunks(app, wanted.job_id, plan.to_enqueue)
-    return EnqueueResult(wanted, manifest, plan, enqueued, args.output)
+    bk.resume_job(job.job_id)  # a re-run continues a paused job
+    app = celery_app(settings)
+    if not args.no_preflight and args.preflight > 0 and not store.exists(PREFLIGHT_KEY):
+        run_preflight(args, settings, job, manifest, store, bk, app)
+    plan, sent = queue_missing(store, bk, app, settings.queue, job.job_id, manifest.chunks)
+    return EnqueueResult(job, manifest, plan, sent, args.output)
+
+
+def run_preflight(
+    args: argparse.Namespace,
+    settings: Settings,
+    job: JobDefinition,
+    manifest: Manifest,
+    store: Store,
+    bk: Bookkeeping,
+    app: Celery,
+) -> None:
+    """Generate the preflight chunks, judge them, and raise :class:`PreflightFailed` if the gates trip."""
+    chunks = preflight_chunks(manifest, args.preflight)
+    started = time.monotonic()
+    queue_missing(store, bk, app, settings.queue, job.job_id, manifest.chunks, only=chunks)
+    print(f"preflight: {len(chunks)} chunks spread over the input; waiting for workers ...", file=sys.stderr)
+    if not wait_for_chunks(store, chunks, args.preflight_timeout, print_progress(len(chunks))):
+        raise PreflightFailed(
+            f"the preflight did not finish within {args.preflight_timeout:.0f}s: are workers running "
+            f"(python -m workers --endpoint URL --name NAME) on queue {settings.queue!r}?"
+        )
+    workers = len(app.control.inspect(timeout=1.0).ping() or {}) or 1
+    done = sum(manifest.chunk_samples(c) for c in done_chunks(store) if c < manifest.chunks)
+    report = judge(
+        store,
+        chunks,
+        job.quality,
+        time.monotonic() - started,
+        slots=workers * settings.max_inflight,
+        workers=workers,
+        remaining=manifest.samples - done,
+        gpu_hour_usd=args.gpu_hour_usd or 0.0,
+    )
+    print(report.render(), file=sys.stderr)
+    if report.passed:
+        store.write(PREFLIGHT_KEY, (json.dumps(report.to_dict(), indent=2) + "\n").encode())
+        return
+    reason = "preflight failed: " + "; ".join(f.message for f in report.failures)
+    bk.pause_job(job.job_id, reason)
+    for chunk in chunks:  # bad data: regenerate them once the cause is fixed
+        store.delete(output_key(chunk))
+    raise PreflightFailed(reason + "\nFix the cause, then re-run this command.")
 
 
 def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Settings) -> bool:
-    """Show progress until every chunk is stored; re-plan now and then (a Redis loss heals itself)."""
-    from dflash_tasks.celery_app import app
-    from dflash_tasks.publish import publish_chunks
+    """Show progress until every chunk is stored; re-plan now and then (a Redis loss heals itself).
 
-    store = open_store(args.output)
+    Returns False when the job is paused by the live quality gate.
+    """
+    store = open_store(args.output, settings)
     manifest = result.manifest
     bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
+    app = celery_app(settings)
     bar = ProgressBar(manifest.samples)
     window = RateWindow(60.0)
     job_id = result.job.job_id
@@ -168,21 +270,27 @@ def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Sett
             samples = sum(manifest.chunk_samples(c) for c in done if c < manifest.chunks)
             try:
                 tokens = bk.stats(job_id).get("completion_tokens", 0.0)
+                state, reason = bk.job_state(job_id)
             except DflashError:
-                tokens = 0.0
+                tokens, state, reason = 0.0, "running", ""
             window.add(samples, tokens)
             samples_s, tokens_s = window.rates()
             bar.update(samples, samples_s, tokens_s, force=len(done) >= manifest.chunks)
             if len(done) >= manifest.chunks:
                 return True
+            if state == "paused":
+                bar.close()
+                print(f"job paused: {reason}", file=sys.stderr)
+                print(
+                    f"fix the cause, then: python -m dflash_tasks.resume --output {args.output}",
+                    file=sys.stderr,
+                )
+                return False
             if time.monotonic() - last_replan >= args.replan_seconds:
                 last_replan = time.monotonic()
                 try:
-                    bk.register_job(job_id, registered_location(store))
-                    plan = plan_job(store, bk, bk.client, settings.queue, job_id, manifest.chunks)
-                    bk.mark_done(job_id, plan.done)
-                    if plan.to_enqueue:
-                        sent = publish_chunks(app, job_id, plan.to_enqueue)
+                    _, sent = queue_missing(store, bk, app, settings.queue, job_id, manifest.chunks)
+                    if sent:
                         print(
                             f"\nre-queued {sent} chunks that were neither queued nor running", file=sys.stderr
                         )
@@ -210,10 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
-        settings = Settings.load(broker_url=args.broker_url, queue=args.queue)
+        settings = Settings.load(
+            broker_url=args.broker_url, queue=args.queue, s3_endpoint_url=args.s3_endpoint_url
+        )
         result = enqueue(args, settings)
         print_summary(result, args.dry_run)
         finished = wait_for_job(result, args, settings) if args.wait and not args.dry_run else True
+    except PreflightFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_PREFLIGHT_FAILED
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dflash_tasks.errors import JobMismatch, StoreError
+from dflash_tasks.quality import QualitySettings
 from dflash_tasks.store import Store
 
 JOB_KEY = "job.json"
@@ -58,12 +59,20 @@ class JobDefinition:
     input_fingerprint: str
     input_name: str
     spec: GenerationSpec
+    #: Quality checks and gates; recorded with the job but not part of its identity.
+    quality: QualitySettings = field(default_factory=QualitySettings)
 
     @classmethod
-    def create(cls, input_fingerprint: str, input_name: str, spec: GenerationSpec) -> JobDefinition:
+    def create(
+        cls,
+        input_fingerprint: str,
+        input_name: str,
+        spec: GenerationSpec,
+        quality: QualitySettings | None = None,
+    ) -> JobDefinition:
         identity = json.dumps({"input": input_fingerprint, "spec": asdict(spec)}, sort_keys=True)
         job_id = hashlib.sha256(identity.encode()).hexdigest()[:16]
-        return cls(job_id, input_fingerprint, input_name, spec)
+        return cls(job_id, input_fingerprint, input_name, spec, quality or QualitySettings())
 
     def to_json(self) -> bytes:
         doc = {
@@ -72,6 +81,7 @@ class JobDefinition:
             "input_fingerprint": self.input_fingerprint,
             "input_name": self.input_name,
             "spec": asdict(self.spec),
+            "quality": self.quality.to_dict(),
         }
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
@@ -84,6 +94,7 @@ class JobDefinition:
                 input_fingerprint=str(doc["input_fingerprint"]),
                 input_name=str(doc.get("input_name", "")),
                 spec=GenerationSpec(**doc["spec"]),
+                quality=QualitySettings.from_dict(doc.get("quality")),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"{where} is not a valid dflash job file: {exc}") from None

@@ -7,13 +7,15 @@ worker died) are claimed here and queued again.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import redis
+from celery import Celery
 
 from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.job import done_chunks
-from dflash_tasks.publish import queued_chunks
+from dflash_tasks.publish import publish_chunks, queued_chunks
 from dflash_tasks.store import Store
 
 
@@ -50,3 +52,30 @@ def plan_job(
         queued = frozenset(queued_chunks(broker, queue, job_id))
     to_enqueue = tuple(c for c in range(chunks) if c not in done and c not in running and c not in queued)
     return Plan(chunks, done, running - done, queued - done - running, to_enqueue)
+
+
+def queue_missing(
+    store: Store,
+    bookkeeping: Bookkeeping,
+    app: Celery,
+    queue: str,
+    job_id: str,
+    chunks: int,
+    only: Iterable[int] | None = None,
+) -> tuple[Plan, int]:
+    """Register the job, plan it and queue what is missing (only chunks in ``only``, if given).
+
+    Returns the plan and how many messages were sent. Used by enqueue, its ``--wait`` loop,
+    the preflight and resume, so they all agree on what "missing" means.
+    """
+    bookkeeping.register_job(job_id, registered_location(store))
+    plan = plan_job(store, bookkeeping, bookkeeping.client, queue, job_id, chunks)
+    bookkeeping.mark_done(job_id, plan.done)
+    wanted = plan.to_enqueue if only is None else tuple(c for c in plan.to_enqueue if c in set(only))
+    return plan, publish_chunks(app, job_id, wanted)
+
+
+def registered_location(store: Store) -> str:
+    """Where workers find the store: absolute for a local directory."""
+    root = getattr(store, "root", None)
+    return str(root) if root is not None else store.uri

@@ -46,6 +46,10 @@ class Store(Protocol):
         """Every key under ``prefix`` (a folder such as ``"outputs/"``), in one listing pass."""
         ...
 
+    def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is not an error."""
+        ...
+
 
 def check_key(key: str) -> str:
     """Return ``key`` if it is a safe relative key, else raise :class:`StoreError`."""
@@ -99,6 +103,12 @@ class LocalStore:
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as exc:
+            raise _translate(exc, f"deleting {self._root / key}") from exc
 
     def list(self, prefix: str) -> Iterator[str]:
         folder = self._root / check_key(prefix.rstrip("/")) if prefix else self._root

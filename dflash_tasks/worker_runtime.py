@@ -112,6 +112,9 @@ class WorkerRuntime:
         if not self.health.healthy:
             self.requeue(job_id, chunk)
             return {"status": "requeued", "reason": "server unhealthy"}
+        state, reason = self.ctx.bookkeeping.job_state(job_id)
+        if state == "paused":  # resume (or a re-run of enqueue) queues the chunk again
+            return {"status": "paused", "reason": reason}
         owner = f"{self.hostname}/{task_id}/{uuid.uuid4().hex[:6]}"
         with self._held_lock:
             self._held += 1

@@ -22,10 +22,10 @@ def test_queued_job_holds_ids_not_prompts_and_is_not_queued_twice(procs: Process
     with open(inp, "w") as fh:
         for i in range(640):
             fh.write(json.dumps({"id": f"p{i}", "prompt": f"{marker} {i}"}) + "\n")
-    first = procs.run("dflash_tasks.enqueue", *enqueue_args(inp, out, "--json"))
+    first = procs.run("dflash_tasks.enqueue", *enqueue_args(inp, out, "--json", "--no-preflight"))
     assert first.returncode == 0, first.stderr
     assert last_json(first.stdout)["chunks_enqueued"] == 10
-    second = procs.run("dflash_tasks.enqueue", *enqueue_args(inp, out, "--json"))
+    second = procs.run("dflash_tasks.enqueue", *enqueue_args(inp, out, "--json", "--no-preflight"))
     summary = last_json(second.stdout)
     assert summary["chunks_enqueued"] == 0 and summary["chunks_queued_before"] == 10
 
@@ -56,7 +56,12 @@ def test_dry_run_writes_and_queues_nothing(procs: Processes, tmp_path: Path) -> 
 def test_enqueue_killed_while_staging_converges(procs: Processes, tmp_path: Path) -> None:
     inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
     write_prompts(inp, 8_000)
-    args = [sys.executable, "-m", "dflash_tasks.enqueue", *enqueue_args(inp, out, "--chunk-size", "20")]
+    args = [
+        sys.executable,
+        "-m",
+        "dflash_tasks.enqueue",
+        *enqueue_args(inp, out, "--chunk-size", "20", "--no-preflight"),
+    ]
     proc = subprocess.Popen(args, cwd=REPO, env=procs.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_until(
         lambda: (out / "inputs").exists() and len(list((out / "inputs").iterdir())) > 20, 30, "staging"
@@ -68,7 +73,10 @@ def test_enqueue_killed_while_staging_converges(procs: Processes, tmp_path: Path
 
     sim = procs.simulator("--time-scale", "0")
     procs.worker(sim, "gpu0", "--max-inflight", "64")
-    res = procs.run("dflash_tasks.enqueue", *enqueue_args(inp, out, "--chunk-size", "20", "--wait", "--json"))
+    res = procs.run(
+        "dflash_tasks.enqueue",
+        *enqueue_args(inp, out, "--chunk-size", "20", "--wait", "--json", "--no-preflight"),
+    )
     assert res.returncode == 0, res.stderr
     assert last_json(res.stdout)["chunks"] == 400
     report = verify_ok(procs, inp, out)
@@ -88,7 +96,7 @@ def test_server_stays_busy_across_chunk_boundaries(procs: Processes, tmp_path: P
         sys.executable,
         "-m",
         "dflash_tasks.enqueue",
-        *enqueue_args(inp, out, "--chunk-size", "8", "--wait"),
+        *enqueue_args(inp, out, "--chunk-size", "8", "--wait", "--no-preflight"),
     ]
     producer = subprocess.Popen(
         args, cwd=REPO, env=procs.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -76,7 +76,9 @@ def test_worker_sigkill_mid_chunk_loses_nothing(procs: Processes, tmp_path: Path
     sim = procs.simulator("--time-scale", "0.02", "--mean-output-tokens", "1500")
     victim = procs.worker(sim, "victim")
     procs.worker(sim, "survivor")
-    res = procs.run("dflash_tasks.enqueue", *enqueue_args(inp, out, "--chunk-size", "20", "--json"))
+    res = procs.run(
+        "dflash_tasks.enqueue", *enqueue_args(inp, out, "--chunk-size", "20", "--json", "--no-preflight")
+    )
     assert res.returncode == 0, res.stderr
     job_id = str(last_json(res.stdout)["job_id"])
     owners_key = f"t-{procs.queue}:job:{job_id}:owners"
@@ -103,7 +105,7 @@ def test_redis_flushall_mid_run_then_rerun_recovers(procs: Processes, tmp_path: 
     write_prompts(inp, 600)
     sim = procs.simulator("--time-scale", "0.01", "--mean-output-tokens", "1000")
     procs.worker(sim, "gpu0")
-    args = enqueue_args(inp, out, "--chunk-size", "20", "--json")
+    args = enqueue_args(inp, out, "--chunk-size", "20", "--json", "--no-preflight")
     assert procs.run("dflash_tasks.enqueue", *args).returncode == 0
     wait_until(lambda: done_chunk_count(out) >= 3, 60, "first chunks")
     redis.Redis.from_url(procs.broker_url).flushall()
@@ -123,7 +125,10 @@ def test_server_errors_for_a_while_are_retried(procs: Processes, tmp_path: Path)
     sim = procs.simulator("--time-scale", "0.001")
     procs.worker(sim, "gpu0")
     requests.post(f"{sim}/sim/faults", json={"kind": "http_500", "count": 60}, timeout=5).raise_for_status()
-    res = procs.run("dflash_tasks.enqueue", *enqueue_args(inp, out, "--chunk-size", "25", "--wait", "--json"))
+    res = procs.run(
+        "dflash_tasks.enqueue",
+        *enqueue_args(inp, out, "--chunk-size", "25", "--wait", "--json", "--no-preflight"),
+    )
     assert res.returncode == 0, res.stderr
     report = verify_ok(procs, inp, out)
     assert report["ok"] == 200 and report["failed"] == 0
@@ -137,7 +142,8 @@ def test_too_long_prompt_fails_only_its_own_sample(procs: Processes, tmp_path: P
     sim = procs.simulator("--time-scale", "0.001", "--context-length", "8192")
     procs.worker(sim, "gpu0")
     res = procs.run(
-        "dflash_tasks.enqueue", *enqueue_args(inp, out, "--max-tokens", "2048", "--wait", "--json")
+        "dflash_tasks.enqueue",
+        *enqueue_args(inp, out, "--max-tokens", "2048", "--wait", "--json", "--no-preflight"),
     )
     assert res.returncode == 0, res.stderr
     report = verify_ok(procs, inp, out)
@@ -156,7 +162,10 @@ def test_dead_server_pauses_its_worker_and_chunks_move_on(procs: Processes, tmp_
     procs.worker(doomed, "gpu1")
     requests.post(f"{doomed}/sim/faults", json={"kind": "reset", "seconds": 3600}, timeout=5)
     requests.post(f"{doomed}/sim/faults", json={"kind": "unhealthy", "seconds": 3600}, timeout=5)
-    res = procs.run("dflash_tasks.enqueue", *enqueue_args(inp, out, "--chunk-size", "15", "--wait", "--json"))
+    res = procs.run(
+        "dflash_tasks.enqueue",
+        *enqueue_args(inp, out, "--chunk-size", "15", "--wait", "--json", "--no-preflight"),
+    )
     assert res.returncode == 0, res.stderr
     report = verify_ok(procs, inp, out)
     assert report["ok"] == 300 and report["failed"] == 0
