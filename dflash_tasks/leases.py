@@ -12,6 +12,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from dflash_tasks import metrics
 from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.errors import DflashError
 from dflash_tasks.job import output_key
@@ -96,6 +97,7 @@ class Reconciler:
                 if self._bk.claim_expired(job_id, chunk) and not store.exists(output_key(chunk)):
                     self._requeue(job_id, chunk)
                     requeued.append((job_id, chunk))
+                    metrics.chunk_requeued("lease_expired")
                     log.warning(
                         "re-queued chunk %d of job %s: its lease expired (worker lost)", chunk, job_id
                     )
