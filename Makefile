@@ -5,8 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # Written after a successful install; pip runs again only when pyproject.toml changes.
 STAMP := $(VENV)/.installed
-# 1 = also make sure Debian's chromium is installed (for browser tests; none need it yet).
-BROWSER_TESTS ?= 0
+# 1 = make sure Debian's chromium is installed: the Flower test drives it (headless, through
+# Playwright's Python package; never `playwright install`). 0 = skip it (those tests then skip).
+BROWSER_TESTS ?= 1
 # Extra arguments: make test PYTEST_ARGS='-k leases -x', make demo DEMO_ARGS='--prompts 500'.
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
@@ -20,7 +21,7 @@ help:
 	@echo "make venv         create $(VENV) (with $(PYTHON)) and install the package with its dev extras"
 	@echo "make redis        install redis-server if missing; start a local Redis at DFLASH_BROKER_URL if none answers"
 	@echo "make demo         4 simulated GPUs + workers + Flower, one 3,000-prompt job, verify (DEMO_ARGS='--help')"
-	@echo "make test         venv + redis (+ chromium when BROWSER_TESTS=1), then pytest (PYTEST_ARGS=...)"
+	@echo "make test         venv + redis + chromium (BROWSER_TESTS=0: without), then pytest (PYTEST_ARGS=...)"
 	@echo "make lint         ruff check, ruff format --check, mypy --strict"
 	@echo "make format       sort imports and format with ruff"
 	@echo "make bench        run the benchmarks (python -m benchmarks), if there are any"

@@ -12,6 +12,7 @@ Keys (``P`` is the prefix, ``J`` a job id)::
     P:job:J:done            set of chunks whose completions are stored
     P:job:J:stats           hash of counters (samples_ok, samples_failed, completion_tokens, check_*, ...)
     P:job:J:recent          list of recent chunk quality summaries (newest first), for the live gate
+    P:job:J:failures        hash chunk -> failed runs (store/Redis errors), for the re-queue backoff
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ class Bookkeeping:
     def client(self) -> redis.Redis:
         return self._r
 
+    @property
+    def prefix(self) -> str:
+        """The key prefix (``P`` above); other modules name their own keys under it."""
+        return self._p
+
     def ping(self) -> None:
         """Raise :class:`RetryableError` (naming the host, not the password) if Redis is unreachable."""
         with _redis_errors("connecting to the broker"):
@@ -166,6 +172,11 @@ class Bookkeeping:
             pipe.lrange(key, 0, keep - 1)
             rows = pipe.execute()[-1]
         return [json.loads(row) for row in rows]
+
+    def count_chunk_failure(self, job_id: str, chunk: int) -> int:
+        """Count one more failed run of ``chunk``; returns its failures so far."""
+        with _redis_errors("counting a chunk failure"):
+            return int(self._r.hincrby(self._k(job_id, "failures"), str(chunk), 1))
 
     def finish_job(self, job_id: str) -> None:
         """Forget a finished job's registry entry (the store keeps everything)."""

@@ -10,6 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from dflash_tasks import metrics
 from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.errors import ServerUnavailable
 from dflash_tasks.generation import RetryPolicy, WorkerIdentity, generate_sample
@@ -74,6 +75,7 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
         return ChunkOutcome("skipped", "running elsewhere (live lease)")
     started = time.monotonic()
     ctx.leases.hold(job_id, chunk, owner)
+    metrics.chunk_started(job_id)
     try:
         if job.store.exists(out_key):  # finished by another worker between the check and the lease
             ctx.bookkeeping.release(job_id, chunk, owner)
@@ -85,8 +87,12 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
             ctx.pool.submit(generate_sample, ctx.client, spec, s, ctx.identity, ctx.policy, rid_prefix)
             for s in samples
         ]
+        for fut in futures:
+            fut.add_done_callback(metrics.on_sample_future(job_id))
         records = _collect(futures)
-        return _store_chunk(ctx, job, job_id, chunk, records, started)
+        outcome = _store_chunk(ctx, job, job_id, chunk, records, started)
+        metrics.chunk_stored(job_id, outcome.seconds)
+        return outcome
     except BaseException:
         try:
             ctx.bookkeeping.release(job_id, chunk, owner)

@@ -326,17 +326,22 @@ def run_demo(args: argparse.Namespace, children: Children) -> Outcome:
         )
     urls = [wait_for_log(sim, _READY, 30.0).group(1) for sim in sims]
     _say(f"{args.gpus} simulated GPUs: {', '.join(urls)} (time scale {args.time_scale})")
+    metrics_ports = [_free_port() for _ in urls]  # one Prometheus endpoint per worker
     workers = [
-        children.spawn(f"gpu{i}", [py, "-m", "workers", "--endpoint", url, "--name", f"gpu{i}"], env)
-        for i, url in enumerate(urls)
+        children.spawn(
+            f"gpu{i}",
+            [py, "-m", "workers", "--endpoint", url, "--name", f"gpu{i}", "--metrics-port", str(port)],
+            env,
+        )
+        for i, (url, port) in enumerate(zip(urls, metrics_ports, strict=True))
     ]
 
     flower_port = args.flower_port if _port_free(args.flower_port) else _free_port()
-    given = os.environ.get("DFLASH_FLOWER_PASSWORD", "")
+    given = settings.flower_password
     password = given or secrets.token_urlsafe(12)
-    flower_env = {**env, "FLOWER_BASIC_AUTH": f"{FLOWER_USER}:{password}"}  # not on the command line
-    flower_argv = [py, "-m", "celery", "-A", "dflash_tasks.celery_app", "flower", "--address=127.0.0.1"]
-    flower = children.spawn("flower", [*flower_argv, f"--port={flower_port}"], flower_env)
+    flower_env = {**env, "DFLASH_FLOWER_PASSWORD": password}  # not on the command line
+    flower_argv = [py, "-m", "dflash_tasks.flower", "--port", str(flower_port)]
+    flower = children.spawn("flower", flower_argv, flower_env)
     flower_url = f"http://127.0.0.1:{flower_port}"
     where = "from DFLASH_FLOWER_PASSWORD" if given else password
     for worker in workers:
@@ -346,6 +351,9 @@ def run_demo(args: argparse.Namespace, children: Children) -> Outcome:
         _say(f"Flower: {flower_url}  user {FLOWER_USER}  password {where}")
     else:
         _say(f"Flower did not come up (see {logs / 'flower.log'}); going on without it")
+    metrics_urls = ", ".join(f"http://127.0.0.1:{port}/metrics" for port in metrics_ports)
+    _say(f"Prometheus (one per worker): {metrics_urls}")
+    _say(f"watch from another shell: python -m dflash_tasks.status --output {completions} --watch")
 
     started = time.monotonic()
     files = ["--input", str(prompts), "--output", str(completions)]

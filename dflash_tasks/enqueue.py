@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from dflash_tasks.job import (
 )
 from dflash_tasks.planner import Plan, plan_job, queue_missing
 from dflash_tasks.preflight import PREFLIGHT_KEY, judge, preflight_chunks, print_progress, wait_for_chunks
+from dflash_tasks.progress import ProgressWriter, record_gpu_price
 from dflash_tasks.progress_bar import ProgressBar, RateWindow
 from dflash_tasks.quality import CHECKS, QualitySettings
 from dflash_tasks.settings import Settings
@@ -202,6 +204,7 @@ def enqueue(args: argparse.Namespace, settings: Settings) -> EnqueueResult:
     elif manifest.invalid:
         print(f"{manifest.invalid} invalid lines (details in {args.output}/invalid.jsonl)", file=sys.stderr)
     bk.resume_job(job.job_id)  # a re-run continues a paused job
+    record_gpu_price(bk, job.job_id, args.gpu_hour_usd or settings.gpu_hour_usd)
     app = celery_app(settings)
     if not args.no_preflight and args.preflight > 0 and not store.exists(PREFLIGHT_KEY):
         run_preflight(args, settings, job, manifest, store, bk, app)
@@ -223,7 +226,15 @@ def run_preflight(
     started = time.monotonic()
     queue_missing(store, bk, app, settings.queue, job.job_id, manifest.chunks, only=chunks)
     print(f"preflight: {len(chunks)} chunks spread over the input; waiting for workers ...", file=sys.stderr)
-    if not wait_for_chunks(store, chunks, args.preflight_timeout, print_progress(len(chunks))):
+    # The live gate may pause the job before the whole sample is in: judge what is done then.
+    done_sample = wait_for_chunks(
+        store,
+        chunks,
+        args.preflight_timeout,
+        print_progress(len(chunks)),
+        stop=lambda: bk.job_state(job.job_id)[0] == "paused",
+    )
+    if done_sample is None:
         raise PreflightFailed(
             f"the preflight did not finish within {args.preflight_timeout:.0f}s: are workers running "
             f"(python -m workers --endpoint URL --name NAME) on queue {settings.queue!r}?"
@@ -232,7 +243,7 @@ def run_preflight(
     done = sum(manifest.chunk_samples(c) for c in done_chunks(store) if c < manifest.chunks)
     report = judge(
         store,
-        chunks,
+        done_sample,
         job.quality,
         time.monotonic() - started,
         slots=workers * settings.max_inflight,
@@ -264,6 +275,9 @@ def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Sett
     window = RateWindow(60.0)
     job_id = result.job.job_id
     last_replan = time.monotonic()
+    progress = ProgressWriter(
+        bk, f"enqueue@{socket.gethostname()}/{os.getpid()}", settings.progress_seconds, settings.queue
+    )
     try:
         while True:
             done = done_chunks(store)
@@ -276,6 +290,7 @@ def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Sett
             window.add(samples, tokens)
             samples_s, tokens_s = window.rates()
             bar.update(samples, samples_s, tokens_s, force=len(done) >= manifest.chunks)
+            _write_progress(progress, job_id, store, result, final=len(done) >= manifest.chunks)
             if len(done) >= manifest.chunks:
                 return True
             if state == "paused":
@@ -299,6 +314,19 @@ def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Sett
             time.sleep(1.0)
     finally:
         bar.close()
+
+
+def _write_progress(
+    writer: ProgressWriter, job_id: str, store: Store, result: EnqueueResult, final: bool
+) -> None:
+    """progress.json: when no other process wrote it this period, and always once the job is done."""
+    try:
+        if final:
+            writer.write(job_id, store, result.manifest, result.job)
+        else:
+            writer.write_if_due(job_id, store, result.manifest, result.job)
+    except DflashError as exc:  # the workers write it too
+        log.debug("progress.json not written: %s", exc)
 
 
 def print_summary(result: EnqueueResult, dry_run: bool) -> None:

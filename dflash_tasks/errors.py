@@ -9,6 +9,7 @@ DflashError
     ├── InputError          the input file cannot be read at all
     ├── JobMismatch         the output root holds a different job
     └── StoreError          the output store is unusable (missing bucket, permissions)
+        └── CorruptObject   a stored object does not match the checksum recorded when written
 """
 
 from __future__ import annotations
@@ -48,3 +49,7 @@ class JobMismatch(PermanentError):
 
 class StoreError(PermanentError):
     """The output store cannot be used."""
+
+
+class CorruptObject(StoreError):
+    """A stored object's bytes do not match the SHA-256 recorded when it was written."""

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dflash_tasks import metrics
 from dflash_tasks.errors import RetryableError, SampleRejected, ServerUnavailable
 from dflash_tasks.inputs import Sample
 from dflash_tasks.job import GenerationSpec
@@ -77,9 +78,11 @@ def generate_sample(
             completion = client.chat(build_request(spec, sample, rid))
             return make_record(spec, sample, who, completion, None, time.monotonic() - started, attempt)
         except SampleRejected as exc:
+            metrics.request_error(exc, will_retry=False)
             return make_record(spec, sample, who, None, str(exc), time.monotonic() - started, attempt)
         except RetryableError as exc:
             last_error = str(exc)
+            metrics.request_error(exc, will_retry=attempt < policy.attempts)
             if attempt < policy.attempts:
                 sleep(policy.delay(attempt))
     if not client.healthy():

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.errors import StoreError
 from dflash_tasks.job import JobDefinition, Manifest, load_job, load_manifest
+from dflash_tasks.settings import Settings
 from dflash_tasks.store import Store, open_store
 
 
@@ -25,8 +26,9 @@ class UnknownJob(StoreError):
 class JobCache:
     """Job handles by id, read once per worker process."""
 
-    def __init__(self, bookkeeping: Bookkeeping) -> None:
+    def __init__(self, bookkeeping: Bookkeeping, settings: Settings | None = None) -> None:
         self._bk = bookkeeping
+        self._settings = settings  # for the S3 endpoint of s3:// outputs
         self._jobs: dict[str, JobHandle] = {}
         self._lock = threading.Lock()
 
@@ -38,7 +40,7 @@ class JobCache:
         output = self._bk.job_info(job_id).get("output")
         if not output:
             raise UnknownJob(f"job {job_id} is not registered in Redis; re-run enqueue to register it")
-        store = open_store(output)
+        store = open_store(output, self._settings)
         definition, manifest = load_job(store), load_manifest(store)
         if definition is None or manifest is None or definition.job_id != job_id:
             raise UnknownJob(f"{output} does not hold a staged job {job_id}")

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from dflash_tasks import metrics
 from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.errors import DflashError
 from dflash_tasks.job import output_key
+from dflash_tasks.publish import parse_task_id, stale_deliveries
 from dflash_tasks.store import Store
 
 log = logging.getLogger(__name__)
@@ -75,12 +77,16 @@ class Reconciler:
         requeue: Callable[[str, int], None],
         owner: str,
         interval: float,
+        lease_seconds: float = 60.0,
+        visibility_timeout: float = 12 * 3600,
     ) -> None:
         self._bk = bookkeeping
         self._open = open_job_store
         self._requeue = requeue
         self._owner = owner
         self._interval = interval
+        self._lease_seconds = lease_seconds
+        self._visibility_timeout = visibility_timeout
         self._stop = threading.Event()
 
     def run_once(self) -> list[tuple[str, int]]:
@@ -88,19 +94,51 @@ class Reconciler:
         if not self._bk.try_lock("reconcile", self._owner, max(self._interval * 0.8, 1.0)):
             return []
         requeued: list[tuple[str, int]] = []
-        for job_id in self._bk.jobs():
-            expired = self._bk.expired_leases(job_id)
-            if not expired:
+        jobs = self._bk.jobs()
+        for job_id in jobs:
+            try:
+                requeued += self._reconcile_job(job_id)
+            except DflashError as exc:  # one broken job must not stop the others' recovery
+                log.warning("reconciling job %s failed: %s", job_id, exc)
+        return requeued + self._rescue_unleased(set(jobs))
+
+    def _rescue_unleased(self, jobs: set[str]) -> list[tuple[str, int]]:
+        """Re-queue chunks delivered to a worker that died before it could lease them.
+
+        Such a message sits in the broker's unacked set until the visibility timeout (hours);
+        the original is skipped cheaply when it finally comes back.
+        """
+        rescued: list[tuple[str, int]] = []
+        for tag, tid in stale_deliveries(self._bk.client, time.time() - self._lease_seconds):
+            parsed = parse_task_id(tid)
+            if parsed is None or parsed[0] not in jobs:
                 continue
-            store = self._open(job_id)
-            for chunk in expired:
-                if self._bk.claim_expired(job_id, chunk) and not store.exists(output_key(chunk)):
-                    self._requeue(job_id, chunk)
-                    requeued.append((job_id, chunk))
-                    metrics.chunk_requeued("lease_expired")
-                    log.warning(
-                        "re-queued chunk %d of job %s: its lease expired (worker lost)", chunk, job_id
-                    )
+            job_id, chunk = parsed
+            if chunk in self._bk.live_leases(job_id) or self._open(job_id).exists(output_key(chunk)):
+                continue
+            if self._bk.try_lock(f"rescued:{tag}", self._owner, self._visibility_timeout):
+                self._requeue(job_id, chunk)
+                rescued.append((job_id, chunk))
+                metrics.chunk_requeued("unleased_delivery")
+                log.warning(
+                    "re-queued chunk %d of job %s: delivered to a worker that died before starting it",
+                    chunk,
+                    job_id,
+                )
+        return rescued
+
+    def _reconcile_job(self, job_id: str) -> list[tuple[str, int]]:
+        expired = self._bk.expired_leases(job_id)
+        if not expired:
+            return []
+        store = self._open(job_id)
+        requeued: list[tuple[str, int]] = []
+        for chunk in expired:
+            if self._bk.claim_expired(job_id, chunk) and not store.exists(output_key(chunk)):
+                self._requeue(job_id, chunk)
+                requeued.append((job_id, chunk))
+                metrics.chunk_requeued("lease_expired")
+                log.warning("re-queued chunk %d of job %s: its lease expired (worker lost)", chunk, job_id)
         return requeued
 
     def start(self) -> None:

@@ -23,7 +23,13 @@ def prefetch_target(held: int, backlog: int, low_water: int, max_chunks: int) ->
 
 
 class PrefetchController:
-    """Adjusts the consumer's QoS from a small background loop."""
+    """Adjusts the consumer's QoS from a small background loop, and when a chunk ends.
+
+    The new count is applied on the consumer's event loop (``hub.call_soon``), which also wakes
+    the loop, so a wanted chunk is fetched within milliseconds. :meth:`nudge` runs as soon as a
+    chunk is stored, before its message is acked: the ack must not pull in a chunk that the
+    backlog does not call for.
+    """
 
     def __init__(
         self,
@@ -31,7 +37,7 @@ class PrefetchController:
         backlog: Callable[[], int],
         low_water: int,
         max_chunks: int,
-        interval: float = 0.1,
+        interval: float = 0.05,
     ) -> None:
         self._held = held
         self._backlog = backlog
@@ -39,20 +45,51 @@ class PrefetchController:
         self._max = max_chunks
         self._interval = interval
         self._qos: Any = None
-        self._current = 0
+        self._hub: Any = None
         self._stop = threading.Event()
 
-    def attach(self, qos: Any) -> None:
-        """Take over the consumer's QoS (called by the consumer bootstep before consuming starts)."""
-        self._qos = qos
-        self.tick()
+    def attach(self, qos: Any, hub: Any = None) -> None:
+        """Take over the consumer's QoS (called by the consumer bootstep before consuming starts).
+
+        ``hub`` is the consumer's event loop (default: the current kombu event loop, if any).
+        """
+        if hub is None:
+            from kombu.asynchronous import get_event_loop
+
+            hub = get_event_loop()
+        self._qos, self._hub = qos, hub
+        self._apply(self.target())
+
+    def target(self) -> int:
+        """The prefetch count wanted now."""
+        target = prefetch_target(self._held(), self._backlog(), self._low_water, self._max)
+        # A message waiting for its countdown (a re-queued chunk) is unacked too: leave room for it.
+        return target + _countdown_messages()
 
     def tick(self) -> int:
-        target = prefetch_target(self._held(), self._backlog(), self._low_water, self._max)
-        if self._qos is not None and target != self._current:
-            self._qos.set(target)
-            self._current = target
+        target = self.target()
+        qos = self._qos
+        if qos is not None and target != qos.value:
+            if self._hub is not None:
+                self._hub.call_soon(self._apply, target)
+            else:
+                self._apply(target)
         return target
+
+    def nudge(self) -> None:
+        """Tick now (a chunk just ended); never raises."""
+        try:
+            self.tick()
+        except Exception:
+            log.exception("prefetch adjustment failed")
+
+    def _apply(self, target: int) -> None:
+        # Celery's consumer loop re-applies ``qos.value`` whenever it differs from the count last
+        # set, so setting the count alone would be undone at once: move the value.
+        qos = self._qos
+        if qos is not None and target != qos.value:
+            qos.value = target
+            qos.update()
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="dflash-prefetch", daemon=True).start()
@@ -62,7 +99,14 @@ class PrefetchController:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            try:
-                self.tick()
-            except Exception:
-                log.exception("prefetch adjustment failed")
+            self.nudge()
+
+
+def _countdown_messages() -> int:
+    """Messages this worker holds until their countdown expires (not yet running)."""
+    from celery.worker import state
+
+    try:
+        return sum(1 for r in list(state.reserved_requests) if r.eta and r not in state.active_requests)
+    except RuntimeError:  # the set changed while being copied: count it next tick
+        return 0

@@ -139,21 +139,27 @@ def judge(
 
 
 def wait_for_chunks(
-    store: Store, chunks: Sequence[int], timeout: float, on_progress: Callable[[int], None] | None = None
-) -> bool:
-    """Poll the store until every chunk in ``chunks`` is done; False on timeout."""
+    store: Store,
+    chunks: Sequence[int],
+    timeout: float,
+    on_progress: Callable[[int], None] | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> list[int] | None:
+    """Poll the store until every chunk in ``chunks`` is done, or ``stop()`` says to judge now.
+
+    Returns the chunks done (all of them, unless stopped early), or None on timeout.
+    """
     deadline = time.monotonic() + timeout
     pending = set(chunks)
-    while pending:
+    while True:
         pending = {c for c in pending if not store.exists(output_key(c))}
         if on_progress is not None:
             on_progress(len(chunks) - len(pending))
-        if not pending:
-            break
+        if not pending or (stop is not None and stop() and len(pending) < len(chunks)):
+            return [c for c in chunks if c not in pending]
         if time.monotonic() > deadline:
-            return False
+            return None
         time.sleep(0.5)
-    return True
 
 
 def print_progress(total: int) -> Callable[[int], None]:

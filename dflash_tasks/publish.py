@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, cast
 
 import redis
 from celery import Celery
@@ -22,20 +22,68 @@ def task_id(job_id: str, chunk: int) -> str:
     return f"{job_id}-{chunk:06d}-{uuid.uuid4().hex[:8]}"
 
 
+def parse_task_id(tid: str) -> tuple[str, int] | None:
+    """(job id, chunk) of a task id made by :func:`task_id`, else None."""
+    parts = tid.split("-")
+    if len(parts) == 3 and parts[1].isascii() and parts[1].isdigit():
+        return parts[0], int(parts[1])
+    return None
+
+
+def stale_deliveries(client: redis.Redis, delivered_before: float) -> list[tuple[str, str]]:
+    """(delivery tag, task id) of messages delivered before ``delivered_before`` and not acked yet.
+
+    Reads kombu's Redis ack emulation (``unacked_index`` / ``unacked``): a live worker leases a
+    chunk milliseconds after delivery, so an old delivery without a lease belongs to a dead one.
+    """
+    try:
+        tags = cast(list[bytes], client.zrangebyscore("unacked_index", "-inf", delivered_before))
+        if not tags:
+            return []
+        raws = cast(list[bytes | None], client.hmget("unacked", tags))
+    except redis.RedisError as exc:
+        raise RetryableError(f"cannot read the broker's unacked messages: {exc}") from exc
+    found: list[tuple[str, str]] = []
+    for tag, raw in zip(tags, raws, strict=True):
+        if raw is None:
+            continue
+        try:
+            payload = json.loads(raw)[0]
+        except (ValueError, IndexError, TypeError):
+            continue
+        tid = str((payload.get("headers") or {}).get("id") or "") if isinstance(payload, dict) else ""
+        found.append((tag.decode(), tid))
+    return found
+
+
+#: Messages per Redis round trip when publishing many chunks.
+PUBLISH_BATCH = 500
+
+
 def publish_chunks(app: Celery, job_id: str, chunks: Iterable[int], countdown: float | None = None) -> int:
-    """Queue one message per chunk over one producer connection; returns how many were sent."""
+    """Queue one message per chunk over one producer connection; returns how many were sent.
+
+    Many chunks go out in pipelined batches of :data:`PUBLISH_BATCH` (kombu's ``Producer.batch``),
+    one round trip each, the queue declared once; a single chunk (a worker's re-queue) is published
+    alone, with kombu's publish retries.
+    """
+    todo = list(chunks)
+    if not todo:
+        return 0
     sent = 0
     try:
         with app.producer_or_acquire() as producer:
-            for chunk in chunks:
-                app.send_task(
-                    TASK_NAME,
-                    args=(job_id, chunk),
-                    task_id=task_id(job_id, chunk),
-                    producer=producer,
-                    countdown=countdown,
-                )
-                sent += 1
+            if len(todo) == 1:
+                _send(app, producer, job_id, todo[0], countdown)
+                return 1
+            queue = app.amqp.queues[app.conf.task_default_queue]
+            producer.maybe_declare(queue)
+            for start in range(0, len(todo), PUBLISH_BATCH):
+                batch = todo[start : start + PUBLISH_BATCH]
+                with producer.batch(max_size=2 * len(batch) + 2):  # each message and its sent event
+                    for chunk in batch:
+                        _send(app, producer, job_id, chunk, countdown, declare=[], retry=False)
+                sent += len(batch)
     except (OSError, redis.RedisError) as exc:
         raise RetryableError(f"cannot publish to the broker after {sent} chunks: {exc}") from exc
     except Exception as exc:  # kombu wraps connection failures in its own OperationalError
@@ -43,6 +91,17 @@ def publish_chunks(app: Celery, job_id: str, chunks: Iterable[int], countdown: f
             raise RetryableError(f"cannot publish to the broker after {sent} chunks: {exc}") from exc
         raise
     return sent
+
+
+def _send(app: Celery, producer: Any, job_id: str, chunk: int, countdown: float | None, **options: Any) -> None:
+    app.send_task(
+        TASK_NAME,
+        args=(job_id, chunk),
+        task_id=task_id(job_id, chunk),
+        producer=producer,
+        countdown=countdown,
+        **options,
+    )
 
 
 def queued_chunks(client: redis.Redis, queue: str, job_id: str, page: int = 2000) -> set[int]:

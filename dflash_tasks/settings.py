@@ -51,6 +51,9 @@ class Settings:
     endpoint: str = ""
     #: Bearer token for SGLang servers started with ``--api-key`` (never logged).
     sglang_api_key: str = ""
+    #: S3-compatible endpoint for ``s3://`` outputs (MinIO, R2, Ceph); empty: boto3's own
+    #: (``AWS_ENDPOINT_URL``, else AWS). Credentials always come from boto3's standard chain.
+    s3_endpoint_url: str = ""
     #: Requests this worker keeps in flight against its server (SGLang's spec-decoding cap is 48).
     max_inflight: int = 48
     #: Most chunks a worker holds at once. It takes the next chunk whenever fewer than
@@ -62,6 +65,29 @@ class Settings:
     worker_name: str = ""
     #: Log level of workers.
     log_level: str = "INFO"
+    # --- the node launcher (python -m workers.node) ---
+    #: GPUs this node serves, e.g. ``0-6`` or ``0,2,5`` (``--gpus``).
+    gpus: str = ""
+    #: Model directory (or HF id) each SGLang server loads (``--model``).
+    model_path: str = ""
+    #: GPU ``N`` gets its SGLang server on port ``port_base + N`` (``--port-base``).
+    port_base: int = 30000
+    #: Folder of the node's per-GPU server and worker logs (``--log-dir``).
+    log_dir: str = "logs"
+    #: Extra SGLang flags, shell-quoted, appended to every server's command line (``--sglang-arg``).
+    sglang_args: str = ""
+    # --- monitoring (progress.json, status, Prometheus, Flower) ---
+    #: How often progress.json is refreshed (s); workers also push their live counts every
+    #: min(2, progress_seconds) s.
+    progress_seconds: float = 5.0
+    #: Worker: Prometheus port (``--metrics-port``); 0 disables it. One port per worker on a machine.
+    metrics_port: int = 9808
+    #: Worker: address the Prometheus endpoint binds to (loopback unless a scraper needs more).
+    metrics_address: str = "127.0.0.1"
+    #: Price of one GPU-hour (USD) for the cost shown by progress.json and status; 0 = unknown.
+    gpu_hour_usd: float = 0.0
+    #: Password of ``python -m dflash_tasks.flower`` (user ``admin``); empty: one is generated.
+    flower_password: str = dataclasses.field(default="", repr=False)
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -97,6 +123,14 @@ class Settings:
             raise ConfigError("retry_backoff and retry_backoff_max must be >= 0")
         if self.visibility_timeout <= self.lease_seconds:
             raise ConfigError("visibility_timeout must exceed lease_seconds")
+        if not 1 <= self.port_base <= 65535:
+            raise ConfigError(f"port_base must be a TCP port (1-65535), got {self.port_base}")
+        if not self.progress_seconds > 0:
+            raise ConfigError(f"progress_seconds must be > 0, got {self.progress_seconds}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be 0 (off) or a TCP port, got {self.metrics_port}")
+        if not self.gpu_hour_usd >= 0:
+            raise ConfigError(f"gpu_hour_usd must be >= 0, got {self.gpu_hour_usd}")
         if not self.broker_url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(f"broker_url must be a redis:// URL, got {redact_url(self.broker_url)!r}")
 

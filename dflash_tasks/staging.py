@@ -7,9 +7,12 @@ stages again; ``manifest.json`` is written last and marks staging complete.
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 
 from dflash_tasks.inputs import InvalidLine, Sample, read_input
 from dflash_tasks.job import INVALID_KEY, MANIFEST_KEY, Manifest, input_key
@@ -24,11 +27,25 @@ class StagingReport:
     invalid: list[InvalidLine] = field(default_factory=list)
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
+
+#: Chunk files written concurrently while the input is read: the writes (fsync, or a PUT) wait on
+#: the disk or the network, the reading and validation on the CPU.
+WRITERS = 4
+
+
 def encode_sample(sample: Sample) -> bytes:
     """One staged line: the sample's id, input line and prompt messages."""
-    return json.dumps(
-        {"id": sample.id, "line": sample.line, "messages": sample.messages}, ensure_ascii=False
-    ).encode()
+    return _encode(sample).encode()
+
+
+def _encode(sample: Sample) -> str:
+    return _ENCODER.encode({"id": sample.id, "line": sample.line, "messages": sample.messages})
+
+
+def encode_chunk(samples: list[Sample]) -> bytes:
+    """A staged chunk file: one :func:`encode_sample` line per sample."""
+    return ("\n".join([_encode(s) for s in samples]) + "\n").encode()
 
 
 def decode_chunk(data: bytes) -> list[Sample]:
@@ -65,12 +82,14 @@ def stage_input(path: str | Path, store: Store | None, job_id: str, chunk_size: 
     """
     invalid: list[InvalidLine] = []
     samples = lines = chunks = 0
-    for index, batch in enumerate(chunked(read_input(path), chunk_size, invalid.append)):
-        if store is not None:
-            store.write(input_key(index), b"\n".join(encode_sample(s) for s in batch) + b"\n")
-        samples += len(batch)
-        chunks = index + 1
-        lines = max(lines, batch[-1].line)
+    with _Writer(store, WRITERS) as writer:
+        for index, batch in enumerate(chunked(read_input(path), chunk_size, invalid.append)):
+            if store is not None:
+                writer.write(input_key(index), encode_chunk(batch))
+            samples += len(batch)
+            chunks = index + 1
+            lines = max(lines, batch[-1].line)
+    # Every chunk file is stored (each write is atomic and durable) before the manifest says so.
     lines = max([lines, *(bad.line for bad in invalid[-1:])])
     manifest = Manifest(
         job_id=job_id,
@@ -84,6 +103,43 @@ def stage_input(path: str | Path, store: Store | None, job_id: str, chunk_size: 
         store.write(INVALID_KEY, b"".join(_invalid_line(bad) for bad in invalid))
         store.write(MANIFEST_KEY, manifest.to_json())
     return StagingReport(manifest=manifest, invalid=invalid)
+
+
+class _Writer:
+    """Store writes on a few threads, at most ``2 * threads`` pending; the first failure is raised.
+
+    Leaving the ``with`` block waits for every write, so the caller knows they all succeeded.
+    """
+
+    def __init__(self, store: Store | None, threads: int) -> None:
+        self._store = store
+        self._threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: deque[Future[None]] = deque()
+
+    def __enter__(self) -> _Writer:
+        return self
+
+    def write(self, key: str, data: bytes) -> None:
+        assert self._store is not None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="dflash-stage")
+        while len(self._pending) >= 2 * self._threads:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(self._store.write, key, data))
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if kind is None:
+                while self._pending:
+                    self._pending.popleft().result()
+        finally:
+            for pending in self._pending:
+                pending.cancel()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
 
 
 def _invalid_line(bad: InvalidLine) -> bytes:

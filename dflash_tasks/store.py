@@ -2,7 +2,8 @@
 
 The store is the source of truth. A chunk is done iff its completions object exists, and
 objects are written atomically (whole or not at all). :class:`Store` is the small interface
-everything above it uses; :class:`LocalStore` implements it on a directory. Keys are relative,
+everything above it uses; :class:`LocalStore` implements it on a directory and
+:class:`~dflash_tasks.store_s3.S3Store` on an S3-compatible bucket. Keys are relative,
 ``/``-separated and validated, so nothing can be written outside the output root.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dflash_tasks.errors import RetryableError, StoreError
+from dflash_tasks.settings import Settings
 
 _KEY_PART = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -48,6 +50,13 @@ class Store(Protocol):
 
     def delete(self, key: str) -> None:
         """Remove ``key``; a missing key is not an error."""
+        ...
+
+    def check_writable(self) -> None:
+        """Raise :class:`StoreError` naming the cause unless the store can be listed, written and read.
+
+        Called by enqueue before anything is staged or queued; creates the root when needed.
+        """
         ...
 
 
@@ -110,6 +119,17 @@ class LocalStore:
         except OSError as exc:
             raise _translate(exc, f"deleting {self._root / key}") from exc
 
+    def check_writable(self) -> None:
+        probe = self._root / f".dflash-write-probe-{uuid.uuid4().hex[:12]}"
+        try:
+            self._root.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"probe\n")
+            probe.unlink()
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+            raise StoreError(f"output {self._root} is not writable: {exc.strerror or exc}") from None
+
     def list(self, prefix: str) -> Iterator[str]:
         folder = self._root / check_key(prefix.rstrip("/")) if prefix else self._root
         base = prefix.rstrip("/") + "/" if prefix else ""
@@ -124,10 +144,21 @@ class LocalStore:
                 yield base + entry.name
 
 
-def open_store(uri: str) -> Store:
-    """Open the store at ``uri``: a local path (or ``file://`` URL)."""
+def open_store(uri: str, settings: Settings | None = None) -> Store:
+    """Open the store at ``uri``: a local path (or ``file://`` URL), or ``s3://bucket/prefix``.
+
+    ``settings`` supplies the S3 endpoint (``s3_endpoint_url``); without them, an ``s3://`` store
+    loads :class:`Settings` from the environment.
+    """
     if not uri:
-        raise StoreError("no output location given (use --output PATH)")
+        raise StoreError("no output location given (use --output PATH or s3://bucket/prefix)")
+    if uri.startswith("s3://"):
+        try:
+            from dflash_tasks.store_s3 import S3Store  # boto3 only where S3 is used
+        except ImportError as exc:
+            raise StoreError(f"s3:// outputs need boto3 ({exc}): pip install boto3") from None
+        settings = settings if settings is not None else Settings.load()
+        return S3Store(uri, endpoint_url=settings.s3_endpoint_url or None)
     if uri.startswith("file://"):
         if not uri[len("file://") :]:
             raise StoreError(f"no path in output location {uri!r}")

@@ -6,11 +6,13 @@ from typing import Any
 
 from celery import Task
 
-from dflash_tasks import worker_runtime
+from dflash_tasks import metrics, worker_runtime
 from dflash_tasks.celery_app import TASK_NAME, app
 
 
 @app.task(name=TASK_NAME, bind=True)  # type: ignore[untyped-decorator]
 def run_chunk_task(self: Task, job_id: str, chunk: int) -> dict[str, Any]:
     """Generate and store chunk ``chunk`` of job ``job_id`` (a no-op when it is already done)."""
-    return worker_runtime.current().handle_delivery(job_id, int(chunk), str(self.request.id))
+    result = worker_runtime.current().handle_delivery(job_id, int(chunk), str(self.request.id))
+    metrics.delivery(result, redelivered=bool((self.request.delivery_info or {}).get("redelivered")))
+    return result

@@ -13,9 +13,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dflash_tasks.errors import DflashError
+from dflash_tasks.errors import CorruptObject, DflashError
 from dflash_tasks.inputs import InvalidLine, read_input
 from dflash_tasks.job import OUTPUTS_PREFIX, load_job, load_manifest, parse_chunk_key
+from dflash_tasks.settings import Settings
 from dflash_tasks.staging import read_invalid
 from dflash_tasks.store import Store, open_store
 
@@ -33,6 +34,7 @@ class Verification:
     missing: int = 0
     duplicated: int = 0
     unexpected: int = 0
+    corrupted: int = 0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -67,8 +69,14 @@ def verify(input_path: str, store: Store) -> Verification:
     for key in sorted(store.list(OUTPUTS_PREFIX)):
         if parse_chunk_key(key) is None:
             continue
+        try:
+            data = store.read(key)  # checks the object's recorded sha256 where the store keeps one
+        except CorruptObject as exc:
+            result.corrupted += 1
+            result.problems.append(f"{exc}; delete it and re-run enqueue to generate the chunk again")
+            continue
         result.chunks_done += 1
-        for raw in store.read(key).splitlines():
+        for raw in data.splitlines():
             if not raw.strip():
                 continue
             record = json.loads(raw)
@@ -105,11 +113,17 @@ def _judge(r: Verification, staged_invalid: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dflash_tasks.verify", description=__doc__.splitlines()[0])
     p.add_argument("--input", required=True, help="the prompts file the job was enqueued with")
-    p.add_argument("--output", required=True, help="the job's output root")
+    p.add_argument(
+        "--output", required=True, help="the job's output root (a directory or s3://bucket/prefix)"
+    )
+    p.add_argument(
+        "--s3-endpoint-url", help="S3-compatible endpoint for s3:// outputs [DFLASH_S3_ENDPOINT_URL]"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     args = p.parse_args(argv)
     try:
-        result = verify(args.input, open_store(args.output))
+        settings = Settings.load(s3_endpoint_url=args.s3_endpoint_url)
+        result = verify(args.input, open_store(args.output, settings))
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -121,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{status}: {result.lines:,} lines = {result.ok:,} ok + {result.failed:,} failed + "
             f"{result.invalid:,} invalid; chunks {result.chunks_done:,}/{result.chunks:,}; "
             f"missing {result.missing:,}, duplicated {result.duplicated:,}"
+            + (f", corrupted {result.corrupted:,}" if result.corrupted else "")
         )
         for problem in result.problems:
             print(f"  - {problem}")

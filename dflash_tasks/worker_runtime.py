@@ -15,11 +15,12 @@ from celery import Celery
 
 from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.chunk_runner import ChunkContext, run_chunk
-from dflash_tasks.errors import RetryableError, ServerUnavailable
+from dflash_tasks.errors import DflashError, RetryableError, ServerUnavailable
 from dflash_tasks.generation import RetryPolicy, WorkerIdentity
 from dflash_tasks.health import HealthGate
 from dflash_tasks.jobs_cache import JobCache, UnknownJob
 from dflash_tasks.leases import LeaseKeeper, Reconciler
+from dflash_tasks.monitor import WorkerMonitor
 from dflash_tasks.prefetch import PrefetchController
 from dflash_tasks.publish import publish_chunks
 from dflash_tasks.request_pool import RequestPool
@@ -42,6 +43,7 @@ class WorkerRuntime:
     prefetch: PrefetchController
     _held: int = 0
     _held_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    monitor: WorkerMonitor | None = None  # live stats, progress.json, Prometheus
 
     @classmethod
     def build(cls, settings: Settings, app: Celery) -> WorkerRuntime:
@@ -49,7 +51,7 @@ class WorkerRuntime:
         hostname = name if "@" in name else f"{name}@{socket.gethostname()}"
         bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
         client = SGLangClient(settings.endpoint, settings.request_timeout, settings.sglang_api_key)
-        jobs = JobCache(bk)
+        jobs = JobCache(bk, settings)
         ctx = ChunkContext(
             client=client,
             pool=RequestPool(settings.max_inflight),
@@ -83,7 +85,10 @@ class WorkerRuntime:
             runtime.requeue,
             owner=hostname,
             interval=settings.reconcile_seconds,
+            lease_seconds=settings.lease_seconds,
+            visibility_timeout=settings.visibility_timeout,
         )
+        runtime.monitor = WorkerMonitor.for_runtime(runtime)
         return runtime
 
     def start_background(self) -> None:
@@ -92,12 +97,16 @@ class WorkerRuntime:
         self.reconciler.start()
         self.prefetch.start()
         self.health.check_now()
+        if self.monitor is not None:
+            self.monitor.start()
 
     def stop_background(self) -> None:
         self.ctx.leases.stop()
         self.reconciler.stop()
         self.prefetch.stop()
         self.health.stop()
+        if self.monitor is not None:
+            self.monitor.stop()
 
     @property
     def held_chunks(self) -> int:
@@ -107,18 +116,26 @@ class WorkerRuntime:
     def requeue(self, job_id: str, chunk: int, countdown: float | None = None) -> None:
         publish_chunks(self.app, job_id, [chunk], countdown=countdown)
 
+    def _backoff(self, job_id: str, chunk: int) -> float:
+        """Seconds before a failed chunk runs again: 30 s, doubling with each failure, up to 10 min."""
+        try:
+            failures = self.ctx.bookkeeping.count_chunk_failure(job_id, chunk)
+        except DflashError:
+            failures = 1
+        return float(min(600, 30 * 2 ** (failures - 1)))
+
     def handle_delivery(self, job_id: str, chunk: int, task_id: str) -> dict[str, Any]:
         """Run one delivered chunk message; never raises for expected failures."""
         if not self.health.healthy:
             self.requeue(job_id, chunk)
             return {"status": "requeued", "reason": "server unhealthy"}
-        state, reason = self.ctx.bookkeeping.job_state(job_id)
-        if state == "paused":  # resume (or a re-run of enqueue) queues the chunk again
-            return {"status": "paused", "reason": reason}
         owner = f"{self.hostname}/{task_id}/{uuid.uuid4().hex[:6]}"
         with self._held_lock:
             self._held += 1
         try:
+            state, reason = self.ctx.bookkeeping.job_state(job_id)
+            if state == "paused":  # resume (or a re-run of enqueue) queues the chunk again
+                return {"status": "paused", "reason": reason}
             outcome = run_chunk(self.ctx, job_id, chunk, owner)
         except ServerUnavailable as exc:
             self.health.mark_down(str(exc))
@@ -128,13 +145,24 @@ class WorkerRuntime:
         except UnknownJob as exc:
             log.error("dropping chunk %d: %s", chunk, exc)
             return {"status": "dropped", "reason": str(exc)}
-        except RetryableError as exc:
-            self.requeue(job_id, chunk, countdown=30)
-            log.warning("chunk %d of job %s re-queued in 30s: %s", chunk, job_id, exc)
-            return {"status": "requeued", "reason": str(exc)}
+        except Exception as exc:  # store or Redis trouble, or a bug: never drop the chunk
+            delay = self._backoff(job_id, chunk)
+            self.requeue(job_id, chunk, countdown=delay)
+            log.log(
+                logging.WARNING if isinstance(exc, RetryableError) else logging.ERROR,
+                "chunk %d of job %s re-queued in %.0fs: %s: %s",
+                chunk,
+                job_id,
+                delay,
+                type(exc).__name__,
+                exc,
+                exc_info=not isinstance(exc, DflashError),
+            )
+            return {"status": "requeued", "reason": f"{type(exc).__name__}: {exc}"}
         finally:
             with self._held_lock:
                 self._held -= 1
+            self.prefetch.nudge()  # before the ack: it must not pull in a chunk nobody wants yet
         log.info(
             "chunk %d of job %s: %s %s (%d ok, %d failed, %d tokens, %.1fs)",
             chunk,

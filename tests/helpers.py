@@ -28,6 +28,7 @@ FAST_ENV = {
     "DFLASH_HEALTH_POLL_SECONDS": "0.5",
     "DFLASH_REQUEST_TIMEOUT": "30",
     "DFLASH_REQUEST_ATTEMPTS": "8",
+    "DFLASH_METRICS_PORT": "0",  # many workers per machine: a test that wants metrics gives a port
 }
 
 

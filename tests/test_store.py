@@ -332,7 +332,7 @@ def test_open_store_expands_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize(
     ("uri", "scheme"),
     [
-        ("s3://bucket/prefix", "s3"),
+        ("az://container/prefix", "az"),
         ("gs://bucket/x", "gs"),
         ("http://host/x", "http"),
         ("hdfs://nn/p", "hdfs"),

@@ -29,6 +29,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-chunks", type=int, help="most chunks held at once (default 8) [DFLASH_MAX_CHUNKS]")
     p.add_argument("--broker-url", help="Redis URL (default redis://127.0.0.1:6379/0) [DFLASH_BROKER_URL]")
     p.add_argument("--queue", help="queue name (default dflash) [DFLASH_QUEUE]")
+    p.add_argument(
+        "--s3-endpoint-url", help="S3-compatible endpoint for s3:// outputs [DFLASH_S3_ENDPOINT_URL]"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="Prometheus port on 127.0.0.1, 0 = off (default 9808) [DFLASH_METRICS_PORT]",
+    )
     p.add_argument("--log-level", help="INFO, WARNING, DEBUG [DFLASH_LOG_LEVEL]")
     return p.parse_args(argv)
 
@@ -56,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             broker_url=args.broker_url,
             queue=args.queue,
             log_level=args.log_level,
+            metrics_port=args.metrics_port,
+            s3_endpoint_url=args.s3_endpoint_url,
         )
         if not settings.endpoint.startswith(("http://", "https://")):
             raise ConfigError(
