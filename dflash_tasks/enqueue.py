@@ -36,8 +36,8 @@ from dflash_tasks.job import (
 )
 from dflash_tasks.planner import Plan, plan_job, queue_missing
 from dflash_tasks.preflight import PREFLIGHT_KEY, judge, preflight_chunks, print_progress, wait_for_chunks
-from dflash_tasks.progress import ProgressWriter, record_gpu_price
 from dflash_tasks.progress_bar import ProgressBar, RateWindow
+from dflash_tasks.progress_writer import ProgressWriter, record_gpu_price
 from dflash_tasks.quality import CHECKS, QualitySettings
 from dflash_tasks.settings import Settings
 from dflash_tasks.staging import stage_input

@@ -2,7 +2,7 @@
 
 :class:`WorkerStats` counts the samples this worker finishes, in memory, and pushes the counts
 to Redis every couple of seconds (one pipeline), into 5-second rate buckets and per-worker
-totals, with a heartbeat of the worker's own state (see :mod:`dflash_tasks.progress` for the
+totals, with a heartbeat of the worker's own state (see :mod:`dflash_tasks.progress_keys` for the
 keys). :class:`WorkerMonitor` runs that flush, polls the server's speculative-decoding accept
 length, serves the Prometheus endpoint, and every ``progress_seconds`` offers to write the
 ``progress.json`` of every registered job (one process per job wins each period).
@@ -24,16 +24,8 @@ from dflash_tasks import metrics
 from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.errors import DflashError
 from dflash_tasks.jobs_cache import JobCache
-from dflash_tasks.progress import (
-    BUCKET_TTL,
-    SET_MIN_SCRIPT,
-    WORKER_TTL,
-    Keys,
-    ProgressWriter,
-    bucket_start,
-    queue_keys,
-    registered_jobs,
-)
+from dflash_tasks.progress_keys import BUCKET_TTL, SET_MIN_SCRIPT, WORKER_TTL, Keys, bucket_start, queue_keys
+from dflash_tasks.progress_writer import ProgressWriter, registered_jobs
 from dflash_tasks.settings import Settings
 from dflash_tasks.sglang_client import SGLangClient
 

@@ -15,21 +15,17 @@ from dflash_tasks.errors import RetryableError, SampleRejected
 from dflash_tasks.job import GenerationSpec, JobDefinition, Manifest, output_key
 from dflash_tasks.monitor import WorkerStats, accept_length
 from dflash_tasks.progress import (
-    BUCKET_SECONDS,
-    FINAL_AFTER,
     GPU_GAP_CAP,
-    PROGRESS_KEY,
-    ProgressWriter,
-    Snapshot,
     compute_progress,
     cost,
     eta_seconds,
     gpu_seconds,
-    registered_jobs,
     summarize,
-    window_bounds,
     window_rate,
 )
+from dflash_tasks.progress_keys import BUCKET_SECONDS, PROGRESS_KEY, window_bounds
+from dflash_tasks.progress_snapshot import Snapshot
+from dflash_tasks.progress_writer import FINAL_AFTER, ProgressWriter, registered_jobs
 from dflash_tasks.status import render
 from dflash_tasks.store import LocalStore
 from tests.helpers import RedisServer
