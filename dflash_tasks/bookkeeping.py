@@ -13,6 +13,7 @@ Keys (``P`` is the prefix, ``J`` a job id)::
     P:job:J:stats           hash of counters (samples_ok, samples_failed, completion_tokens, check_*, ...)
     P:job:J:recent          list of recent chunk quality summaries (newest first), for the live gate
     P:job:J:failures        hash chunk -> failed runs (store/Redis errors), for the re-queue backoff
+    P:job:J:parked          hash chunk -> reason, for chunks that kept failing (until resume)
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class Bookkeeping:
     def resume_job(self, job_id: str) -> None:
         with _redis_errors("resuming the job"):
             self._r.hset(self._k(job_id), mapping={"state": "running", "pause_reason": ""})
-            self._r.delete(self._k(job_id, "recent"))
+            self._r.delete(self._k(job_id, "recent"), self._k(job_id, "parked"), self._k(job_id, "failures"))
 
     def push_recent(self, job_id: str, entry: Mapping[str, Any], keep: int) -> list[dict[str, Any]]:
         """Add a chunk's quality summary; returns the newest ``keep`` summaries."""
@@ -177,6 +178,21 @@ class Bookkeeping:
         """Count one more failed run of ``chunk``; returns its failures so far."""
         with _redis_errors("counting a chunk failure"):
             return int(self._r.hincrby(self._k(job_id, "failures"), str(chunk), 1))
+
+    def park_chunk(self, job_id: str, chunk: int, reason: str) -> None:
+        """Stop re-queuing a chunk that keeps failing; ``resume`` un-parks it."""
+        with _redis_errors("parking a chunk"):
+            self._r.hset(self._k(job_id, "parked"), str(chunk), reason[:500])
+
+    def parked(self, job_id: str) -> dict[int, str]:
+        """Parked chunks and why."""
+        with _redis_errors("reading parked chunks"):
+            raw = cast(Mapping[bytes, bytes], self._r.hgetall(self._k(job_id, "parked")))
+        return {int(k): v.decode() for k, v in raw.items()}
+
+    def unpark_all(self, job_id: str) -> None:
+        with _redis_errors("un-parking chunks"):
+            self._r.delete(self._k(job_id, "parked"), self._k(job_id, "failures"))
 
     def finish_job(self, job_id: str) -> None:
         """Forget a finished job's registry entry (the store keeps everything)."""

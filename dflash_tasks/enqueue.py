@@ -208,7 +208,7 @@ def enqueue(args: argparse.Namespace, settings: Settings) -> EnqueueResult:
     app = celery_app(settings)
     if not args.no_preflight and args.preflight > 0 and not store.exists(PREFLIGHT_KEY):
         run_preflight(args, settings, job, manifest, store, bk, app)
-    plan, sent = queue_missing(store, bk, app, settings.queue, job.job_id, manifest.chunks)
+    plan, sent = queue_missing(store, bk, app, settings, job.job_id, manifest.chunks)
     return EnqueueResult(job, manifest, plan, sent, args.output)
 
 
@@ -224,7 +224,7 @@ def run_preflight(
     """Generate the preflight chunks, judge them, and raise :class:`PreflightFailed` if the gates trip."""
     chunks = preflight_chunks(manifest, args.preflight)
     started = time.monotonic()
-    queue_missing(store, bk, app, settings.queue, job.job_id, manifest.chunks, only=chunks)
+    queue_missing(store, bk, app, settings, job.job_id, manifest.chunks, only=chunks)
     print(f"preflight: {len(chunks)} chunks spread over the input; waiting for workers ...", file=sys.stderr)
     # The live gate may pause the job before the whole sample is in: judge what is done then.
     done_sample = wait_for_chunks(
@@ -265,7 +265,8 @@ def run_preflight(
 def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Settings) -> bool:
     """Show progress until every chunk is stored; re-plan now and then (a Redis loss heals itself).
 
-    Returns False when the job is paused by the live quality gate.
+    Returns False when the job is paused by the live quality gate, or when every chunk not done
+    is parked after repeated failures.
     """
     store = open_store(args.output, settings)
     manifest = result.manifest
@@ -285,8 +286,9 @@ def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Sett
             try:
                 tokens = bk.stats(job_id).get("completion_tokens", 0.0)
                 state, reason = bk.job_state(job_id)
+                parked = bk.parked(job_id)
             except DflashError:
-                tokens, state, reason = 0.0, "running", ""
+                tokens, state, reason, parked = 0.0, "running", "", {}
             window.add(samples, tokens)
             samples_s, tokens_s = window.rates()
             bar.update(samples, samples_s, tokens_s, force=len(done) >= manifest.chunks)
@@ -301,10 +303,20 @@ def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Sett
                     file=sys.stderr,
                 )
                 return False
+            if parked and len(done | set(parked)) >= manifest.chunks:
+                bar.close()
+                print(f"{len(parked)} chunks keep failing and are parked:", file=sys.stderr)
+                for chunk, why in sorted(parked.items())[:10]:
+                    print(f"  chunk {chunk}: {why}", file=sys.stderr)
+                print(
+                    f"fix the cause, then: python -m dflash_tasks.resume --output {args.output}",
+                    file=sys.stderr,
+                )
+                return False
             if time.monotonic() - last_replan >= args.replan_seconds:
                 last_replan = time.monotonic()
                 try:
-                    _, sent = queue_missing(store, bk, app, settings.queue, job_id, manifest.chunks)
+                    _, sent = queue_missing(store, bk, app, settings, job_id, manifest.chunks, exclude=parked)
                     if sent:
                         print(
                             f"\nre-queued {sent} chunks that were neither queued nor running", file=sys.stderr

@@ -55,9 +55,14 @@ class HealthGate:
 
     def _wait_for_recovery(self) -> None:
         while not self._stop.wait(self._poll):
-            if self._probe():
-                with self._lock:
-                    self._healthy = True
-                log.warning("server healthy again: resuming consumption")
-                self._on_up()
-                return
+            try:
+                if not self._probe():
+                    continue
+                self._on_up()  # healthy only once consumption really resumed
+            except Exception:
+                log.exception("resuming consumption failed; retrying")
+                continue
+            with self._lock:
+                self._healthy = True
+            log.warning("server healthy again: resuming consumption")
+            return

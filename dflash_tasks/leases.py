@@ -17,7 +17,7 @@ from dflash_tasks import metrics
 from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.errors import DflashError
 from dflash_tasks.job import output_key
-from dflash_tasks.publish import parse_task_id, stale_deliveries
+from dflash_tasks.publish import parse_task_id, unacked_deliveries
 from dflash_tasks.store import Store
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,8 @@ class LeaseKeeper:
                 self.renew_now()
             except DflashError as exc:
                 log.warning("lease heartbeat failed: %s", exc)
+            except Exception:  # the heartbeat must outlive any bug: a dead one doubles the work
+                log.exception("lease heartbeat crashed; continuing")
 
 
 class Reconciler:
@@ -109,22 +111,28 @@ class Reconciler:
         the original is skipped cheaply when it finally comes back.
         """
         rescued: list[tuple[str, int]] = []
-        for tag, tid in stale_deliveries(self._bk.client, time.time() - self._lease_seconds):
-            parsed = parse_task_id(tid)
-            if parsed is None or parsed[0] not in jobs:
+        now = time.time()
+        for delivery in unacked_deliveries(self._bk.client):
+            parsed = parse_task_id(delivery.task_id)
+            if parsed is None or parsed[0] not in jobs or not delivery.stale(now, self._lease_seconds):
                 continue
             job_id, chunk = parsed
-            if chunk in self._bk.live_leases(job_id) or self._open(job_id).exists(output_key(chunk)):
-                continue
-            if self._bk.try_lock(f"rescued:{tag}", self._owner, self._visibility_timeout):
+            try:
+                if chunk in self._bk.live_leases(job_id) or self._open(job_id).exists(output_key(chunk)):
+                    continue
+                if not self._bk.try_lock(f"rescued:{delivery.tag}", self._owner, self._visibility_timeout):
+                    continue
                 self._requeue(job_id, chunk)
-                rescued.append((job_id, chunk))
-                metrics.chunk_requeued("unleased_delivery")
-                log.warning(
-                    "re-queued chunk %d of job %s: delivered to a worker that died before starting it",
-                    chunk,
-                    job_id,
-                )
+            except DflashError as exc:  # one broken job must not stop the others' recovery
+                log.warning("rescuing chunk %d of job %s failed: %s", chunk, job_id, exc)
+                continue
+            rescued.append((job_id, chunk))
+            metrics.chunk_requeued("unleased_delivery")
+            log.warning(
+                "re-queued chunk %d of job %s: delivered to a worker that died before starting it",
+                chunk,
+                job_id,
+            )
         return rescued
 
     def _reconcile_job(self, job_id: str) -> list[tuple[str, int]]:

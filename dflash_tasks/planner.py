@@ -7,6 +7,7 @@ worker died) are claimed here and queued again.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -15,7 +16,8 @@ from celery import Celery
 
 from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.job import done_chunks
-from dflash_tasks.publish import publish_chunks, queued_chunks
+from dflash_tasks.publish import held_chunks, publish_chunks, queued_chunks
+from dflash_tasks.settings import Settings
 from dflash_tasks.store import Store
 
 
@@ -40,8 +42,12 @@ def plan_job(
     queue: str,
     job_id: str,
     chunks: int,
+    lease_grace: float = 60.0,
 ) -> Plan:
-    """Plan ``job_id``; with ``bookkeeping=None`` (a dry run) Redis is not consulted."""
+    """Plan ``job_id``; with ``bookkeeping=None`` (a dry run) Redis is not consulted.
+
+    ``lease_grace``: how long a live worker may hold a delivery before leasing it (the lease time).
+    """
     done = frozenset(c for c in done_chunks(store) if c < chunks)
     running: frozenset[int] = frozenset()
     queued: frozenset[int] = frozenset()
@@ -49,7 +55,10 @@ def plan_job(
         for chunk in bookkeeping.expired_leases(job_id):
             bookkeeping.claim_expired(job_id, chunk)
         running = frozenset(bookkeeping.live_leases(job_id))
-        queued = frozenset(queued_chunks(broker, queue, job_id))
+        # Waiting in the queue, or delivered to a live worker that has not leased it yet
+        # (e.g. a re-queued chunk waiting for its countdown).
+        held = held_chunks(broker, job_id, time.time(), lease_grace)
+        queued = frozenset(queued_chunks(broker, queue, job_id) | held)
     to_enqueue = tuple(c for c in range(chunks) if c not in done and c not in running and c not in queued)
     return Plan(chunks, done, running - done, queued - done - running, to_enqueue)
 
@@ -58,21 +67,27 @@ def queue_missing(
     store: Store,
     bookkeeping: Bookkeeping,
     app: Celery,
-    queue: str,
+    settings: Settings,
     job_id: str,
     chunks: int,
     only: Iterable[int] | None = None,
+    exclude: Iterable[int] = (),
 ) -> tuple[Plan, int]:
-    """Register the job, plan it and queue what is missing (only chunks in ``only``, if given).
+    """Register the job, plan it and queue what is missing (only chunks in ``only``, if given,
+    never those in ``exclude``, e.g. parked chunks).
 
     Returns the plan and how many messages were sent. Used by enqueue, its ``--wait`` loop,
     the preflight and resume, so they all agree on what "missing" means.
     """
     bookkeeping.register_job(job_id, registered_location(store))
-    plan = plan_job(store, bookkeeping, bookkeeping.client, queue, job_id, chunks)
+    plan = plan_job(
+        store, bookkeeping, bookkeeping.client, settings.queue, job_id, chunks, settings.lease_seconds
+    )
     bookkeeping.mark_done(job_id, plan.done)
-    wanted = plan.to_enqueue if only is None else tuple(c for c in plan.to_enqueue if c in set(only))
-    return plan, publish_chunks(app, job_id, wanted)
+    keep = set(plan.to_enqueue) - set(exclude)
+    if only is not None:
+        keep &= set(only)
+    return plan, publish_chunks(app, job_id, [c for c in plan.to_enqueue if c in keep])
 
 
 def registered_location(store: Store) -> str:

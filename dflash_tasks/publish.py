@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 import redis
@@ -30,30 +32,70 @@ def parse_task_id(tid: str) -> tuple[str, int] | None:
     return None
 
 
-def stale_deliveries(client: redis.Redis, delivered_before: float) -> list[tuple[str, str]]:
-    """(delivery tag, task id) of messages delivered before ``delivered_before`` and not acked yet.
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message delivered to a worker and not acknowledged yet (kombu's Redis ack emulation)."""
 
-    Reads kombu's Redis ack emulation (``unacked_index`` / ``unacked``): a live worker leases a
-    chunk milliseconds after delivery, so an old delivery without a lease belongs to a dead one.
+    tag: str
+    task_id: str
+    delivered_at: float
+    eta: float | None  # a re-queued chunk's countdown: it waits in a live worker until then
+
+    def stale(self, now: float, grace: float) -> bool:
+        """Whether a live worker would have leased it by now (so its worker must be dead)."""
+        return max(self.delivered_at, self.eta or 0.0) < now - grace
+
+
+def unacked_deliveries(client: redis.Redis) -> list[Delivery]:
+    """Every unacknowledged delivery, from ``unacked_index`` / ``unacked``.
+
+    A live worker leases a chunk milliseconds after delivery (or after its countdown), so an old
+    delivery without a lease belongs to a dead worker.
     """
     try:
-        tags = cast(list[bytes], client.zrangebyscore("unacked_index", "-inf", delivered_before))
-        if not tags:
+        rows = cast(list[tuple[bytes, float]], client.zrange("unacked_index", 0, -1, withscores=True))
+        if not rows:
             return []
-        raws = cast(list[bytes | None], client.hmget("unacked", tags))
+        raws = cast(list[bytes | None], client.hmget("unacked", [tag for tag, _ in rows]))
     except redis.RedisError as exc:
         raise RetryableError(f"cannot read the broker's unacked messages: {exc}") from exc
-    found: list[tuple[str, str]] = []
-    for tag, raw in zip(tags, raws, strict=True):
-        if raw is None:
-            continue
-        try:
-            payload = json.loads(raw)[0]
-        except (ValueError, IndexError, TypeError):
-            continue
-        tid = str((payload.get("headers") or {}).get("id") or "") if isinstance(payload, dict) else ""
-        found.append((tag.decode(), tid))
+    found: list[Delivery] = []
+    for (tag, delivered_at), raw in zip(rows, raws, strict=True):
+        headers = _unacked_headers(raw)
+        if headers is not None:
+            tid = str(headers.get("id") or "")
+            found.append(Delivery(tag.decode(), tid, float(delivered_at), _timestamp(headers.get("eta"))))
     return found
+
+
+def held_chunks(client: redis.Redis, job_id: str, now: float, grace: float) -> set[int]:
+    """Chunks of ``job_id`` held by live workers: delivered recently, or waiting for their countdown."""
+    held: set[int] = set()
+    for delivery in unacked_deliveries(client):
+        parsed = parse_task_id(delivery.task_id)
+        if parsed is not None and parsed[0] == job_id and not delivery.stale(now, grace):
+            held.add(parsed[1])
+    return held
+
+
+def _unacked_headers(raw: bytes | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        payload = json.loads(raw)[0]
+    except (ValueError, IndexError, TypeError, KeyError):
+        return None
+    headers = payload.get("headers") if isinstance(payload, dict) else None
+    return headers if isinstance(headers, dict) else None
+
+
+def _timestamp(value: object) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value)).timestamp()
+    except ValueError:
+        return None
 
 
 #: Messages per Redis round trip when publishing many chunks.
@@ -93,7 +135,9 @@ def publish_chunks(app: Celery, job_id: str, chunks: Iterable[int], countdown: f
     return sent
 
 
-def _send(app: Celery, producer: Any, job_id: str, chunk: int, countdown: float | None, **options: Any) -> None:
+def _send(
+    app: Celery, producer: Any, job_id: str, chunk: int, countdown: float | None, **options: Any
+) -> None:
     app.send_task(
         TASK_NAME,
         args=(job_id, chunk),

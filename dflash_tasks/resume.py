@@ -37,9 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
         state, reason = bk.job_state(job.job_id)
         bk.resume_job(job.job_id)
-        plan, sent = queue_missing(
-            store, bk, configure(app, settings), settings.queue, job.job_id, manifest.chunks
-        )
+        plan, sent = queue_missing(store, bk, configure(app, settings), settings, job.job_id, manifest.chunks)
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -47,6 +47,9 @@ class Settings:
     retry_backoff_max: float = 60.0
     #: How often a worker whose server is down polls its health endpoint (s).
     health_poll_seconds: float = 5.0
+    #: Delay before a chunk that failed on store or Redis trouble runs again (s); doubles per
+    #: failure of that chunk, up to 10 minutes.
+    requeue_backoff: float = 30.0
     #: The SGLang endpoint this worker is bound to (workers only).
     endpoint: str = ""
     #: Bearer token for SGLang servers started with ``--api-key`` (never logged).
@@ -121,6 +124,8 @@ class Settings:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if not (self.retry_backoff >= 0 and self.retry_backoff_max >= 0):
             raise ConfigError("retry_backoff and retry_backoff_max must be >= 0")
+        if not self.requeue_backoff >= 0:
+            raise ConfigError(f"requeue_backoff must be >= 0, got {self.requeue_backoff}")
         if self.visibility_timeout <= self.lease_seconds:
             raise ConfigError("visibility_timeout must exceed lease_seconds")
         if not 1 <= self.port_base <= 65535:

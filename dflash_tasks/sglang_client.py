@@ -46,6 +46,12 @@ class SGLangClient:
         session: requests.Session | None = getattr(self._local, "session", None)
         if session is None:
             session = requests.Session()
+            # Proxy and CA settings from the environment, read once: with trust_env on, requests
+            # re-reads os.environ and ~/.netrc on every request (a fifth of a request's CPU).
+            env = session.merge_environment_settings(self.endpoint, {}, None, None, None)
+            session.proxies.update(env["proxies"])
+            session.verify = env["verify"]
+            session.trust_env = False
             self._local.session = session
         return session
 

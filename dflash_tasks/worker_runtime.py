@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import Reject
 
 from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.chunk_runner import ChunkContext, run_chunk
-from dflash_tasks.errors import DflashError, RetryableError, ServerUnavailable
+from dflash_tasks.consumer_switch import ConsumerSwitch
+from dflash_tasks.errors import DflashError, PermanentError, RetryableError, ServerUnavailable
 from dflash_tasks.generation import RetryPolicy, WorkerIdentity
 from dflash_tasks.health import HealthGate
 from dflash_tasks.jobs_cache import JobCache, UnknownJob
@@ -29,6 +31,9 @@ from dflash_tasks.sglang_client import SGLangClient
 
 log = logging.getLogger(__name__)
 
+#: A chunk failing this many times with a permanent error is parked until ``resume``.
+MAX_CHUNK_FAILURES = 5
+
 _current: WorkerRuntime | None = None
 
 
@@ -41,6 +46,7 @@ class WorkerRuntime:
     health: HealthGate
     reconciler: Reconciler
     prefetch: PrefetchController
+    switch: ConsumerSwitch
     _held: int = 0
     _held_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     monitor: WorkerMonitor | None = None  # live stats, progress.json, Prometheus
@@ -63,16 +69,11 @@ class WorkerRuntime:
             lease_seconds=settings.lease_seconds,
         )
 
-        def control(command: str) -> None:
-            getattr(app.control, command)(settings.queue, destination=[hostname], reply=False)
-
+        switch = ConsumerSwitch(settings.queue)
         health = HealthGate(
-            client.healthy,
-            settings.health_poll_seconds,
-            on_down=lambda: control("cancel_consumer"),
-            on_up=lambda: control("add_consumer"),
+            client.healthy, settings.health_poll_seconds, on_down=switch.pause, on_up=switch.resume
         )
-        runtime = cls(settings, app, hostname, ctx, health, None, None)  # type: ignore[arg-type]
+        runtime = cls(settings, app, hostname, ctx, health, None, None, switch)  # type: ignore[arg-type]
         runtime.prefetch = PrefetchController(
             held=lambda: runtime.held_chunks,
             backlog=lambda: ctx.pool.waiting,
@@ -90,6 +91,11 @@ class WorkerRuntime:
         )
         runtime.monitor = WorkerMonitor.for_runtime(runtime)
         return runtime
+
+    def attach_consumer(self, consumer: Any) -> None:
+        """Take over the consumer's prefetch and on/off switch (from the consumer bootstep)."""
+        self.prefetch.attach(consumer.qos)
+        self.switch.attach(consumer)
 
     def start_background(self) -> None:
         """Heartbeats, reconciler, and an initial health probe (called once the worker is ready)."""
@@ -114,20 +120,50 @@ class WorkerRuntime:
         return self._held
 
     def requeue(self, job_id: str, chunk: int, countdown: float | None = None) -> None:
-        publish_chunks(self.app, job_id, [chunk], countdown=countdown)
+        """Queue the chunk again; if even that fails, reject the delivery so the broker keeps it."""
+        try:
+            publish_chunks(self.app, job_id, [chunk], countdown=countdown)
+        except Exception as exc:
+            log.error(
+                "could not re-queue chunk %d of job %s (%s): returning it to the broker", chunk, job_id, exc
+            )
+            raise Reject(f"could not re-queue: {exc}", requeue=True) from exc
 
-    def _backoff(self, job_id: str, chunk: int) -> float:
-        """Seconds before a failed chunk runs again: 30 s, doubling with each failure, up to 10 min."""
+    def _after_failure(self, job_id: str, chunk: int, exc: Exception) -> dict[str, Any]:
+        """Re-queue a chunk that failed on store or Redis trouble (or a bug), with a growing delay.
+
+        A chunk failing with a permanent error ``max_chunk_failures`` times is parked instead:
+        not queued again until ``resume`` (or a re-run of enqueue), and shown by ``status``.
+        """
         try:
             failures = self.ctx.bookkeeping.count_chunk_failure(job_id, chunk)
         except DflashError:
             failures = 1
-        return float(min(600, 30 * 2 ** (failures - 1)))
+        reason = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, PermanentError) and failures >= MAX_CHUNK_FAILURES:
+            try:
+                self.ctx.bookkeeping.park_chunk(job_id, chunk, reason)
+                log.error("chunk %d of job %s parked after %d failures: %s", chunk, job_id, failures, reason)
+                return {"status": "parked", "reason": reason}
+            except DflashError:
+                pass  # cannot park without Redis: keep retrying
+        delay = float(min(600.0, self.settings.requeue_backoff * 2 ** (failures - 1)))
+        self.requeue(job_id, chunk, countdown=delay)
+        log.log(
+            logging.WARNING if isinstance(exc, RetryableError) else logging.ERROR,
+            "chunk %d of job %s re-queued in %.0fs: %s",
+            chunk,
+            job_id,
+            delay,
+            reason,
+            exc_info=not isinstance(exc, DflashError),
+        )
+        return {"status": "requeued", "reason": reason}
 
     def handle_delivery(self, job_id: str, chunk: int, task_id: str) -> dict[str, Any]:
         """Run one delivered chunk message; never raises for expected failures."""
-        if not self.health.healthy:
-            self.requeue(job_id, chunk)
+        if not self.health.healthy:  # not consuming any more; don't bounce it straight back here
+            self.requeue(job_id, chunk, countdown=self.settings.health_poll_seconds)
             return {"status": "requeued", "reason": "server unhealthy"}
         owner = f"{self.hostname}/{task_id}/{uuid.uuid4().hex[:6]}"
         with self._held_lock:
@@ -138,27 +174,15 @@ class WorkerRuntime:
                 return {"status": "paused", "reason": reason}
             outcome = run_chunk(self.ctx, job_id, chunk, owner)
         except ServerUnavailable as exc:
+            self.requeue(job_id, chunk)  # first: the chunk must not depend on the pause succeeding
             self.health.mark_down(str(exc))
-            self.requeue(job_id, chunk)
             log.warning("chunk %d of job %s re-queued: %s", chunk, job_id, exc)
             return {"status": "requeued", "reason": str(exc)}
         except UnknownJob as exc:
             log.error("dropping chunk %d: %s", chunk, exc)
             return {"status": "dropped", "reason": str(exc)}
         except Exception as exc:  # store or Redis trouble, or a bug: never drop the chunk
-            delay = self._backoff(job_id, chunk)
-            self.requeue(job_id, chunk, countdown=delay)
-            log.log(
-                logging.WARNING if isinstance(exc, RetryableError) else logging.ERROR,
-                "chunk %d of job %s re-queued in %.0fs: %s: %s",
-                chunk,
-                job_id,
-                delay,
-                type(exc).__name__,
-                exc,
-                exc_info=not isinstance(exc, DflashError),
-            )
-            return {"status": "requeued", "reason": f"{type(exc).__name__}: {exc}"}
+            return self._after_failure(job_id, chunk, exc)
         finally:
             with self._held_lock:
                 self._held -= 1

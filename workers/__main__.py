@@ -42,13 +42,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def prefetch_step(runtime: WorkerRuntime) -> type[bootsteps.StartStopStep]:
-    """A consumer bootstep handing the consumer's QoS to the runtime's prefetch controller."""
+    """A consumer bootstep handing the consumer (prefetch, on/off switch) to the runtime."""
 
     class BacklogPrefetch(bootsteps.StartStopStep):  # type: ignore[misc]
         requires = ("celery.worker.consumer.tasks:Tasks",)
 
         def start(self, consumer: Any) -> None:
-            runtime.prefetch.attach(consumer.qos)
+            runtime.attach_consumer(consumer)
 
     return BacklogPrefetch
 
