@@ -249,7 +249,7 @@ def run_preflight(
         slots=workers * settings.max_inflight,
         workers=workers,
         remaining=manifest.samples - done,
-        gpu_hour_usd=args.gpu_hour_usd or 0.0,
+        gpu_hour_usd=args.gpu_hour_usd or settings.gpu_hour_usd,
     )
     print(report.render(), file=sys.stderr)
     if report.passed:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dflash_tasks.distribution import describe
 from dflash_tasks.job import Manifest, output_key
 from dflash_tasks.progress_bar import format_duration
 from dflash_tasks.quality import CHECKS, GateFailure, QualitySettings, count_checks, evaluate_gates
@@ -66,7 +67,7 @@ class PreflightReport:
             "failures": [
                 {"check": f.check, "share": f.share, "threshold": f.threshold} for f in self.failures
             ],
-            "output_tokens": _distribution(self.output_tokens),
+            "output_tokens": describe(self.output_tokens),
             "mean_latency_s": round(self.mean_latency, 2),
             "projected_samples_per_s": round(rate, 3),
             "projected_eta_s": None if eta is None else round(eta),
@@ -171,20 +172,3 @@ def print_progress(total: int) -> Callable[[int], None]:
             print(f"preflight: {done}/{total} chunks done", file=sys.stderr, flush=True)
 
     return show
-
-
-def _distribution(values: list[int]) -> dict[str, float]:
-    if not values:
-        return {"mean": 0.0, "p10": 0, "p50": 0, "p90": 0, "max": 0}
-    ordered = sorted(values)
-
-    def pct(p: float) -> int:
-        return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
-
-    return {
-        "mean": statistics.fmean(ordered),
-        "p10": pct(0.1),
-        "p50": pct(0.5),
-        "p90": pct(0.9),
-        "max": ordered[-1],
-    }

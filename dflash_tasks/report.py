@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_tasks.distribution import describe
 from dflash_tasks.errors import DflashError, StoreError
 from dflash_tasks.job import JobDefinition, load_job, load_manifest
 from dflash_tasks.quality import CHECKS, evaluate_gates
@@ -75,24 +76,6 @@ def build_report(job: JobDefinition, records: Any, chunks_done: int, chunks: int
     failures = evaluate_gates(report.samples, report.checks, job.quality)
     report.gate_failures = [f.message for f in failures]
     return report
-
-
-def describe(values: list[int]) -> dict[str, float]:
-    if not values:
-        return {"count": 0, "mean": 0.0, "p10": 0, "p50": 0, "p90": 0, "max": 0}
-    ordered = sorted(values)
-
-    def pct(p: float) -> int:
-        return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
-
-    return {
-        "count": len(ordered),
-        "mean": round(statistics.fmean(ordered), 1),
-        "p10": pct(0.1),
-        "p50": pct(0.5),
-        "p90": pct(0.9),
-        "max": ordered[-1],
-    }
 
 
 def render_text(report: QualityReport) -> str:

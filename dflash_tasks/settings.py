@@ -25,7 +25,7 @@ class Settings:
     """Process settings. Field ``x`` is read from ``DFLASH_X``; CLI flags override both."""
 
     #: Celery broker and bookkeeping Redis (one Redis holds both).
-    broker_url: str = "redis://127.0.0.1:6379/0"
+    broker_url: str = dataclasses.field(default="redis://127.0.0.1:6379/0", repr=False)
     #: The shared Celery queue every GPU worker consumes.
     queue: str = "dflash"
     #: Key prefix of the bookkeeping keys in Redis (leases, counters, job registry).
@@ -53,7 +53,7 @@ class Settings:
     #: The SGLang endpoint this worker is bound to (workers only).
     endpoint: str = ""
     #: Bearer token for SGLang servers started with ``--api-key`` (never logged).
-    sglang_api_key: str = ""
+    sglang_api_key: str = dataclasses.field(default="", repr=False)
     #: S3-compatible endpoint for ``s3://`` outputs (MinIO, R2, Ceph); empty: boto3's own
     #: (``AWS_ENDPOINT_URL``, else AWS). Credentials always come from boto3's standard chain.
     s3_endpoint_url: str = ""

@@ -76,11 +76,16 @@ def verify(input_path: str, store: Store) -> Verification:
             result.problems.append(f"{exc}; delete it and re-run enqueue to generate the chunk again")
             continue
         result.chunks_done += 1
-        for raw in data.splitlines():
+        for number, raw in enumerate(data.splitlines(), 1):
             if not raw.strip():
                 continue
-            record = json.loads(raw)
-            seen[str(record.get("id"))] += 1
+            try:
+                record = json.loads(raw)
+                sample_id = str(record["id"])
+            except (ValueError, KeyError, TypeError):
+                result.problems.append(f"{key}:{number}: not a valid output record")
+                continue
+            seen[sample_id] += 1
             if record.get("status") == "ok":
                 result.ok += 1
             else:

@@ -13,19 +13,20 @@ import redis
 
 from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.errors import RetryableError
-from tests.helpers import free_port
+from tests.helpers import RedisServer, free_port
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 JOB = "0123456789abcdef"
 
 
+def redis_url(client: redis.Redis) -> str:
+    kw = client.connection_pool.connection_kwargs
+    return f"redis://{kw['host']}:{kw['port']}/0"
+
+
 @pytest.fixture
-def rclient() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
+def rclient(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """The module's private Redis (tests/conftest.py): a missing Redis fails, it never skips."""
+    client = redis.Redis.from_url(redis_server.url, socket_connect_timeout=2)
     yield client
     client.close()
 
@@ -41,7 +42,7 @@ def prefix(rclient: redis.Redis) -> Iterator[str]:
 
 @pytest.fixture
 def bk(rclient: redis.Redis, prefix: str) -> Bookkeeping:
-    return Bookkeeping.from_url(REDIS_URL, prefix)
+    return Bookkeeping.from_url(redis_url(rclient), prefix)
 
 
 # -- leases --------------------------------------------------------------------------------------------
@@ -167,7 +168,7 @@ def test_claim_expired_returns_true_exactly_once(bk: Bookkeeping) -> None:
     assert bk.owners(JOB) == {}
 
 
-def test_claim_expired_concurrent_reconcilers(bk: Bookkeeping, prefix: str) -> None:
+def test_claim_expired_concurrent_reconcilers(bk: Bookkeeping, rclient: redis.Redis, prefix: str) -> None:
     for chunk in range(20):
         bk.acquire(JOB, chunk, "dead", 0.01)
     time.sleep(0.05)
@@ -176,7 +177,7 @@ def test_claim_expired_concurrent_reconcilers(bk: Bookkeeping, prefix: str) -> N
     barrier = threading.Barrier(6)
 
     def reconciler(n: int) -> None:
-        mine = Bookkeeping.from_url(REDIS_URL, prefix)
+        mine = Bookkeeping.from_url(redis_url(rclient), prefix)
         barrier.wait()
         for chunk in range(20):
             if mine.claim_expired(JOB, chunk):
@@ -234,12 +235,14 @@ def test_complete_without_counters(bk: Bookkeeping) -> None:
     assert bk.done_count(JOB) == 1
 
 
-def test_concurrent_completions_of_one_chunk_count_once(bk: Bookkeeping, prefix: str) -> None:
+def test_concurrent_completions_of_one_chunk_count_once(
+    bk: Bookkeeping, rclient: redis.Redis, prefix: str
+) -> None:
     results: list[bool] = []
     barrier = threading.Barrier(5)
 
     def finish() -> None:
-        mine = Bookkeeping.from_url(REDIS_URL, prefix)
+        mine = Bookkeeping.from_url(redis_url(rclient), prefix)
         barrier.wait()
         results.append(mine.complete(JOB, 9, {"samples_ok": 64}))
 
@@ -309,8 +312,11 @@ def test_try_lock(bk: Bookkeeping) -> None:
     assert bk.try_lock("reconcile", "b", 10)
 
 
-def test_ping(bk: Bookkeeping) -> None:
-    bk.ping()  # no exception
+def test_ping_reaches_redis(bk: Bookkeeping) -> None:
+    bk.ping()
+    bk.client.connection_pool.disconnect()
+    with pytest.raises(RetryableError, match="connecting to the broker"):
+        Bookkeeping.from_url(f"redis://127.0.0.1:{free_port()}/0").ping()
 
 
 # -- Redis down ------------------------------------------------------------------------------------------

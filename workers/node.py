@@ -24,6 +24,7 @@ from types import FrameType
 from dflash_tasks.errors import ConfigError
 from dflash_tasks.settings import Settings, redact_url
 from workers.launch import NodeOptions, parse_gpus, plan_node, split_args
+from workers.procs import redact_argv
 from workers.supervisor import Node, SupervisorConfig
 
 
@@ -149,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.print_commands:
         for plan in plans:
-            print(f"# {plan.name}\nCUDA_VISIBLE_DEVICES={plan.gpu} {shlex.join(plan.server_argv)}")
+            print(
+                f"# {plan.name}\nCUDA_VISIBLE_DEVICES={plan.gpu} {shlex.join(redact_argv(plan.server_argv))}"
+            )
             metrics = plan.env.get("DFLASH_METRICS_PORT")
             prefix = f"CUDA_VISIBLE_DEVICES={plan.gpu}" + (
                 f" DFLASH_METRICS_PORT={metrics}" if metrics else ""

@@ -73,7 +73,9 @@ class Child:
         self.starts += 1
         with open(self.log_path, "ab") as log:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            log.write(f"=== {stamp} node: start #{self.starts}: {' '.join(self.argv)}\n".encode())
+            log.write(
+                f"=== {stamp} node: start #{self.starts}: {' '.join(redact_argv(self.argv))}\n".encode()
+            )
             log.flush()
             self.proc = subprocess.Popen(
                 list(self.argv),
@@ -214,3 +216,22 @@ class LogEcho:
 
 
 _MAX_PARTIAL = 64 * 1024
+
+
+_SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key"})
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the value of every secret flag (``--api-key K`` or ``--api-key=K``) masked."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        flag, eq, _ = arg.partition("=")
+        if hide_next:
+            out.append("***")
+        elif eq and flag in _SECRET_FLAGS:
+            out.append(f"{flag}=***")
+        else:
+            out.append(arg)
+        hide_next = arg in _SECRET_FLAGS
+    return out
