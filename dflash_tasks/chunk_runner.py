@@ -15,7 +15,7 @@ from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.errors import ServerUnavailable
 from dflash_tasks.generation import RetryPolicy, WorkerIdentity, generate_sample
 from dflash_tasks.job import input_key, output_key
-from dflash_tasks.jobs_cache import JobCache, JobHandle
+from dflash_tasks.jobs_cache import JobCache, JobHandle, UnknownChunk
 from dflash_tasks.leases import LeaseKeeper
 from dflash_tasks.live_gate import record_chunk_and_judge
 from dflash_tasks.quality import check_record
@@ -65,9 +65,12 @@ class ChunkContext:
 def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOutcome:
     """Generate and store ``chunk`` of ``job_id`` unless it is done or running elsewhere.
 
-    Raises :class:`ServerUnavailable` (nothing stored, lease released) when the server dies.
+    Raises :class:`ServerUnavailable` (nothing stored, lease released) when the server dies, and
+    :class:`UnknownChunk` for a chunk number outside the job.
     """
     job = ctx.jobs.get(job_id)
+    if not 0 <= chunk < job.manifest.chunks:  # retrying a chunk that does not exist never ends
+        raise UnknownChunk(f"job {job_id} has no chunk {chunk} (it has {job.manifest.chunks})")
     out_key = output_key(chunk)
     if job.store.exists(out_key):
         return ChunkOutcome("skipped", "already done")

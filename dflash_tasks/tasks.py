@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Task
@@ -9,10 +10,17 @@ from celery import Task
 from dflash_tasks import metrics, worker_runtime
 from dflash_tasks.celery_app import TASK_NAME, app
 
+log = logging.getLogger(__name__)
+
 
 @app.task(name=TASK_NAME, bind=True)  # type: ignore[untyped-decorator]
 def run_chunk_task(self: Task, job_id: str, chunk: int) -> dict[str, Any]:
     """Generate and store chunk ``chunk`` of job ``job_id`` (a no-op when it is already done)."""
-    result = worker_runtime.current().handle_delivery(job_id, int(chunk), str(self.request.id))
+    if type(chunk) is not int or type(job_id) is not str:  # a hand-made message: nothing to run
+        reason = f"invalid message arguments: job {job_id!r}, chunk {chunk!r}"
+        log.error("dropping a message: %s", reason)
+        result: dict[str, Any] = {"status": "dropped", "reason": reason}
+    else:
+        result = worker_runtime.current().handle_delivery(job_id, chunk, str(self.request.id))
     metrics.delivery(result, redelivered=bool((self.request.delivery_info or {}).get("redelivered")))
     return result

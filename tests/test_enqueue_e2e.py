@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -12,8 +11,8 @@ from pathlib import Path
 import redis
 import requests
 
-from tests.helpers import REPO, Processes, done_chunk_count, wait_until, write_prompts
-from tests.test_pipeline_e2e import enqueue_args, last_json, verify_ok
+from tests.helpers import REPO, Processes, done_chunk_count, write_prompts
+from tests.test_pipeline_e2e import enqueue_args, last_json
 
 
 def test_queued_job_holds_ids_not_prompts_and_is_not_queued_twice(procs: Processes, tmp_path: Path) -> None:
@@ -51,36 +50,6 @@ def test_dry_run_writes_and_queues_nothing(procs: Processes, tmp_path: Path) -> 
     assert summary["chunks_enqueued"] == 0 and "would queue 2" in res.stderr
     assert not out.exists()
     assert redis.Redis.from_url(procs.broker_url).llen(procs.queue) == 0
-
-
-def test_enqueue_killed_while_staging_converges(procs: Processes, tmp_path: Path) -> None:
-    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
-    write_prompts(inp, 8_000)
-    args = [
-        sys.executable,
-        "-m",
-        "dflash_tasks.enqueue",
-        *enqueue_args(inp, out, "--chunk-size", "20", "--no-preflight"),
-    ]
-    proc = subprocess.Popen(args, cwd=REPO, env=procs.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_until(
-        lambda: (out / "inputs").exists() and len(list((out / "inputs").iterdir())) > 20, 30, "staging"
-    )
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
-    assert not (out / "manifest.json").exists()
-    assert redis.Redis.from_url(procs.broker_url).llen(procs.queue) == 0
-
-    sim = procs.simulator("--time-scale", "0")
-    procs.worker(sim, "gpu0", "--max-inflight", "64")
-    res = procs.run(
-        "dflash_tasks.enqueue",
-        *enqueue_args(inp, out, "--chunk-size", "20", "--wait", "--json", "--no-preflight"),
-    )
-    assert res.returncode == 0, res.stderr
-    assert last_json(res.stdout)["chunks"] == 400
-    report = verify_ok(procs, inp, out)
-    assert report["ok"] == 8_000 and report["duplicated"] == 0
 
 
 def test_server_stays_busy_across_chunk_boundaries(procs: Processes, tmp_path: Path) -> None:

@@ -1,0 +1,63 @@
+"""The reliability suite's collector: one row per scenario, printed and written at the end.
+
+``make reliability`` (``pytest -m reliability``) and ``make test`` both end with the table; it is
+also written to ``test-artifacts/reliability.md`` and ``test-artifacts/reliability.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.reliability.support import ARTIFACTS, Collector
+from tests.s3_support import MotoServer
+
+_COLLECTOR = pytest.StashKey[Collector]()
+
+
+_current: dict[str, Collector] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_COLLECTOR] = _current["collector"] = Collector()
+
+
+@pytest.fixture(scope="session")
+def reliability(request: pytest.FixtureRequest) -> Collector:
+    """Where each scenario records its row (see :func:`tests.reliability.support.settle`)."""
+    return request.config.stash[_COLLECTOR]
+
+
+@pytest.fixture(scope="session")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
+    yield server
+    server.stop()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add up the suite's own time (set-up, call, tear-down), also when it runs inside ``make test``."""
+    if report.nodeid.startswith("tests/reliability/"):
+        collector = _current.get("collector")
+        if collector is not None:
+            collector.seconds += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    collector = config.stash.get(_COLLECTOR, None)
+    if collector is None or not collector.rows:
+        return
+    md, js = collector.write(ARTIFACTS)
+    t = collector.totals()
+    terminalreporter.section("reliability: nothing lost, nothing duplicated")
+    for line in collector.markdown().splitlines():
+        terminalreporter.write_line(line)
+    terminalreporter.write_line(
+        f"{t['scenarios']} scenarios ({t['failed']} failed): {t['samples_expected']:,} samples expected, "
+        f"{t['stored_once']:,} stored exactly once, {t['lost']} lost, {t['duplicated']} duplicated; "
+        f"suite time {t['suite_s']:.0f} s (set-up, tests and tear-down of tests/reliability)"
+    )
+    terminalreporter.write_line(
+        f"written: {md.relative_to(ARTIFACTS.parent)}, {js.relative_to(ARTIFACTS.parent)}"
+    )

@@ -1,0 +1,140 @@
+"""Redis going away: a restart with AOF on (nothing to do), and data loss (re-run enqueue).
+
+With AOF (``appendfsync always`` here, ``everysec`` in production) a restarted Redis comes back
+with its queue, unacked deliveries, leases and job registry: workers reconnect and the job
+finishes on its own. Without it (or after ``FLUSHALL``) Redis comes back empty: re-running the
+same ``enqueue`` command re-plans from the store and queues exactly what is missing.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Processes, RedisServer, processes, wait_until
+from tests.reliability.support import (
+    Collector,
+    enqueue,
+    enqueue_ok,
+    last_json,
+    outputs,
+    owners,
+    redis_client,
+    settle,
+    start_worker,
+    wait_done,
+    write_questions,
+)
+
+pytestmark = pytest.mark.reliability
+
+SIM = ("--time-scale", "0.02", "--mean-output-tokens", "800")  # ~0.4 s per request
+WORKER = ("--max-inflight", "8", "--max-chunks", "2")
+
+
+def _start(procs: Processes) -> None:
+    sim = procs.simulator(*SIM)
+    for name in ("gpu0", "gpu1"):
+        start_worker(procs, sim, name, *WORKER)
+
+
+def test_redis_restart_with_aof_mid_run_needs_no_reenqueue(
+    procs: Processes, tmp_path: Path, redis_server: RedisServer, reliability: Collector
+) -> None:
+    inp, out = write_questions(tmp_path / "prompts.jsonl", 160, "aof"), tmp_path / "out"
+    _start(procs)
+    summary = enqueue_ok(procs, inp, out, "--chunk-size", "8")  # no --wait: nothing re-plans
+    job_id, chunks = str(summary["job_id"]), int(summary["chunks"])
+    wait_until(lambda: len(outputs(out)) >= 4, 60, "the first chunks")
+    redis_server.stop(signal.SIGKILL)
+    time.sleep(1.0)
+    redis_server.start()
+    restarted = time.monotonic()
+    before = set(owners(procs, job_id).values())  # leases restored from the AOF
+    assert redis_client(procs).llen(procs.queue) > 0, "the queue did not survive the restart"
+    wait_until(lambda: set(owners(procs, job_id).values()) - before, 60, "a chunk leased after the restart")
+    back = time.monotonic() - restarted
+    wait_done(out, chunks, 120)
+    settle(
+        reliability,
+        procs,
+        family="4",
+        fault="Redis SIGKILL + restart mid-run, AOF on (appendfsync always), down 1 s",
+        inp=inp,
+        out=out,
+        runs=1,
+        recover_s=back,
+        measured="Redis back → workers lease new chunks",
+        notes="enqueue not re-run (no --wait): the job finished on its own",
+    )
+
+
+def test_redis_flushall_mid_run_then_rerun_enqueue(
+    procs: Processes, tmp_path: Path, reliability: Collector
+) -> None:
+    inp, out = write_questions(tmp_path / "prompts.jsonl", 160, "flush"), tmp_path / "out"
+    _start(procs)
+    summary = enqueue_ok(procs, inp, out, "--chunk-size", "8")
+    chunks = int(summary["chunks"])
+    wait_until(lambda: len(outputs(out)) >= 4, 60, "the first chunks")
+    redis_client(procs).flushall()
+    lost_at = time.monotonic()
+    rerun = enqueue_ok(procs, inp, out, "--chunk-size", "8")
+    requeued = time.monotonic() - lost_at
+    parts = ("chunks_enqueued", "chunks_done", "chunks_running", "chunks_queued_before")
+    assert sum(rerun[k] for k in parts) == chunks, rerun
+    wait_done(out, chunks, 120)
+    settle(
+        reliability,
+        procs,
+        family="4",
+        fault="Redis FLUSHALL mid-run (queue, leases, registry gone)",
+        inp=inp,
+        out=out,
+        runs=1,
+        recover_s=requeued,
+        measured="data lost → re-run enqueue has queued every missing chunk",
+        notes=f"re-run: {rerun['chunks_done']} done, {rerun['chunks_running']} running, "
+        f"{rerun['chunks_enqueued']} queued again",
+    )
+
+
+def test_redis_without_aof_killed_and_restarted_then_rerun_enqueue(
+    tmp_path: Path, reliability: Collector
+) -> None:
+    server = RedisServer(tmp_path / "redis-no-aof", appendonly=False)
+    try:
+        with processes(tmp_path, server.url, f"q{uuid.uuid4().hex[:8]}") as procs:
+            inp, out = write_questions(tmp_path / "prompts.jsonl", 160, "noaof"), tmp_path / "out"
+            _start(procs)
+            summary = enqueue_ok(procs, inp, out, "--chunk-size", "8")
+            chunks = int(summary["chunks"])
+            wait_until(lambda: len(outputs(out)) >= 4, 60, "the first chunks")
+            server.stop(signal.SIGKILL)
+            server.start()
+            lost_at = time.monotonic()
+            assert redis_client(procs).dbsize() == 0, "a Redis without AOF or RDB restarts empty"
+            res = enqueue(procs, inp, out, "--chunk-size", "8")
+            requeued = time.monotonic() - lost_at
+            assert res.returncode == 0, res.stderr
+            rerun = last_json(res.stdout)
+            wait_done(out, chunks, 120)
+            settle(
+                reliability,
+                procs,
+                family="4",
+                fault="Redis without AOF SIGKILLed and restarted empty mid-run",
+                inp=inp,
+                out=out,
+                runs=1,
+                recover_s=requeued,
+                measured="Redis back → re-run enqueue has queued every missing chunk",
+                notes=f"re-run: {rerun['chunks_done']} done, {rerun['chunks_running']} running, "
+                f"{rerun['chunks_enqueued']} queued again",
+            )
+    finally:
+        server.stop(signal.SIGKILL)
