@@ -175,18 +175,29 @@ def test_node_refuses_a_busy_port(procs: Processes) -> None:
 
 def test_a_second_stop_request_cuts_the_waits_short(tmp_path: Path) -> None:
     """Children that ignore SIGTERM: the first stop waits for the worker, the second kills it."""
-    stubborn = (
-        sys.executable,
-        "-c",
-        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)",
+
+    def stubborn(marker: Path) -> tuple[str, ...]:
+        # Touches ``marker`` once SIGTERM is ignored, so the test never stops it before that.
+        code = "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        code += "pathlib.Path(sys.argv[1]).touch(); time.sleep(60)"
+        return (sys.executable, "-c", code, str(marker))
+
+    ready = [tmp_path / "server.ready", tmp_path / "worker.ready"]
+    plan = GpuPlan(
+        0,
+        "gpu0",
+        1,
+        "http://127.0.0.1:1",
+        stubborn(ready[0]),
+        stubborn(ready[1]),
+        {"PATH": os.environ["PATH"]},
     )
-    plan = GpuPlan(0, "gpu0", 1, "http://127.0.0.1:1", stubborn, stubborn, {"PATH": os.environ["PATH"]})
     out = io.StringIO()
     config = SupervisorConfig(health_interval=0.1, worker_stop_timeout=60, server_stop_timeout=2)
     node = Node([plan], tmp_path, config, out=out, probe=lambda url: True)
     thread = threading.Thread(target=node.run)
     thread.start()
-    wait_until(lambda: node.slots[0].worker.running(), 10, "the worker to start")
+    wait_until(lambda: all(p.exists() for p in ready), 20, "both children to ignore SIGTERM")
     started = time.monotonic()
     node.request_stop()
     time.sleep(1.0)
