@@ -56,6 +56,9 @@ class SimHandler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     server_version = "sglang-sim"
+    # Headers and body are two writes: with Nagle's algorithm on, the body would wait for the
+    # client's delayed ACK (~40 ms a request). Real servers (uvicorn) set TCP_NODELAY too.
+    disable_nagle_algorithm = True
     server: SimHTTPServer
 
     def setup(self) -> None:
