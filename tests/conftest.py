@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.helpers import Processes, RedisServer, processes
 
@@ -22,3 +23,21 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 def procs(tmp_path: Path, redis_server: RedisServer) -> Iterator[Processes]:
     with processes(tmp_path, redis_server.url, f"q{uuid.uuid4().hex[:8]}") as p:
         yield p
+
+
+@pytest.fixture
+def rclient(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of the module's private Redis: a missing Redis fails the test, it never skips."""
+    client = redis.Redis.from_url(redis_server.url, socket_connect_timeout=2)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def prefix(rclient: redis.Redis) -> Iterator[str]:
+    """A unique key prefix; its keys are deleted afterwards."""
+    name = f"ut-{uuid.uuid4().hex}"
+    yield name
+    keys = list(rclient.scan_iter(match=f"{name}*", count=1000))
+    if keys:
+        rclient.delete(*keys)

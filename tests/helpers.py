@@ -38,6 +38,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def redis_url(client: redis.Redis) -> str:
+    """The URL of the server ``client`` talks to."""
+    kw = client.connection_pool.connection_kwargs
+    return f"redis://{kw['host']}:{kw['port']}/0"
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,31 +12,9 @@ import redis
 
 from dflash_tasks.bookkeeping import Bookkeeping
 from dflash_tasks.errors import RetryableError
-from tests.helpers import RedisServer, free_port
+from tests.helpers import free_port, redis_url
 
 JOB = "0123456789abcdef"
-
-
-def redis_url(client: redis.Redis) -> str:
-    kw = client.connection_pool.connection_kwargs
-    return f"redis://{kw['host']}:{kw['port']}/0"
-
-
-@pytest.fixture
-def rclient(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    """The module's private Redis (tests/conftest.py): a missing Redis fails, it never skips."""
-    client = redis.Redis.from_url(redis_server.url, socket_connect_timeout=2)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def prefix(rclient: redis.Redis) -> Iterator[str]:
-    name = f"ut-{uuid.uuid4().hex}"
-    yield name
-    keys = list(rclient.scan_iter(match=f"{name}:*", count=1000))
-    if keys:
-        rclient.delete(*keys)
 
 
 @pytest.fixture

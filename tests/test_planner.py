@@ -6,7 +6,6 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,32 +20,10 @@ from dflash_tasks.planner import plan_job
 from dflash_tasks.publish import publish_chunks, queued_chunks, task_id
 from dflash_tasks.settings import Settings
 from dflash_tasks.store import LocalStore
-from tests.helpers import RedisServer, free_port
+from tests.helpers import free_port, redis_url
 
 JOB = "0123456789abcdef"
 OTHER = "fedcba9876543210"
-
-
-def redis_url(client: redis.Redis) -> str:
-    kw = client.connection_pool.connection_kwargs
-    return f"redis://{kw['host']}:{kw['port']}/0"
-
-
-@pytest.fixture
-def rclient(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    """The module's private Redis (tests/conftest.py): a missing Redis fails, it never skips."""
-    client = redis.Redis.from_url(redis_server.url, socket_connect_timeout=2)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def prefix(rclient: redis.Redis) -> Iterator[str]:
-    name = f"ut-{uuid.uuid4().hex}"
-    yield name
-    keys = list(rclient.scan_iter(match=f"{name}*", count=1000))
-    if keys:
-        rclient.delete(*keys)
 
 
 @pytest.fixture
