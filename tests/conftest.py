@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from tests.helpers import Processes, RedisServer, processes
+from tests.s3_support import FaultProxy, MotoServer
 
 
 @pytest.fixture(scope="module")
@@ -41,3 +42,19 @@ def prefix(rclient: redis.Redis) -> Iterator[str]:
     keys = list(rclient.scan_iter(match=f"{name}*", count=1000))
     if keys:
         rclient.delete(*keys)
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """moto's standalone S3 server on a free port (real HTTP, not an in-process mock)."""
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def proxy(moto: MotoServer) -> Iterator[FaultProxy]:
+    """A fault-injecting HTTP proxy in front of ``moto``."""
+    p = FaultProxy(moto.port)
+    yield p
+    p.close()

@@ -11,11 +11,9 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
-import pytest
 import redis
 
 from dflash_tasks.bookkeeping import Bookkeeping
@@ -24,20 +22,6 @@ from tests.s3_support import ACCESS_KEY, SECRET_KEY, FaultProxy, MotoServer, aws
 
 MODEL = "Qwen/Qwen3-8B"
 Owners = dict[bytes, bytes]
-
-
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def proxy(moto: MotoServer) -> Iterator[FaultProxy]:
-    p = FaultProxy(moto.port)
-    yield p
-    p.close()
 
 
 def enqueue(procs: Processes, inp: Path, out: str, *extra: str) -> Any:

@@ -10,7 +10,7 @@ import base64
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +22,6 @@ from dflash_tasks.store import open_store
 from dflash_tasks.store_s3 import PROBE_KEY, S3Store, parse_s3_uri
 from tests.helpers import free_port
 from tests.s3_support import ACCESS_KEY, SECRET_KEY, FaultProxy, MotoServer, aws_env
-
-
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def proxy(moto: MotoServer) -> Iterator[FaultProxy]:
-    p = FaultProxy(moto.port)
-    yield p
-    p.close()
 
 
 @pytest.fixture(autouse=True)
