@@ -158,6 +158,11 @@ class Bookkeeping:
             previous, _ = pipe.execute()
         return bool(previous != b"paused")
 
+    def set_preflight(self, job_id: str, active: bool) -> None:
+        """Mark the job as running its preflight: only the sample is queued, nobody re-plans it."""
+        with _redis_errors("setting the job state"):
+            self._r.hset(self._k(job_id), "state", "preflight" if active else "running")
+
     def resume_job(self, job_id: str) -> None:
         with _redis_errors("resuming the job"):
             self._r.hset(self._k(job_id), mapping={"state": "running", "pause_reason": ""})

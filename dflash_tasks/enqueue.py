@@ -224,6 +224,7 @@ def run_preflight(
     """Generate the preflight chunks, judge them, and raise :class:`PreflightFailed` if the gates trip."""
     chunks = preflight_chunks(manifest, args.preflight)
     started = time.monotonic()
+    bk.set_preflight(job.job_id, True)
     queue_missing(store, bk, app, settings, job.job_id, manifest.chunks, only=chunks)
     print(f"preflight: {len(chunks)} chunks spread over the input; waiting for workers ...", file=sys.stderr)
     # The live gate may pause the job before the whole sample is in: judge what is done then.
@@ -254,6 +255,7 @@ def run_preflight(
     print(report.render(), file=sys.stderr)
     if report.passed:
         store.write(PREFLIGHT_KEY, (json.dumps(report.to_dict(), indent=2) + "\n").encode())
+        bk.set_preflight(job.job_id, False)
         return
     reason = "preflight failed: " + "; ".join(f.message for f in report.failures)
     bk.pause_job(job.job_id, reason)

@@ -81,8 +81,13 @@ class Reconciler:
         interval: float,
         lease_seconds: float = 60.0,
         visibility_timeout: float = 12 * 3600,
+        replan: Callable[[str], list[int]] | None = None,
+        replan_seconds: float = 300.0,
     ) -> None:
         self._bk = bookkeeping
+        self._replan = replan
+        self._replan_seconds = replan_seconds
+        self._last_replan = time.monotonic()
         self._open = open_job_store
         self._requeue = requeue
         self._owner = owner
@@ -102,7 +107,32 @@ class Reconciler:
                 requeued += self._reconcile_job(job_id)
             except DflashError as exc:  # one broken job must not stop the others' recovery
                 log.warning("reconciling job %s failed: %s", job_id, exc)
-        return requeued + self._rescue_unleased(set(jobs))
+        requeued += self._rescue_unleased(set(jobs))
+        if self._replan is not None and time.monotonic() - self._last_replan >= self._replan_seconds:
+            self._last_replan = time.monotonic()
+            requeued += self._replan_all(jobs)
+        return requeued
+
+    def _replan_all(self, jobs: list[str]) -> list[tuple[str, int]]:
+        """The backstop: queue every chunk that is neither done, running, queued nor held.
+
+        Catches what no lease or delivery record shows, e.g. a message a worker popped from the
+        queue and died before the broker recorded it as delivered; without it only a re-run of
+        enqueue (or ``enqueue --wait``) would find such a chunk.
+        """
+        assert self._replan is not None
+        requeued: list[tuple[str, int]] = []
+        for job_id in jobs:
+            try:
+                chunks = self._replan(job_id)
+            except DflashError as exc:
+                log.warning("re-planning job %s failed: %s", job_id, exc)
+                continue
+            for chunk in chunks:
+                metrics.chunk_requeued("replan")
+                log.warning("re-queued chunk %d of job %s: neither done, running nor queued", chunk, job_id)
+            requeued += [(job_id, chunk) for chunk in chunks]
+        return requeued
 
     def _rescue_unleased(self, jobs: set[str]) -> list[tuple[str, int]]:
         """Re-queue chunks delivered to a worker that died before it could lease them.

@@ -38,6 +38,8 @@ class Settings:
     heartbeat_seconds: float = 10.0
     #: How often live workers look for chunks whose lease expired (s).
     reconcile_seconds: float = 15.0
+    #: How often one live worker re-plans every job from the store, the backstop for lost messages (s).
+    replan_seconds: float = 300.0
     #: Client timeout of one generation request (s). Thinking outputs are long: be generous.
     request_timeout: float = 1800.0
     #: Attempts per sample for retryable failures (connection errors, timeouts, 5xx, 503).
@@ -119,7 +121,7 @@ class Settings:
                 f"lease_seconds ({self.lease_seconds}) must exceed "
                 f"heartbeat_seconds ({self.heartbeat_seconds})"
             )
-        for name in ("request_timeout", "reconcile_seconds", "health_poll_seconds"):
+        for name in ("request_timeout", "reconcile_seconds", "replan_seconds", "health_poll_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if not (self.retry_backoff >= 0 and self.retry_backoff_max >= 0):

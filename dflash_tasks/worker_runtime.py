@@ -23,6 +23,7 @@ from dflash_tasks.health import HealthGate
 from dflash_tasks.jobs_cache import JobCache, UnknownJob
 from dflash_tasks.leases import LeaseKeeper, Reconciler
 from dflash_tasks.monitor import WorkerMonitor
+from dflash_tasks.planner import plan_job
 from dflash_tasks.prefetch import PrefetchController
 from dflash_tasks.publish import publish_chunks
 from dflash_tasks.request_pool import RequestPool
@@ -88,9 +89,37 @@ class WorkerRuntime:
             interval=settings.reconcile_seconds,
             lease_seconds=settings.lease_seconds,
             visibility_timeout=settings.visibility_timeout,
+            replan=runtime.replan_job,
+            replan_seconds=settings.replan_seconds,
         )
         runtime.monitor = WorkerMonitor.for_runtime(runtime)
         return runtime
+
+    def replan_job(self, job_id: str) -> list[int]:
+        """Queue what a job is missing (see :meth:`Reconciler._replan_all`); returns those chunks.
+
+        A finished job leaves the registry; a paused job is left alone (its chunks wait for resume).
+        """
+        job = self.ctx.jobs.get(job_id)
+        if self.ctx.bookkeeping.job_state(job_id)[0] != "running":  # paused, or in its preflight
+            return []
+        plan = plan_job(
+            job.store,
+            self.ctx.bookkeeping,
+            self.ctx.bookkeeping.client,
+            self.settings.queue,
+            job_id,
+            job.manifest.chunks,
+            self.settings.lease_seconds,
+        )
+        if len(plan.done) >= job.manifest.chunks:
+            self.ctx.bookkeeping.finish_job(job_id)
+            return []
+        parked = self.ctx.bookkeeping.parked(job_id)
+        missing = [c for c in plan.to_enqueue if c not in parked]
+        if missing:
+            publish_chunks(self.app, job_id, missing)
+        return missing
 
     def attach_consumer(self, consumer: Any) -> None:
         """Take over the consumer's prefetch and on/off switch (from the consumer bootstep)."""

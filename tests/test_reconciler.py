@@ -91,3 +91,34 @@ def test_one_broken_job_does_not_stop_the_others(bk: Bookkeeping, tmp_path: Path
     calls: list[tuple[str, int]] = []
     rec = Reconciler(bk, open_store, lambda j, c: calls.append((j, c)), owner="w", interval=0.01)
     assert rec.run_once() == [(JOB, 1)]
+
+
+def test_periodic_replan_is_the_backstop_for_lost_messages(bk: Bookkeeping, tmp_path: Path) -> None:
+    bk.register_job(JOB, str(tmp_path))
+    asked: list[str] = []
+
+    def replan(job: str) -> list[int]:
+        asked.append(job)
+        return [4]  # a chunk whose message vanished between the queue and the unacked set
+
+    rec = Reconciler(
+        bk,
+        lambda _j: LocalStore(tmp_path),
+        lambda j, c: None,
+        owner="w",
+        interval=0.01,
+        replan=replan,
+        replan_seconds=0.0,
+    )
+    assert rec.run_once() == [(JOB, 4)] and asked == [JOB]
+    bk.client.delete(f"{bk._p}:lock:reconcile")
+    slow = Reconciler(
+        bk,
+        lambda _j: LocalStore(tmp_path),
+        lambda j, c: None,
+        owner="w",
+        interval=0.01,
+        replan=replan,
+        replan_seconds=3600.0,
+    )
+    assert slow.run_once() == [] and asked == [JOB]  # not due yet
