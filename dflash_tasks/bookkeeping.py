@@ -276,6 +276,13 @@ class Bookkeeping:
             for i in range(0, len(batch), 10_000):
                 self._r.sadd(self._k(job_id, "done"), *batch[i : i + 10_000])
 
+    def unmark_done(self, job_id: str, chunks: Iterable[int]) -> None:
+        """Forget chunks whose outputs were deleted (a failed preflight), so they count again."""
+        batch = [str(c) for c in chunks]
+        if batch:
+            with _redis_errors("forgetting done chunks"):
+                self._r.srem(self._k(job_id, "done"), *batch)
+
     def done_count(self, job_id: str) -> int:
         with _redis_errors("counting done chunks"):
             return int(self._r.scard(self._k(job_id, "done")))
