@@ -12,7 +12,6 @@ from typing import Any
 
 from dflash_tasks import metrics
 from dflash_tasks.bookkeeping import Bookkeeping
-from dflash_tasks.errors import ServerUnavailable
 from dflash_tasks.generation import RetryPolicy, WorkerIdentity, generate_sample
 from dflash_tasks.job import input_key, output_key
 from dflash_tasks.jobs_cache import JobCache, JobHandle, UnknownChunk
@@ -134,12 +133,15 @@ def _store_chunk(
 
 
 def _collect(futures: list[Future[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Results in input order; on a dead server, cancel what has not started and re-raise."""
+    """Results in input order; on any failure, cancel what has not started and re-raise.
+
+    A chunk that will not be stored must not keep the shared request pool busy.
+    """
     records: list[dict[str, Any]] = []
     try:
         for fut in futures:
             records.append(fut.result())
-    except ServerUnavailable:
+    except BaseException:
         for fut in futures:
             fut.cancel()
         raise

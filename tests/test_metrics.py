@@ -66,10 +66,18 @@ def test_errors_and_retries_by_kind() -> None:
     assert value("dflash_request_retries_total", kind="http_503") == retries + 1
 
 
-def test_hooks_never_raise() -> None:
+def test_hooks_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Broken:
+        def labels(self, *args: object) -> object:
+            raise RuntimeError("metric backend broken")
+
+    monkeypatch.setattr(metrics, "SAMPLES", Broken())
+    record = {"status": "ok", "usage": {"completion_tokens": 5}}
+    with pytest.raises(RuntimeError):
+        metrics.sample_done.__wrapped__("jm", record)  # type: ignore[attr-defined]  # the raw hook raises
+    metrics.sample_done("jm", record)  # the hook the workers call swallows it
     metrics.sample_done("jm", {"usage": "not a dict"})
     metrics.delivery(None)  # type: ignore[arg-type]
-    metrics.chunk_stored("jm", float("nan"))
 
 
 def test_a_taken_port_disables_metrics_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:

@@ -101,24 +101,17 @@ def test_periodic_replan_is_the_backstop_for_lost_messages(bk: Bookkeeping, tmp_
         asked.append(job)
         return [4]  # a chunk whose message vanished between the queue and the unacked set
 
-    rec = Reconciler(
-        bk,
-        lambda _j: LocalStore(tmp_path),
-        lambda j, c: None,
-        owner="w",
-        interval=0.01,
-        replan=replan,
-        replan_seconds=0.0,
-    )
-    assert rec.run_once() == [(JOB, 4)] and asked == [JOB]
+    def every(seconds: float) -> Reconciler:
+        return Reconciler(
+            bk,
+            lambda _j: LocalStore(tmp_path),
+            lambda j, c: None,
+            owner="w",
+            interval=0.01,
+            replan=replan,
+            replan_seconds=seconds,
+        )
+
+    assert every(0.0).run_once() == [(JOB, 4)] and asked == [JOB]
     bk.client.delete(f"{bk._p}:lock:reconcile")
-    slow = Reconciler(
-        bk,
-        lambda _j: LocalStore(tmp_path),
-        lambda j, c: None,
-        owner="w",
-        interval=0.01,
-        replan=replan,
-        replan_seconds=3600.0,
-    )
-    assert slow.run_once() == [] and asked == [JOB]  # not due yet
+    assert every(3600.0).run_once() == [] and asked == [JOB]  # not due yet
