@@ -1,10 +1,10 @@
 """Celery configuration module for tools that want one (``celery --config celeryconfig``).
 
-The values come from :func:`dflash_tasks.celery_app.celery_config`, built from ``DFLASH_*``
+The values come from :func:`dflash_tasks.coord.celery_app.celery_config`, built from ``DFLASH_*``
 settings, so workers, the producer and Flower always agree.
 """
 
-from dflash_tasks.celery_app import celery_config
-from dflash_tasks.settings import Settings
+from dflash_tasks.coord.celery_app import celery_config
+from dflash_tasks.core.settings import Settings
 
 globals().update(celery_config(Settings.load()))

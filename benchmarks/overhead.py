@@ -50,7 +50,9 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         worker_cpu, sim_cpu = cpu_seconds(worker.pid), cpu_seconds(sim_pid)
         started = time.time()
         _, stdout, _ = run_module(
-            procs, "dflash_tasks.enqueue", *enqueue_args(inp, out, "--json", "--chunk-size", str(chunk_size))
+            procs,
+            "dflash_tasks.producer.enqueue",
+            *enqueue_args(inp, out, "--json", "--chunk-size", str(chunk_size)),
         )
         queued = time.time()
         summary = last_json(stdout)

@@ -48,11 +48,12 @@ from benchmarks.common import (
     workspace,
 )
 from benchmarks.prompts import write_prompts
-from dflash_tasks.generation import WorkerIdentity, build_request, make_record
-from dflash_tasks.inputs import Sample, read_input
-from dflash_tasks.job import GenerationSpec
-from dflash_tasks.sglang_client import SGLangClient
+from dflash_tasks.core.job import GenerationSpec
+from dflash_tasks.core.sample import Sample
+from dflash_tasks.producer.inputs import read_input
 from tests.helpers import REPO
+from workers.generation import WorkerIdentity, build_request, make_record
+from workers.sglang_client import SGLangClient
 
 SLOTS = 48
 #: A request lasts 2,300 / 40 * 0.025 = 1.4 s on average (57 s unscaled), 2.6 s at most (4,096 tokens).

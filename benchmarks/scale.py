@@ -36,7 +36,7 @@ from benchmarks.common import (
     workspace,
 )
 from benchmarks.prompts import cached_prompts
-from dflash_tasks.job import chunk_name
+from dflash_tasks.core.job import chunk_name
 
 FULL = 913_786
 QUICK = 100_000
@@ -59,7 +59,9 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         out = work / "out"
         base = redis_used_memory(r)
         say(f"stage + enqueue {count:,} prompts ...")
-        seconds, stdout, _ = run_module(procs, "dflash_tasks.enqueue", *enqueue_args(inp, out, "--json"))
+        seconds, stdout, _ = run_module(
+            procs, "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--json")
+        )
         summary = last_json(stdout)
         chunks = int(summary["chunks"])
         figures.update(
@@ -76,7 +78,9 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         fabricate_outputs(out, range(half))
         # Messages are LPUSHed and consumed from the right: the oldest (lowest chunks) go first.
         r.ltrim(procs.queue, 0, chunks - half - 1)
-        seconds, stdout, _ = run_module(procs, "dflash_tasks.enqueue", *enqueue_args(inp, out, "--json"))
+        seconds, stdout, _ = run_module(
+            procs, "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--json")
+        )
         s = last_json(stdout)
         check(
             (s["chunks_done"], s["chunks_queued_before"], s["chunks_enqueued"]) == (half, chunks - half, 0),
@@ -85,14 +89,18 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         figures["replan_half_done_s"] = seconds
 
         r.flushall()
-        seconds, stdout, _ = run_module(procs, "dflash_tasks.enqueue", *enqueue_args(inp, out, "--json"))
+        seconds, stdout, _ = run_module(
+            procs, "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--json")
+        )
         s = last_json(stdout)
         check((s["chunks_done"], s["chunks_enqueued"]) == (half, chunks - half), f"Redis lost: {s}")
         figures["replan_half_done_redis_lost_s"] = seconds
 
         fabricate_outputs(out, range(half, chunks))
         r.delete(procs.queue)
-        seconds, stdout, _ = run_module(procs, "dflash_tasks.enqueue", *enqueue_args(inp, out, "--json"))
+        seconds, stdout, _ = run_module(
+            procs, "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--json")
+        )
         s = last_json(stdout)
         check((s["chunks_done"], s["chunks_enqueued"]) == (chunks, 0), f"all done: {s}")
         figures["replan_all_done_s"] = seconds

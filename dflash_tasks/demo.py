@@ -27,9 +27,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from dflash_tasks.errors import DflashError
-from dflash_tasks.inputs import InvalidLine, read_input
-from dflash_tasks.settings import Settings, redact_url
+from dflash_tasks.core.errors import DflashError
+from dflash_tasks.core.settings import Settings, redact_url
+from dflash_tasks.producer.inputs import InvalidLine, read_input
 
 MODEL = "Qwen/Qwen3-8B"
 FLOWER_USER = "admin"

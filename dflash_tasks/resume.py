@@ -1,56 +1,8 @@
-"""``python -m dflash_tasks.resume --output URI``: continue a paused job.
+"""``python -m dflash_tasks.resume``: entry point; the code is in :mod:`dflash_tasks.producer.resume`."""
 
-Clears the pause (set by the live quality gate or a failed preflight) and queues every chunk
-that is neither done, running nor queued. Fix the cause first: the gate trips again otherwise.
-"""
-
-from __future__ import annotations
-
-import argparse
-import json
 import sys
 
-from dflash_tasks.bookkeeping import Bookkeeping
-from dflash_tasks.celery_app import app, configure
-from dflash_tasks.errors import DflashError, StoreError
-from dflash_tasks.job import load_job, load_manifest
-from dflash_tasks.planner import queue_missing
-from dflash_tasks.settings import Settings
-from dflash_tasks.store import open_store
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dflash_tasks.resume", description=__doc__.splitlines()[0])
-    p.add_argument("--output", required=True, help="the job's output root")
-    p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
-    p.add_argument("--queue", help="queue name [DFLASH_QUEUE]")
-    p.add_argument("--json", action="store_true", help="print a JSON summary")
-    args = p.parse_args(argv)
-    try:
-        settings = Settings.load(broker_url=args.broker_url, queue=args.queue)
-        store = open_store(args.output)
-        job, manifest = load_job(store), load_manifest(store)
-        if job is None or manifest is None:
-            raise StoreError(
-                f"{args.output} holds no staged job: start it with python -m dflash_tasks.enqueue"
-            )
-        bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
-        state, reason = bk.job_state(job.job_id)
-        bk.resume_job(job.job_id)
-        plan, sent = queue_missing(store, bk, configure(app, settings), settings, job.job_id, manifest.chunks)
-    except DflashError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    was = f"was paused ({reason})" if state == "paused" else "was not paused"
-    print(
-        f"job {job.job_id} {was}; resumed: {len(plan.done):,}/{manifest.chunks:,} chunks done, "
-        f"{sent:,} queued",
-        file=sys.stderr,
-    )
-    if args.json:
-        print(json.dumps({"job_id": job.job_id, "was_paused": state == "paused", "chunks_enqueued": sent}))
-    return 0
-
+from dflash_tasks.producer.resume import main
 
 if __name__ == "__main__":
     sys.exit(main())

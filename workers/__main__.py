@@ -13,10 +13,10 @@ from typing import Any
 
 from celery import bootsteps, signals
 
-from dflash_tasks.celery_app import app, configure
-from dflash_tasks.errors import ConfigError
-from dflash_tasks.settings import Settings, redact_url
-from dflash_tasks.worker_runtime import WorkerRuntime
+from dflash_tasks.coord.celery_app import app, configure
+from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.settings import Settings, redact_url
+from workers.runtime import WorkerRuntime
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from dflash_tasks import worker_runtime
+    from workers import runtime as worker_runtime
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s [%(name)s] %(message)s"

@@ -27,8 +27,9 @@ from typing import Any, cast
 import redis
 import requests
 
-from dflash_tasks.inputs import Sample, read_input
-from dflash_tasks.publish import queued_chunks
+from dflash_tasks.coord.publish import queued_chunks
+from dflash_tasks.core.sample import Sample
+from dflash_tasks.producer.inputs import read_input
 from tests.helpers import REPO, Processes, RedisServer, free_port, read_records, wait_until
 
 MODEL = "Qwen/Qwen3-8B"
@@ -159,7 +160,7 @@ def account(inp: Path, records: Iterable[dict[str, Any]]) -> Accounting:
 def export_check(procs: Processes, out: str, wanted: set[str], acc: Accounting) -> None:
     """``python -m dflash_tasks.export --keep-failed``: every sample once, none missing."""
     to = procs.tmp / f"export-{time.monotonic_ns()}.jsonl"
-    res = procs.run("dflash_tasks.export", "--output", out, "--to", str(to), "--keep-failed")
+    res = procs.run("dflash_tasks.output.export", "--output", out, "--to", str(to), "--keep-failed")
     assert res.returncode == 0, res.stderr
     ids = Counter(json.loads(line)["id"] for line in to.read_text().splitlines() if line.strip())
     manifest = json.loads(to.with_name(to.name + ".manifest.json").read_text())
@@ -172,7 +173,7 @@ def export_check(procs: Processes, out: str, wanted: set[str], acc: Accounting) 
 
 
 def verify_json(procs: Processes, inp: Path, out: str | Path) -> tuple[int, dict[str, Any]]:
-    res = procs.run("dflash_tasks.verify", "--input", str(inp), "--output", str(out), "--json")
+    res = procs.run("dflash_tasks.output.verify", "--input", str(inp), "--output", str(out), "--json")
     return res.returncode, dict(json.loads(res.stdout.strip().splitlines()[-1]))
 
 
@@ -240,7 +241,7 @@ def enqueue(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m dflash_tasks.enqueue --no-preflight --json`` (add ``--wait`` to wait)."""
     return procs.run(
-        "dflash_tasks.enqueue",
+        "dflash_tasks.producer.enqueue",
         *("--input", str(inp), "--output", str(out), "--model", MODEL, "--no-preflight", "--json", *extra),
         timeout=timeout,
     )

@@ -21,7 +21,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from dflash_tasks.inputs import InvalidLine, Sample, read_input
+from dflash_tasks.core.sample import Sample
+from dflash_tasks.producer.inputs import InvalidLine, read_input
 from tests.helpers import Processes, RedisServer, processes, read_records
 from tests.reliability.support import (
     Collector,

@@ -19,7 +19,7 @@ from typing import cast
 
 import pytest
 
-from dflash_tasks.publish import parse_task_id
+from dflash_tasks.coord.publish import parse_task_id
 from tests.helpers import REPO, Processes, wait_until, write_prompts
 from tests.reliability.support import (
     MODEL,

@@ -22,9 +22,9 @@ import pytest
 import redis
 from kombu.connection import Connection
 
-from dflash_tasks import flower
-from dflash_tasks.celery_app import TASK_NAME
-from dflash_tasks.settings import Settings
+from dflash_tasks.coord.celery_app import TASK_NAME
+from dflash_tasks.core.settings import Settings
+from dflash_tasks.monitoring import flower
 from tests.helpers import free_port, processes, wait_until
 from tests.reliability.support import (
     Collector,
@@ -39,7 +39,7 @@ from tests.reliability.support import (
     write_questions,
 )
 from tests.s3_support import SECRET_KEY, MotoServer, aws_env
-from tests.test_s3_e2e import objects, records
+from tests.store.test_s3_e2e import objects, records
 
 pytestmark = pytest.mark.reliability
 

@@ -28,7 +28,7 @@ from tests.reliability.support import (
     write_questions,
 )
 from tests.s3_support import FaultProxy, MotoServer, aws_env
-from tests.test_s3_e2e import objects, records
+from tests.store.test_s3_e2e import objects, records
 
 pytestmark = pytest.mark.reliability
 

@@ -1,0 +1,1 @@
+"""Coordination through Redis: the only code that knows Redis and kombu."""

@@ -1,0 +1,312 @@
+"""Redis bookkeeping: the job registry, chunk leases, done markers and counters.
+
+Redis only speeds things up and coordinates live workers; the store stays the truth. Losing
+every key here (a fresh Redis, FLUSHALL) costs no data: re-running enqueue rebuilds it.
+
+Keys (``P`` is the prefix, ``J`` a job id)::
+
+    P:jobs                  set of registered job ids
+    P:job:J                 hash: output URI, state (running|paused), pause reason
+    P:job:J:leases          zset chunk -> lease expiry (unix s); a live lease means "running"
+    P:job:J:owners          hash chunk -> owner (worker name / task id)
+    P:job:J:done            set of chunks whose completions are stored
+    P:job:J:stats           hash of counters (samples_ok, samples_failed, completion_tokens, check_*, ...)
+    P:job:J:recent          list of recent chunk quality summaries (newest first), for the live gate
+    P:job:J:failures        hash chunk -> failed runs (store/Redis errors), for the re-queue backoff
+    P:job:J:parked          hash chunk -> reason, for chunks that kept failing (until resume)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+import redis
+
+from dflash_tasks.core.errors import RetryableError
+
+# Take (or re-take) a lease unless a different owner holds a live one. Returns 1 on success.
+_ACQUIRE = """
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if expiry and tonumber(expiry) > tonumber(ARGV[3]) then
+  local owner = redis.call('HGET', KEYS[2], ARGV[1])
+  if owner and owner ~= ARGV[2] then return 0 end
+end
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
+# Mark a chunk done once: counters move only on the first completion of a chunk.
+_COMPLETE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+if redis.call('SADD', KEYS[3], ARGV[1]) == 1 then
+  for i = 2, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[4], ARGV[i], ARGV[i + 1]) end
+  return 1
+end
+return 0
+"""
+
+# Remove a lease only if it is still expired (a heartbeat may have renewed it meanwhile).
+_CLAIM_EXPIRED = """
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if expiry and tonumber(expiry) <= tonumber(ARGV[2]) then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+# Renew leases still owned by us (or lost with a Redis restart); never steal a taken-over lease.
+_RENEW = """
+for i = 1, #KEYS, 2 do
+  local owner = redis.call('HGET', KEYS[i + 1], ARGV[i])
+  if not owner or owner == ARGV[i + 1] then
+    redis.call('ZADD', KEYS[i], ARGV[#ARGV], ARGV[i])
+    redis.call('HSET', KEYS[i + 1], ARGV[i], ARGV[i + 1])
+  end
+end
+return 1
+"""
+
+# Release a lease only if we still own it.
+_RELEASE = """
+if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
+class Bookkeeping:
+    """The boundary to the bookkeeping keys in Redis; Redis errors become :class:`RetryableError`."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "dflash") -> None:
+        self._r = client
+        self._p = prefix
+        self._acquire = client.register_script(_ACQUIRE)
+        self._complete = client.register_script(_COMPLETE)
+        self._release = client.register_script(_RELEASE)
+        self._claim = client.register_script(_CLAIM_EXPIRED)
+        self._renew = client.register_script(_RENEW)
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "dflash") -> Bookkeeping:
+        client = redis.Redis.from_url(
+            url, socket_timeout=30, socket_connect_timeout=10, health_check_interval=25
+        )
+        return cls(client, prefix)
+
+    @property
+    def client(self) -> redis.Redis:
+        return self._r
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix (``P`` above); other modules name their own keys under it."""
+        return self._p
+
+    def ping(self) -> None:
+        """Raise :class:`RetryableError` (naming the host, not the password) if Redis is unreachable."""
+        with _redis_errors("connecting to the broker"):
+            self._r.ping()
+
+    def _k(self, job_id: str, what: str = "") -> str:
+        return f"{self._p}:job:{job_id}" + (f":{what}" if what else "")
+
+    # -- job registry ---------------------------------------------------------------------------
+    def register_job(self, job_id: str, output_uri: str) -> None:
+        """Make the job known to workers (they look up its output location here)."""
+        with _redis_errors("registering the job"):
+            pipe = self._r.pipeline()
+            pipe.sadd(f"{self._p}:jobs", job_id)
+            pipe.hsetnx(self._k(job_id), "state", "running")
+            pipe.hset(self._k(job_id), mapping={"output": output_uri, "registered": time.time()})
+            pipe.execute()
+
+    def job_info(self, job_id: str) -> dict[str, str]:
+        with _redis_errors("reading the job registry"):
+            raw = cast(Mapping[bytes, bytes], self._r.hgetall(self._k(job_id)))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def jobs(self) -> list[str]:
+        with _redis_errors("listing jobs"):
+            return sorted(m.decode() for m in cast(Iterable[bytes], self._r.smembers(f"{self._p}:jobs")))
+
+    def job_state(self, job_id: str) -> tuple[str, str]:
+        """(state, pause reason): state is ``running`` or ``paused``."""
+        with _redis_errors("reading the job state"):
+            state, reason = cast(
+                list[bytes | None], self._r.hmget(self._k(job_id), ["state", "pause_reason"])
+            )
+        return (state or b"running").decode(), (reason or b"").decode()
+
+    def pause_job(self, job_id: str, reason: str) -> bool:
+        """Pause the job (workers stop taking its chunks); True if it was running."""
+        with _redis_errors("pausing the job"):
+            pipe = self._r.pipeline()
+            pipe.hget(self._k(job_id), "state")
+            pipe.hset(
+                self._k(job_id), mapping={"state": "paused", "pause_reason": reason, "paused_at": time.time()}
+            )
+            previous, _ = pipe.execute()
+        return bool(previous != b"paused")
+
+    def set_preflight(self, job_id: str, active: bool) -> None:
+        """Mark the job as running its preflight: only the sample is queued, nobody re-plans it."""
+        with _redis_errors("setting the job state"):
+            self._r.hset(self._k(job_id), "state", "preflight" if active else "running")
+
+    def resume_job(self, job_id: str) -> None:
+        with _redis_errors("resuming the job"):
+            self._r.hset(self._k(job_id), mapping={"state": "running", "pause_reason": ""})
+            self._r.delete(self._k(job_id, "recent"), self._k(job_id, "parked"), self._k(job_id, "failures"))
+
+    def push_recent(self, job_id: str, entry: Mapping[str, Any], keep: int) -> list[dict[str, Any]]:
+        """Add a chunk's quality summary; returns the newest ``keep`` summaries."""
+        key = self._k(job_id, "recent")
+        with _redis_errors("recording chunk quality"):
+            pipe = self._r.pipeline()
+            pipe.lpush(key, json.dumps(entry))
+            pipe.ltrim(key, 0, keep - 1)
+            pipe.lrange(key, 0, keep - 1)
+            rows = pipe.execute()[-1]
+        return [json.loads(row) for row in rows]
+
+    def count_chunk_failure(self, job_id: str, chunk: int) -> int:
+        """Count one more failed run of ``chunk``; returns its failures so far."""
+        with _redis_errors("counting a chunk failure"):
+            return int(self._r.hincrby(self._k(job_id, "failures"), str(chunk), 1))
+
+    def park_chunk(self, job_id: str, chunk: int, reason: str) -> None:
+        """Stop re-queuing a chunk that keeps failing; ``resume`` un-parks it."""
+        with _redis_errors("parking a chunk"):
+            self._r.hset(self._k(job_id, "parked"), str(chunk), reason[:500])
+
+    def parked(self, job_id: str) -> dict[int, str]:
+        """Parked chunks and why."""
+        with _redis_errors("reading parked chunks"):
+            raw = cast(Mapping[bytes, bytes], self._r.hgetall(self._k(job_id, "parked")))
+        return {int(k): v.decode() for k, v in raw.items()}
+
+    def unpark_all(self, job_id: str) -> None:
+        with _redis_errors("un-parking chunks"):
+            self._r.delete(self._k(job_id, "parked"), self._k(job_id, "failures"))
+
+    def finish_job(self, job_id: str) -> None:
+        """Forget a finished job's registry entry (the store keeps everything)."""
+        with _redis_errors("unregistering the job"):
+            self._r.srem(f"{self._p}:jobs", job_id)
+
+    # -- leases -----------------------------------------------------------------------------------
+    def acquire(self, job_id: str, chunk: int, owner: str, lease_seconds: float) -> bool:
+        """Lease ``chunk`` for ``owner``; False when another owner holds a live lease."""
+        now = time.time()
+        with _redis_errors("taking a chunk lease"):
+            got = self._acquire(
+                keys=[self._k(job_id, "leases"), self._k(job_id, "owners")],
+                args=[chunk, owner, now, now + lease_seconds],
+            )
+        return bool(got)
+
+    def renew(self, leases: Iterable[tuple[str, int, str]], lease_seconds: float) -> None:
+        """Extend the given (job, chunk, owner) leases; re-creates them if Redis lost them."""
+        keys: list[str] = []
+        args: list[Any] = []
+        for job_id, chunk, owner in leases:
+            keys += [self._k(job_id, "leases"), self._k(job_id, "owners")]
+            args += [chunk, owner]
+        if not keys:
+            return
+        with _redis_errors("renewing chunk leases"):
+            self._renew(keys=keys, args=[*args, time.time() + lease_seconds])
+
+    def release(self, job_id: str, chunk: int, owner: str) -> None:
+        with _redis_errors("releasing a chunk lease"):
+            self._release(keys=[self._k(job_id, "leases"), self._k(job_id, "owners")], args=[chunk, owner])
+
+    def complete(self, job_id: str, chunk: int, counters: Mapping[str, float]) -> bool:
+        """Record ``chunk`` as done and add ``counters`` (once per chunk). True on the first completion."""
+        args: list[Any] = [chunk]
+        for name, value in counters.items():
+            args += [name, value]
+        keys = [self._k(job_id, w) for w in ("leases", "owners", "done", "stats")]
+        with _redis_errors("recording a finished chunk"):
+            return bool(self._complete(keys=keys, args=args))
+
+    def live_leases(self, job_id: str, now: float | None = None) -> dict[int, float]:
+        """Running chunks: chunk -> lease expiry, for leases not yet expired."""
+        with _redis_errors("reading leases"):
+            rows = self._r.zrangebyscore(
+                self._k(job_id, "leases"), time.time() if now is None else now, "+inf", withscores=True
+            )
+        return {int(m): float(s) for m, s in cast(list[tuple[bytes, float]], rows)}
+
+    def expired_leases(self, job_id: str, now: float | None = None) -> list[int]:
+        with _redis_errors("reading leases"):
+            rows = self._r.zrangebyscore(
+                self._k(job_id, "leases"), "-inf", time.time() if now is None else now
+            )
+        return [int(m) for m in cast(list[bytes], rows)]
+
+    def claim_expired(self, job_id: str, chunk: int) -> bool:
+        """Remove an expired lease; True for exactly one of several concurrent reconcilers."""
+        with _redis_errors("claiming an expired lease"):
+            removed = self._claim(
+                keys=[self._k(job_id, "leases"), self._k(job_id, "owners")], args=[chunk, time.time()]
+            )
+        return bool(removed)
+
+    def owners(self, job_id: str) -> dict[int, str]:
+        with _redis_errors("reading lease owners"):
+            raw = cast(Mapping[bytes, bytes], self._r.hgetall(self._k(job_id, "owners")))
+        return {int(k): v.decode() for k, v in raw.items()}
+
+    # -- done markers and counters ------------------------------------------------------------------
+    def mark_done(self, job_id: str, chunks: Iterable[int]) -> None:
+        """Seed the done set from the store (after a restart or a Redis loss)."""
+        batch = [str(c) for c in chunks]
+        with _redis_errors("seeding done chunks"):
+            for i in range(0, len(batch), 10_000):
+                self._r.sadd(self._k(job_id, "done"), *batch[i : i + 10_000])
+
+    def unmark_done(self, job_id: str, chunks: Iterable[int]) -> None:
+        """Forget chunks whose outputs were deleted (a failed preflight), so they count again."""
+        batch = [str(c) for c in chunks]
+        if batch:
+            with _redis_errors("forgetting done chunks"):
+                self._r.srem(self._k(job_id, "done"), *batch)
+
+    def done_count(self, job_id: str) -> int:
+        with _redis_errors("counting done chunks"):
+            return int(self._r.scard(self._k(job_id, "done")))
+
+    def stats(self, job_id: str) -> dict[str, float]:
+        with _redis_errors("reading job counters"):
+            raw = cast(Mapping[bytes, bytes], self._r.hgetall(self._k(job_id, "stats")))
+        return {k.decode(): float(v) for k, v in raw.items()}
+
+    def try_lock(self, name: str, owner: str, seconds: float) -> bool:
+        """A short best-effort lock (e.g. one reconciler at a time)."""
+        with _redis_errors("taking a lock"):
+            return bool(self._r.set(f"{self._p}:lock:{name}", owner, nx=True, px=int(seconds * 1000)))
+
+
+class _redis_errors:
+    """Context manager translating redis-py errors into :class:`RetryableError`."""
+
+    def __init__(self, doing: str) -> None:
+        self._doing = doing
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, redis.RedisError):
+            raise RetryableError(f"Redis error while {self._doing}: {exc}") from exc

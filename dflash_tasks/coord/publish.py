@@ -1,0 +1,177 @@
+"""Putting chunk messages on the queue, and finding which chunks are already queued.
+
+A message carries only ``(job_id, chunk)``; its task id ``<job>-<chunk>-<nonce>`` makes the
+broker's queue readable without decoding message bodies.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+import redis
+from celery import Celery
+
+from dflash_tasks.coord.celery_app import TASK_NAME
+from dflash_tasks.core.errors import RetryableError
+
+
+def task_id(job_id: str, chunk: int) -> str:
+    return f"{job_id}-{chunk:06d}-{uuid.uuid4().hex[:8]}"
+
+
+def parse_task_id(tid: str) -> tuple[str, int] | None:
+    """(job id, chunk) of a task id made by :func:`task_id`, else None."""
+    parts = tid.split("-")
+    if len(parts) == 3 and parts[1].isascii() and parts[1].isdigit():
+        return parts[0], int(parts[1])
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message delivered to a worker and not acknowledged yet (kombu's Redis ack emulation)."""
+
+    tag: str
+    task_id: str
+    delivered_at: float
+    eta: float | None  # a re-queued chunk's countdown: it waits in a live worker until then
+
+    def stale(self, now: float, grace: float) -> bool:
+        """Whether a live worker would have leased it by now (so its worker must be dead)."""
+        return max(self.delivered_at, self.eta or 0.0) < now - grace
+
+
+def unacked_deliveries(client: redis.Redis) -> list[Delivery]:
+    """Every unacknowledged delivery, from ``unacked_index`` / ``unacked``.
+
+    A live worker leases a chunk milliseconds after delivery (or after its countdown), so an old
+    delivery without a lease belongs to a dead worker.
+    """
+    try:
+        rows = cast(list[tuple[bytes, float]], client.zrange("unacked_index", 0, -1, withscores=True))
+        if not rows:
+            return []
+        raws = cast(list[bytes | None], client.hmget("unacked", [tag for tag, _ in rows]))
+    except redis.RedisError as exc:
+        raise RetryableError(f"cannot read the broker's unacked messages: {exc}") from exc
+    found: list[Delivery] = []
+    for (tag, delivered_at), raw in zip(rows, raws, strict=True):
+        headers = _unacked_headers(raw)
+        if headers is not None:
+            tid = str(headers.get("id") or "")
+            found.append(Delivery(tag.decode(), tid, float(delivered_at), _timestamp(headers.get("eta"))))
+    return found
+
+
+def held_chunks(client: redis.Redis, job_id: str, now: float, grace: float) -> set[int]:
+    """Chunks of ``job_id`` held by live workers: delivered recently, or waiting for their countdown."""
+    held: set[int] = set()
+    for delivery in unacked_deliveries(client):
+        parsed = parse_task_id(delivery.task_id)
+        if parsed is not None and parsed[0] == job_id and not delivery.stale(now, grace):
+            held.add(parsed[1])
+    return held
+
+
+def _unacked_headers(raw: bytes | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        payload = json.loads(raw)[0]
+    except (ValueError, IndexError, TypeError, KeyError):
+        return None
+    headers = payload.get("headers") if isinstance(payload, dict) else None
+    return headers if isinstance(headers, dict) else None
+
+
+def _timestamp(value: object) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value)).timestamp()
+    except ValueError:
+        return None
+
+
+#: Messages per Redis round trip when publishing many chunks.
+PUBLISH_BATCH = 500
+
+
+def publish_chunks(app: Celery, job_id: str, chunks: Iterable[int], countdown: float | None = None) -> int:
+    """Queue one message per chunk over one producer connection; returns how many were sent.
+
+    Many chunks go out in pipelined batches of :data:`PUBLISH_BATCH` (kombu's ``Producer.batch``),
+    one round trip each, the queue declared once; a single chunk (a worker's re-queue) is published
+    alone, with kombu's publish retries.
+    """
+    todo = list(chunks)
+    if not todo:
+        return 0
+    sent = 0
+    try:
+        with app.producer_or_acquire() as producer:
+            if len(todo) == 1:
+                _send(app, producer, job_id, todo[0], countdown)
+                return 1
+            queue = app.amqp.queues[app.conf.task_default_queue]
+            producer.maybe_declare(queue)
+            for start in range(0, len(todo), PUBLISH_BATCH):
+                batch = todo[start : start + PUBLISH_BATCH]
+                with producer.batch(max_size=2 * len(batch) + 2):  # each message and its sent event
+                    for chunk in batch:
+                        _send(app, producer, job_id, chunk, countdown, declare=[], retry=False)
+                sent += len(batch)
+    except (OSError, redis.RedisError) as exc:
+        raise RetryableError(f"cannot publish to the broker after {sent} chunks: {exc}") from exc
+    except Exception as exc:  # kombu wraps connection failures in its own OperationalError
+        if type(exc).__name__ == "OperationalError":
+            raise RetryableError(f"cannot publish to the broker after {sent} chunks: {exc}") from exc
+        raise
+    return sent
+
+
+def _send(
+    app: Celery, producer: Any, job_id: str, chunk: int, countdown: float | None, **options: Any
+) -> None:
+    app.send_task(
+        TASK_NAME,
+        args=(job_id, chunk),
+        task_id=task_id(job_id, chunk),
+        producer=producer,
+        countdown=countdown,
+        **options,
+    )
+
+
+def queued_chunks(client: redis.Redis, queue: str, job_id: str, page: int = 2000) -> set[int]:
+    """Chunks of ``job_id`` whose messages wait in the broker queue (read page by page)."""
+    prefix = job_id + "-"
+    found: set[int] = set()
+    start = 0
+    while True:
+        try:
+            batch = cast(list[bytes], client.lrange(queue, start, start + page - 1))
+        except redis.RedisError as exc:
+            raise RetryableError(f"cannot read the broker queue {queue!r}: {exc}") from exc
+        for raw in batch:
+            tid = _message_task_id(raw)
+            if tid.startswith(prefix):
+                chunk = tid[len(prefix) :].split("-", 1)[0]
+                if chunk.isdigit():
+                    found.add(int(chunk))
+        if len(batch) < page:
+            return found
+        start += page
+
+
+def _message_task_id(raw: bytes) -> str:
+    try:
+        headers = json.loads(raw).get("headers") or {}
+        return str(headers.get("id") or "")
+    except (ValueError, AttributeError):
+        return ""

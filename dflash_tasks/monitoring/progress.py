@@ -1,0 +1,289 @@
+"""Live progress of a job: the numbers behind ``progress.json`` and ``python -m dflash_tasks.status``.
+
+Data path. Every worker counts the samples it finishes in memory and pushes the counts to Redis
+every couple of seconds (:mod:`workers.stats`; keys in :mod:`dflash_tasks.coord.progress_keys`),
+together with a heartbeat of its own state. Any live process (each worker, ``enqueue --wait``)
+then tries, every ``progress_seconds``, to take a short per-job lock; the one that gets it reads a
+:class:`~dflash_tasks.monitoring.snapshot.Snapshot`, computes the job's progress here and writes
+``progress.json`` at the output root (:mod:`dflash_tasks.monitoring.progress_writer`). ``status`` computes
+the same document with the same code, so the two never disagree. Nothing depends on the producer
+staying up.
+
+This module is the math (rates, ETA, GPU time, cost, the document); only
+:func:`compute_progress` does I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from dflash_tasks.coord.bookkeeping import Bookkeeping
+from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, WINDOW_SECONDS, window_bounds
+from dflash_tasks.monitoring.snapshot import Snapshot, num, read_progress, read_snapshot
+from dflash_tasks.store import Store
+
+#: The ``version`` of the progress document.
+FORMAT_VERSION = 1
+#: A worker is alive while its last heartbeat is younger than max(ALIVE_MIN, 4 heartbeats) (s).
+ALIVE_MIN = 15.0
+#: The longest gap between two GPU-time ticks that is still billed (s): a gap longer than this
+#: means nobody was watching (every process down), and is not counted.
+GPU_GAP_CAP = 60.0
+
+
+def eta_seconds(remaining: float, rate: float | None) -> float | None:
+    """Seconds to finish ``remaining`` units at ``rate`` per second; None when the rate is unknown."""
+    if remaining <= 0:
+        return 0.0
+    if rate is None or not rate > 0:
+        return None
+    return remaining / rate
+
+
+def window_rate(
+    buckets: Mapping[int, Mapping[str, float]], what: str, now: float, since: float | None
+) -> float:
+    """Per-second rate of counter ``what`` over the last minute of buckets.
+
+    ``since`` (when the counting started, e.g. the job's or a worker's first chunk) shortens the
+    window at the start, so the first minute is not diluted by time before anything ran.
+    """
+    start, end = window_bounds(now)
+    begin = max(float(start), since) if since else float(start)
+    span = end - begin
+    if span < BUCKET_SECONDS:
+        return 0.0
+    total = sum(row.get(what, 0.0) for b, row in buckets.items() if start <= b < end)
+    return total / span
+
+
+def alive(worker: Mapping[str, str], now: float) -> bool:
+    """Whether a worker's last heartbeat is recent."""
+    beat = num(worker.get("beat_s")) or 2.0
+    return now - num(worker.get("last_seen")) <= max(ALIVE_MIN, 4 * beat)
+
+
+def gpu_seconds(job: Mapping[str, str], live_gpus: int, now: float, started_at: float | None) -> float:
+    """GPU time spent: the ticks written so far, plus the live GPUs since the last tick.
+
+    Without ticks (no writer has run yet) it is ``live_gpus * elapsed``.
+    """
+    tick = num(job.get("gpu_tick"))
+    if job.get("finished_at"):
+        return num(job.get("gpu_seconds"))
+    if tick > 0:
+        return num(job.get("gpu_seconds")) + live_gpus * min(max(0.0, now - tick), GPU_GAP_CAP)
+    return live_gpus * max(0.0, now - started_at) if started_at else 0.0
+
+
+def cost(
+    gpu_hour_usd: float, gpu_secs: float, gpus: int, eta_s: float | None
+) -> tuple[float | None, float | None]:
+    """(spent, projected total) in USD; (None, None) without a price; projected None without an ETA."""
+    if not gpu_hour_usd > 0:
+        return None, None
+    spent = gpu_hour_usd * gpu_secs / 3600.0
+    if eta_s is None:
+        return spent, None
+    return spent, spent + gpu_hour_usd * gpus * eta_s / 3600.0
+
+
+def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
+    """The progress document (the content of ``progress.json``) from a snapshot; no I/O."""
+    job = snap.job
+    done_all = snap.done_chunks >= snap.total_chunks
+    started = num(job.get("started_at")) or None
+    finished = num(job.get("finished_at")) or None
+    end = finished if (done_all and finished) else now
+    elapsed = max(0.0, end - started) if started else None
+
+    failed = int(snap.stats.get("samples_failed", 0.0))
+    counted_ok = snap.stats.get("samples_ok", 0.0)
+    tokens = snap.stats.get("completion_tokens", 0.0)
+    avg_tokens = tokens / counted_ok if counted_ok > 0 else None
+    remaining = max(0, snap.total_samples - snap.done_samples)
+
+    win_samples = window_rate(snap.buckets, "samples", now, started) if not done_all else 0.0
+    win_tokens = window_rate(snap.buckets, "tokens", now, started) if not done_all else 0.0
+    start_samples = snap.done_samples / elapsed if elapsed else 0.0
+    start_tokens = tokens / elapsed if elapsed else 0.0
+    basis, rate = ("last_minute", win_samples) if win_samples > 0 else ("since_start", start_samples)
+    eta = eta_seconds(remaining, rate)
+    tok_rate = win_tokens if win_tokens > 0 else start_tokens
+    eta_tokens = eta_seconds(remaining * avg_tokens, tok_rate) if avg_tokens is not None else None
+    if remaining == 0:
+        eta_tokens = 0.0
+
+    workers = _workers(snap, now)
+    live = sum(1 for w in workers if w["alive"])
+    gpu_s = gpu_seconds(job, live, now, started)
+    spent, projected = cost(snap.gpu_hour_usd, gpu_s, live, eta)
+    accepts = [w["spec_accept_length"] for w in workers if w["alive"] and w["spec_accept_length"]]
+
+    state = "done" if done_all else (job.get("state") or "running")
+    warnings: list[str] = []
+    if not snap.redis_ok:
+        warnings.append("Redis unreachable: rates, running chunks and workers are unknown")
+    elif not done_all and live == 0:
+        warnings.append("no live worker has touched this job in the last minute")
+    counted = counted_ok + failed
+    warnings += snap.notes
+    if snap.redis_ok and counted < snap.done_samples:
+        warnings.append(
+            f"token and failure counts cover {int(counted):,} of {snap.done_samples:,} stored samples "
+            "(Redis lost its counters; the store is complete)"
+        )
+    counters = {
+        k: v for k, v in snap.stats.items() if not k.startswith(("samples_", "completion_", "prompt_"))
+    }
+    return {
+        "version": FORMAT_VERSION,
+        "job_id": snap.job_id,
+        "output": snap.output,
+        "model": snap.model,
+        "state": state,
+        "pause_reason": (job.get("pause_reason") or None) if state == "paused" else None,
+        "updated_at": round(now, 3),
+        "updated_at_iso": _iso(now),
+        "writer": writer,
+        "started_at": started,
+        "finished_at": finished if done_all else None,
+        "elapsed_s": _round(elapsed, 1),
+        "samples": {
+            "total": snap.total_samples,
+            "done": snap.done_samples,
+            "ok": max(0, snap.done_samples - failed),
+            "failed": failed,
+            "remaining": remaining,
+            "invalid_lines": snap.invalid_lines,
+        },
+        "chunks": {
+            "total": snap.total_chunks,
+            "done": snap.done_chunks,
+            "running": snap.running_chunks,
+            "pending": max(0, snap.total_chunks - snap.done_chunks - snap.running_chunks),
+        },
+        "queue_depth": snap.queue_depth,
+        "tokens": {
+            "generated": int(tokens),
+            "prompt": int(snap.stats.get("prompt_tokens", 0.0)),
+            "avg_per_sample": _round(avg_tokens, 1),
+            "counted_samples": int(counted),
+        },
+        "rates": {
+            "window_s": WINDOW_SECONDS,
+            "samples_per_s": round(win_samples, 3),
+            "tokens_per_s": round(win_tokens, 1),
+            "since_start": {"samples_per_s": round(start_samples, 3), "tokens_per_s": round(start_tokens, 1)},
+        },
+        "eta_s": _round(eta, 0),
+        "eta_at_iso": _iso(now + eta) if eta else None,
+        "eta_basis": basis if eta else None,
+        "eta_by_tokens_s": _round(eta_tokens, 0),
+        "cost": {
+            "gpu_hour_usd": snap.gpu_hour_usd or None,
+            "gpus": live,
+            "gpu_hours": round(gpu_s / 3600.0, 4),
+            "usd": _round(spent, 2),
+            "projected_total_usd": _round(projected, 2),
+        },
+        "spec_accept_length": _round(sum(accepts) / len(accepts), 3) if accepts else None,
+        "workers": workers,
+        "counters": counters,
+        "warnings": warnings,
+    }
+
+
+def _workers(snap: Snapshot, now: float) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for name in sorted(snap.per_worker):
+        counts = snap.per_worker[name]
+        beat = snap.workers.get(name, {})
+        first = counts.get("first") or None
+        accept = num(beat.get("spec_accept_length")) or None
+        rows.append(
+            {
+                "name": name,
+                "endpoint": beat.get("endpoint", ""),
+                "alive": bool(beat) and alive(beat, now),
+                "last_seen_s": _round(now - num(beat.get("last_seen")), 1) if beat else None,
+                "healthy": beat.get("healthy") == "1" if beat else None,
+                "samples": int(counts.get("samples", 0.0)),
+                "failed": int(counts.get("failed", 0.0)),
+                "tokens": int(counts.get("tokens", 0.0)),
+                "chunks": int(counts.get("chunks", 0.0)),
+                "samples_per_s": round(window_rate(snap.buckets, f"{name}|samples", now, first), 3),
+                "tokens_per_s": round(window_rate(snap.buckets, f"{name}|tokens", now, first), 1),
+                "inflight": int(num(beat.get("inflight"))),
+                "waiting": int(num(beat.get("waiting"))),
+                "max_inflight": int(num(beat.get("max_inflight"))),
+                "held_chunks": int(num(beat.get("held_chunks"))),
+                "spec_accept_length": _round(accept, 3),
+            }
+        )
+    return rows
+
+
+def _round(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def compute_progress(
+    store: Store,
+    bookkeeping: Bookkeeping | None,
+    job_id: str,
+    now: float | None = None,
+    *,
+    queue: str = "",
+    gpu_hour_usd: float | None = None,
+    default_gpu_hour_usd: float = 0.0,
+    writer: str = "",
+) -> dict[str, Any]:
+    """The progress document of ``job_id`` (read-only: what ``status`` prints)."""
+    now = time.time() if now is None else now
+    snap = read_snapshot(
+        store,
+        bookkeeping,
+        job_id,
+        now,
+        queue=queue,
+        gpu_hour_usd=gpu_hour_usd,
+        default_gpu_hour_usd=default_gpu_hour_usd,
+    )
+    if not snap.redis_ok or not snap.job.get("started_at"):
+        previous = read_progress(store)
+        if previous and previous.get("job_id") == job_id:
+            snap = carry_over(snap, previous)
+    return summarize(snap, now, writer)
+
+
+def carry_over(snap: Snapshot, previous: Mapping[str, Any]) -> Snapshot:
+    """Fill what Redis cannot tell (it is unreachable, or lost its keys) from the last progress.json."""
+    job = dict(snap.job)
+    if previous.get("started_at") and not job.get("started_at"):
+        job["started_at"] = str(previous["started_at"])
+    if snap.redis_ok:
+        return replace(snap, job=job)
+    samples, tokens, cost_doc = (previous.get(k) or {} for k in ("samples", "tokens", "cost"))
+    if previous.get("finished_at"):
+        job["finished_at"] = str(previous["finished_at"])
+    job.update(gpu_seconds=str(num(cost_doc.get("gpu_hours")) * 3600.0), gpu_tick=str(previous["updated_at"]))
+    failed = num(samples.get("failed"))
+    stats = {
+        **{k: num(v) for k, v in (previous.get("counters") or {}).items()},
+        "samples_ok": num(tokens.get("counted_samples")) - failed,
+        "samples_failed": failed,
+        "completion_tokens": num(tokens.get("generated")),
+        "prompt_tokens": num(tokens.get("prompt")),
+    }
+    note = f"counts other than done chunks are from progress.json of {previous.get('updated_at_iso')}"
+    price = snap.gpu_hour_usd or num(cost_doc.get("gpu_hour_usd"))
+    return replace(snap, job=job, stats=stats, notes=(*snap.notes, note), gpu_hour_usd=price)

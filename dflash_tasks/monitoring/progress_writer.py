@@ -1,0 +1,162 @@
+"""Writing ``progress.json``: one process per job and period, which also bills the GPU time."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import redis
+
+from dflash_tasks.coord.bookkeeping import Bookkeeping
+from dflash_tasks.coord.progress_keys import FLUSH_LAG, PROGRESS_KEY, SET_MIN_SCRIPT, Keys
+from dflash_tasks.core.errors import DflashError
+from dflash_tasks.core.job import JobDefinition, Manifest
+from dflash_tasks.monitoring.progress import GPU_GAP_CAP, alive, summarize
+from dflash_tasks.monitoring.snapshot import Snapshot, decode_hash, num, read_progress, read_snapshot
+from dflash_tasks.store import Store
+
+log = logging.getLogger(__name__)
+
+#: Writers keep refreshing a done job's progress.json this long (s), so that the workers'
+#: last counts land in it; then it is final and nobody writes it again.
+FINAL_AFTER = 3 * FLUSH_LAG
+
+
+class ProgressWriter:
+    """Writes ``progress.json`` for a job at most about once per ``period`` across all processes.
+
+    Every live process may call :meth:`write_if_due` every period: the one that takes the job's
+    short Redis lock computes the document, bills the GPU time since the last tick, and writes it.
+    """
+
+    def __init__(
+        self,
+        bookkeeping: Bookkeeping,
+        owner: str,
+        period: float,
+        queue: str = "",
+        default_gpu_hour_usd: float = 0.0,
+    ) -> None:
+        self._bk = bookkeeping
+        self._keys = Keys(bookkeeping.prefix)
+        self._owner = owner
+        self._period = period
+        self._queue = queue
+        self._price = default_gpu_hour_usd
+        self._set_min = bookkeeping.client.register_script(SET_MIN_SCRIPT)
+
+    def write_if_due(
+        self,
+        job_id: str,
+        store: Store,
+        manifest: Manifest | None = None,
+        definition: JobDefinition | None = None,
+        now: float | None = None,
+    ) -> dict[str, Any] | None:
+        """Write the job's progress if no other process did within the period; the document or None."""
+        if not self._bk.try_lock(f"progress:{job_id}", self._owner, max(self._period * 0.9, 0.2)):
+            return None
+        return self.write(job_id, store, manifest, definition, now)
+
+    def write(
+        self,
+        job_id: str,
+        store: Store,
+        manifest: Manifest | None = None,
+        definition: JobDefinition | None = None,
+        now: float | None = None,
+    ) -> dict[str, Any]:
+        """Compute, bill GPU time, and write ``progress.json`` now (the caller holds the lock)."""
+        now = time.time() if now is None else now
+        r = self._bk.client
+        try:
+            if not r.hexists(self._keys.job(job_id), "gpu_tick"):  # a new job, or Redis lost its keys
+                self._seed(job_id, store)
+        except redis.RedisError as exc:
+            log.debug("could not seed progress of job %s: %s", job_id, exc)
+        snap = read_snapshot(
+            store,
+            self._bk,
+            job_id,
+            now,
+            queue=self._queue,
+            manifest=manifest,
+            definition=definition,
+            default_gpu_hour_usd=self._price,
+        )
+        if snap.redis_ok:
+            try:
+                snap = self._tick(r, snap, now)
+            except redis.RedisError as exc:
+                log.debug("could not bill GPU time of job %s: %s", job_id, exc)
+        doc = summarize(snap, now, self._owner)
+        store.write(PROGRESS_KEY, (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode())
+        settled = now - (doc["finished_at"] or now) >= FINAL_AFTER  # late worker counts have landed
+        if doc["state"] == "done" and snap.redis_ok and settled:
+            try:
+                r.hset(self._keys.job(job_id), "progress_final", "1")
+            except redis.RedisError as exc:
+                log.debug("could not mark the progress of job %s final: %s", job_id, exc)
+        return doc
+
+    def _seed(self, job_id: str, store: Store) -> None:
+        """After a Redis loss, carry the start time, GPU time and price over from the last document."""
+        previous = read_progress(store)
+        if not previous or previous.get("job_id") != job_id:
+            return
+        key = self._keys.job(job_id)
+        if previous.get("started_at"):
+            self._set_min(keys=[key], args=["started_at", previous["started_at"]])
+        cost_doc = previous.get("cost") or {}
+        pipe = self._bk.client.pipeline()
+        if isinstance(cost_doc, dict):
+            pipe.hsetnx(key, "gpu_seconds", float(cost_doc.get("gpu_hours") or 0.0) * 3600.0)
+            if cost_doc.get("gpu_hour_usd"):
+                pipe.hsetnx(key, "gpu_hour_usd", cost_doc["gpu_hour_usd"])
+        pipe.hsetnx(key, "gpu_tick", previous.get("updated_at") or time.time())
+        pipe.execute()
+
+    def _tick(self, r: redis.Redis, snap: Snapshot, now: float) -> Snapshot:
+        """Bill ``live GPUs * time since the last tick`` and, once done, stamp ``finished_at``."""
+        job = dict(snap.job)
+        if job.get("finished_at"):
+            return snap
+        key = self._keys.job(snap.job_id)
+        live = sum(1 for name in snap.per_worker if alive(snap.workers.get(name, {}), now))
+        last = num(job.get("gpu_tick")) or num(job.get("started_at"))
+        billed = live * min(max(0.0, now - last), GPU_GAP_CAP) if last else 0.0
+        pipe = r.pipeline()
+        pipe.hincrbyfloat(key, "gpu_seconds", billed)
+        pipe.hset(key, "gpu_tick", now)
+        if snap.done_chunks >= snap.total_chunks:
+            pipe.hsetnx(key, "finished_at", now)
+        pipe.hgetall(key)
+        job = decode_hash(pipe.execute()[-1])
+        return replace(snap, job=job)
+
+
+def record_gpu_price(bookkeeping: Bookkeeping, job_id: str, gpu_hour_usd: float) -> None:
+    """Record the job's price per GPU-hour, so every writer (and ``status``) prices it alike."""
+    if gpu_hour_usd > 0:
+        try:
+            bookkeeping.client.hset(Keys(bookkeeping.prefix).job(job_id), "gpu_hour_usd", gpu_hour_usd)
+        except redis.RedisError as exc:
+            log.warning("could not record the GPU price of job %s: %s", job_id, exc)
+
+
+def job_needs_progress(bookkeeping: Bookkeeping, job_id: str) -> bool:
+    """False once a job's final (done) ``progress.json`` was written."""
+    return not bookkeeping.job_info(job_id).get("progress_final")
+
+
+def registered_jobs(bookkeeping: Bookkeeping) -> Iterable[str]:
+    """Registered jobs still in progress (best effort: empty when Redis is unreachable)."""
+    try:
+        return [j for j in bookkeeping.jobs() if job_needs_progress(bookkeeping, j)]
+    except DflashError as exc:
+        log.debug("cannot list jobs: %s", exc)
+        return []

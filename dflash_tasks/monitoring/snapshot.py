@@ -1,0 +1,174 @@
+"""What the progress of a job is computed from: a :class:`Snapshot` of the store and Redis.
+
+Sources, by trust:
+
+* the store: done chunks (one listing of ``outputs/``) and so done samples; always the truth;
+* Redis, ``bookkeeping``: live leases (running chunks), the exactly-once counters of stored
+  chunks (failed samples, tokens), the job's state and pause reason;
+* Redis, written by workers (:mod:`dflash_tasks.coord.progress_keys`): windowed rates, per-worker
+  numbers, accept lengths.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
+
+import redis
+
+from dflash_tasks.coord.bookkeeping import Bookkeeping
+from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, PROGRESS_KEY, Keys, queue_keys, window_bounds
+from dflash_tasks.core.errors import DflashError, StoreError
+from dflash_tasks.core.job import JobDefinition, Manifest
+from dflash_tasks.store import Store
+from dflash_tasks.store.jobfiles import done_chunks, load_job, load_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What was read from the store and Redis at one instant."""
+
+    job_id: str
+    output: str
+    model: str
+    total_samples: int
+    total_chunks: int
+    invalid_lines: int
+    done_chunks: int
+    done_samples: int
+    running_chunks: int = 0
+    queue_depth: int | None = None
+    job: Mapping[str, str] = field(default_factory=dict)  # the job hash
+    stats: Mapping[str, float] = field(default_factory=dict)  # exactly-once counters of stored chunks
+    per_worker: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # W -> cumulative counts
+    workers: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # W -> heartbeat hash
+    buckets: Mapping[int, Mapping[str, float]] = field(default_factory=dict)  # window bucket -> counts
+    gpu_hour_usd: float = 0.0
+    redis_ok: bool = True
+    notes: tuple[str, ...] = ()  # extra warnings
+
+
+def read_snapshot(
+    store: Store,
+    bookkeeping: Bookkeeping | None,
+    job_id: str,
+    now: float,
+    *,
+    queue: str = "",
+    manifest: Manifest | None = None,
+    definition: JobDefinition | None = None,
+    gpu_hour_usd: float | None = None,
+    default_gpu_hour_usd: float = 0.0,
+) -> Snapshot:
+    """Read the store (done chunks) and, if reachable, Redis (everything else).
+
+    ``gpu_hour_usd`` (a flag) wins over the price the job recorded, which wins over
+    ``default_gpu_hour_usd`` (a setting). Raises :class:`StoreError` if the job is not staged.
+    """
+    definition = definition or load_job(store)
+    manifest = manifest or load_manifest(store)
+    if definition is None or manifest is None:
+        raise StoreError(f"{store.uri} holds no staged job (no job.json / manifest.json yet)")
+    done = {c for c in done_chunks(store) if c < manifest.chunks}
+    snap = Snapshot(
+        job_id=job_id,
+        output=store.uri,
+        model=definition.spec.model,
+        total_samples=manifest.samples,
+        total_chunks=manifest.chunks,
+        invalid_lines=manifest.invalid,
+        done_chunks=len(done),
+        done_samples=sum(manifest.chunk_samples(c) for c in done),
+        redis_ok=False,
+        gpu_hour_usd=gpu_hour_usd if gpu_hour_usd is not None else default_gpu_hour_usd,
+    )
+    if bookkeeping is None:
+        return snap
+    try:
+        snap = _read_redis(snap, bookkeeping.client, Keys(bookkeeping.prefix), done, now, queue)
+    except redis.RedisError as exc:
+        log.warning("progress of job %s without Redis: %s", job_id, exc)
+        return snap
+    if gpu_hour_usd is None and num(snap.job.get("gpu_hour_usd")) > 0:
+        snap = replace(snap, gpu_hour_usd=num(snap.job.get("gpu_hour_usd")))
+    return snap
+
+
+def _read_redis(
+    snap: Snapshot, r: redis.Redis, keys: Keys, done: set[int], now: float, queue: str
+) -> Snapshot:
+    job_id = snap.job_id
+    start, end = window_bounds(now)
+    starts = list(range(start, end, BUCKET_SECONDS))
+    qkeys = queue_keys(queue) if queue else []
+    pipe = r.pipeline(transaction=False)
+    pipe.hgetall(keys.job(job_id))
+    pipe.hgetall(keys.stats(job_id))
+    pipe.hgetall(keys.job_workers(job_id))
+    pipe.zrangebyscore(keys.leases(job_id), now, "+inf")
+    for b in starts:
+        pipe.hgetall(keys.bucket(job_id, b))
+    for q in qkeys:
+        pipe.llen(q)
+    res = pipe.execute()
+    job_hash, stats, per_worker_raw, leased = res[0], res[1], res[2], res[3]
+    bucket_rows = res[4 : 4 + len(starts)]
+    lengths = res[4 + len(starts) :]
+    per_worker: dict[str, dict[str, float]] = {}
+    for raw_field, raw_value in decode_hash(per_worker_raw).items():
+        name, _, what = raw_field.rpartition("|")
+        if name:
+            per_worker.setdefault(name, {})[what] = num(raw_value)
+    pipe = r.pipeline(transaction=False)
+    names = sorted(per_worker)
+    for name in names:
+        pipe.hgetall(keys.worker(name))
+    workers = {name: decode_hash(row) for name, row in zip(names, pipe.execute(), strict=True) if row}
+    running = {int(m) for m in cast(list[bytes], leased)} - done
+    return replace(
+        snap,
+        running_chunks=len(running),
+        queue_depth=sum(int(n) for n in lengths) if qkeys else None,
+        job=decode_hash(job_hash),
+        stats={k: num(v) for k, v in decode_hash(stats).items()},
+        per_worker=per_worker,
+        workers=workers,
+        buckets={
+            b: {k: num(v) for k, v in decode_hash(row).items()}
+            for b, row in zip(starts, bucket_rows, strict=True)
+            if row
+        },
+        redis_ok=True,
+    )
+
+
+def decode_hash(raw: Any) -> dict[str, str]:
+    """A Redis hash (bytes or str keys and values) as str -> str."""
+    return {
+        (k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
+        for k, v in cast(Mapping[Any, Any], raw or {}).items()
+    }
+
+
+def num(value: object) -> float:
+    """A Redis field as a finite float; 0.0 when it is absent, not a number or not finite."""
+    try:
+        x = float(cast(Any, value))
+    except (TypeError, ValueError):
+        return 0.0
+    return x if math.isfinite(x) else 0.0
+
+
+def read_progress(store: Store) -> dict[str, Any] | None:
+    """The last ``progress.json``, or None if there is none (or it is unreadable)."""
+    try:
+        doc = json.loads(store.read(PROGRESS_KEY))
+    except (KeyError, ValueError, DflashError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -1,0 +1,170 @@
+"""``python -m dflash_tasks.report --output URI``: the quality summary of a job, and a picture.
+
+Prints the share of samples failing each check, the output-token and reasoning-token
+distributions and the gate verdict; writes ``report.png`` (histograms of output and reasoning
+lengths) into the output root, or to ``--png PATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflash_tasks.core.distribution import describe
+from dflash_tasks.core.errors import DflashError, StoreError
+from dflash_tasks.core.job import JobDefinition
+from dflash_tasks.core.quality import CHECKS, evaluate_gates
+from dflash_tasks.core.settings import Settings
+from dflash_tasks.store import open_store
+from dflash_tasks.store.jobfiles import load_job, load_manifest
+from dflash_tasks.store.records import iter_records
+
+REPORT_PNG_KEY = "report.png"
+
+
+@dataclass(slots=True)
+class QualityReport:
+    job_id: str
+    thinking: bool
+    samples: int = 0
+    ok: int = 0
+    failed: int = 0
+    chunks_done: int = 0
+    chunks: int = 0
+    checks: Counter[str] = field(default_factory=Counter)
+    finish_reasons: Counter[str] = field(default_factory=Counter)
+    output_tokens: list[int] = field(default_factory=list)
+    reasoning_tokens: list[int] = field(default_factory=list)
+    gate_failures: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        share = {c: (self.checks[c] / self.samples if self.samples else 0.0) for c in CHECKS}
+        return {
+            "job_id": self.job_id,
+            "samples": self.samples,
+            "ok": self.ok,
+            "failed": self.failed,
+            "chunks_done": self.chunks_done,
+            "chunks": self.chunks,
+            "checks": {c: self.checks[c] for c in CHECKS},
+            "check_shares": share,
+            "finish_reasons": dict(self.finish_reasons),
+            "output_tokens": describe(self.output_tokens),
+            "reasoning_tokens": describe(self.reasoning_tokens),
+            "gates_passed": not self.gate_failures,
+            "gate_failures": self.gate_failures,
+        }
+
+
+def build_report(job: JobDefinition, records: Any, chunks_done: int, chunks: int) -> QualityReport:
+    report = QualityReport(job.job_id, job.spec.thinking, chunks_done=chunks_done, chunks=chunks)
+    for record in records:
+        report.samples += 1
+        report.checks.update(record.get("checks") or [])
+        if record.get("status") != "ok":
+            report.failed += 1
+            continue
+        report.ok += 1
+        report.finish_reasons[str(record.get("finish_reason"))] += 1
+        usage = record.get("usage") or {}
+        report.output_tokens.append(int(usage.get("completion_tokens") or 0))
+        report.reasoning_tokens.append(int(usage.get("reasoning_tokens") or 0))
+    failures = evaluate_gates(report.samples, report.checks, job.quality)
+    report.gate_failures = [f.message for f in failures]
+    return report
+
+
+def render_text(report: QualityReport) -> str:
+    doc = report.as_dict()
+    out, rsn = doc["output_tokens"], doc["reasoning_tokens"]
+    lines = [
+        f"job {report.job_id}: {report.samples:,} samples ({report.ok:,} ok, {report.failed:,} failed), "
+        f"chunks {report.chunks_done:,}/{report.chunks:,}, thinking {'on' if report.thinking else 'off'}",
+        f"  output tokens     mean {out['mean']:,.0f}  p10 {out['p10']:,}  p50 {out['p50']:,}  "
+        f"p90 {out['p90']:,}  max {out['max']:,}",
+        f"  reasoning tokens  mean {rsn['mean']:,.0f}  p10 {rsn['p10']:,}  p50 {rsn['p50']:,}  "
+        f"p90 {rsn['p90']:,}  max {rsn['max']:,}",
+        "  finish reasons    " + ", ".join(f"{k} {v:,}" for k, v in report.finish_reasons.most_common()),
+        "  checks            "
+        + ", ".join(f"{c} {report.checks[c]:,} ({doc['check_shares'][c]:.1%})" for c in CHECKS),
+    ]
+    if report.gate_failures:
+        lines.append("gates FAILED:")
+        lines += [f"  - {m}" for m in report.gate_failures]
+    else:
+        lines.append("gates passed")
+    return "\n".join(lines)
+
+
+def render_png(report: QualityReport) -> bytes:
+    """Histograms of output and reasoning lengths, as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
+    panels = [
+        (axes[0], report.output_tokens, "output tokens per sample", "tab:blue"),
+        (axes[1], report.reasoning_tokens, "reasoning tokens per sample", "tab:orange"),
+    ]
+    for ax, values, title, color in panels:
+        if values:
+            ax.hist(values, bins=50, color=color, alpha=0.85)
+            ax.axvline(statistics.fmean(values), color="black", linestyle="--", linewidth=1, label="mean")
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(title)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("samples")
+    verdict = "gates passed" if not report.gate_failures else "gates FAILED"
+    fig.suptitle(f"job {report.job_id}: {report.ok:,} ok samples, {verdict}")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dflash_tasks.report", description=__doc__.splitlines()[0])
+    p.add_argument("--output", required=True, help="the job's output root")
+    p.add_argument("--png", help=f"write the picture here (default: {REPORT_PNG_KEY} in the output root)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = p.parse_args(argv)
+    try:
+        store = open_store(args.output, Settings.load())
+        job, manifest = load_job(store), load_manifest(store)
+        if job is None or manifest is None:
+            raise StoreError(f"{args.output} holds no staged job")
+        missing: list[int] = []
+        report = build_report(job, iter_records(store, manifest, missing), 0, manifest.chunks)
+        report.chunks_done = manifest.chunks - len(missing)
+        png = render_png(report)
+        if args.png:
+            with open(args.png, "wb") as fh:
+                fh.write(png)
+            where = args.png
+        else:
+            store.write(REPORT_PNG_KEY, png)
+            where = f"{args.output.rstrip('/')}/{REPORT_PNG_KEY}"
+    except DflashError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({**report.as_dict(), "png": where}))
+    else:
+        print(render_text(report))
+        print(f"picture: {where}")
+    return 0 if not report.gate_failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

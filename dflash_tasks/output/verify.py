@@ -1,0 +1,152 @@
+"""``python -m dflash_tasks.verify``: check that every input sample is in the output exactly once.
+
+Exit status 0 only when every valid input sample appears exactly once (ok or failed), nothing
+else is in the output, and every invalid line is reported: ``ok + failed + invalid == lines``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dflash_tasks.core.errors import CorruptObject, DflashError
+from dflash_tasks.core.job import OUTPUTS_PREFIX, parse_chunk_key
+from dflash_tasks.core.settings import Settings
+from dflash_tasks.producer.inputs import InvalidLine, read_input
+from dflash_tasks.producer.staging import read_invalid
+from dflash_tasks.store import Store, open_store
+from dflash_tasks.store.jobfiles import load_job, load_manifest
+
+
+@dataclass(slots=True)
+class Verification:
+    lines: int = 0
+    valid: int = 0
+    invalid: int = 0
+    invalid_reported: int = 0
+    ok: int = 0
+    failed: int = 0
+    chunks: int = 0
+    chunks_done: int = 0
+    missing: int = 0
+    duplicated: int = 0
+    unexpected: int = 0
+    corrupted: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["passed"] = self.passed
+        return doc
+
+
+def verify(input_path: str, store: Store) -> Verification:
+    """Account for every line of ``input_path`` in ``store``."""
+    result = Verification()
+    expected: dict[str, int] = {}
+    for item in read_input(input_path):
+        result.lines = max(result.lines, item.line)
+        if isinstance(item, InvalidLine):
+            result.invalid += 1
+        else:
+            expected[item.id] = item.line
+    result.valid = len(expected)
+    job, manifest = load_job(store), load_manifest(store)
+    if job is None or manifest is None:
+        result.problems.append(f"{store.uri} holds no staged job (run enqueue first)")
+        result.missing = result.valid
+        return result
+    result.chunks = manifest.chunks
+    result.invalid_reported = len(read_invalid(store))
+    seen: Counter[str] = Counter()
+    for key in sorted(store.list(OUTPUTS_PREFIX)):
+        if parse_chunk_key(key) is None:
+            continue
+        try:
+            data = store.read(key)  # checks the object's recorded sha256 where the store keeps one
+        except CorruptObject as exc:
+            result.corrupted += 1
+            result.problems.append(f"{exc}; delete it and re-run enqueue to generate the chunk again")
+            continue
+        result.chunks_done += 1
+        for number, raw in enumerate(data.splitlines(), 1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+                sample_id = str(record["id"])
+            except (ValueError, KeyError, TypeError):
+                result.problems.append(f"{key}:{number}: not a valid output record")
+                continue
+            seen[sample_id] += 1
+            if record.get("status") == "ok":
+                result.ok += 1
+            else:
+                result.failed += 1
+    result.missing = sum(1 for sample_id in expected if sample_id not in seen)
+    result.duplicated = sum(n - 1 for sample_id, n in seen.items() if n > 1)
+    result.unexpected = sum(n for sample_id, n in seen.items() if sample_id not in expected)
+    _judge(result, manifest.invalid)
+    return result
+
+
+def _judge(r: Verification, staged_invalid: int) -> None:
+    if r.missing:
+        r.problems.append(
+            f"{r.missing} input samples have no output ({r.chunks - r.chunks_done} chunks not done)"
+        )
+    if r.duplicated:
+        r.problems.append(f"{r.duplicated} duplicate output records")
+    if r.unexpected:
+        r.problems.append(f"{r.unexpected} output records whose id is not in the input")
+    if r.invalid != r.invalid_reported or r.invalid != staged_invalid:
+        r.problems.append(
+            f"{r.invalid} invalid input lines, but {r.invalid_reported} reported in invalid.jsonl "
+            f"and {staged_invalid} in the manifest"
+        )
+    if not r.problems and r.ok + r.failed + r.invalid != r.lines:
+        r.problems.append(f"ok {r.ok} + failed {r.failed} + invalid {r.invalid} != {r.lines} input lines")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dflash_tasks.verify", description=__doc__.splitlines()[0])
+    p.add_argument("--input", required=True, help="the prompts file the job was enqueued with")
+    p.add_argument(
+        "--output", required=True, help="the job's output root (a directory or s3://bucket/prefix)"
+    )
+    p.add_argument(
+        "--s3-endpoint-url", help="S3-compatible endpoint for s3:// outputs [DFLASH_S3_ENDPOINT_URL]"
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = p.parse_args(argv)
+    try:
+        settings = Settings.load(s3_endpoint_url=args.s3_endpoint_url)
+        result = verify(args.input, open_store(args.output, settings))
+    except DflashError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        status = "PASS" if result.passed else "FAIL"
+        print(
+            f"{status}: {result.lines:,} lines = {result.ok:,} ok + {result.failed:,} failed + "
+            f"{result.invalid:,} invalid; chunks {result.chunks_done:,}/{result.chunks:,}; "
+            f"missing {result.missing:,}, duplicated {result.duplicated:,}"
+            + (f", corrupted {result.corrupted:,}" if result.corrupted else "")
+        )
+        for problem in result.problems:
+            print(f"  - {problem}")
+    return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The producer: read and validate the input, stage it, run the preflight, queue the chunks, resume."""

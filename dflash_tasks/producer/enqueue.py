@@ -1,0 +1,401 @@
+"""``python -m dflash_tasks.enqueue``: stage a prompt file and queue one task per chunk.
+
+Re-running the same command resumes the job: finished chunks are skipped (the store is the
+truth), chunks already queued or running are not queued twice, and chunks lost with a crashed
+worker or a wiped Redis are queued again. A new job first runs a preflight sample through the
+quality gates (``--preflight N``, ``--no-preflight``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+
+from dflash_tasks.coord.bookkeeping import Bookkeeping
+from dflash_tasks.coord.planner import Plan, plan_job, queue_missing
+from dflash_tasks.core.errors import ConfigError, DflashError
+from dflash_tasks.core.job import JOB_KEY, GenerationSpec, JobDefinition, Manifest, check_same_job, output_key
+from dflash_tasks.core.quality import CHECKS, QualitySettings
+from dflash_tasks.core.settings import Settings
+from dflash_tasks.monitoring.progress_bar import ProgressBar, RateWindow
+from dflash_tasks.monitoring.progress_writer import ProgressWriter, record_gpu_price
+from dflash_tasks.producer.inputs import input_fingerprint, summarize_invalid
+from dflash_tasks.producer.preflight import (
+    PREFLIGHT_KEY,
+    judge,
+    preflight_chunks,
+    print_progress,
+    wait_for_chunks,
+)
+from dflash_tasks.producer.staging import stage_input
+from dflash_tasks.store import Store, open_store
+from dflash_tasks.store.jobfiles import done_chunks, load_job, load_manifest
+
+log = logging.getLogger("dflash_tasks.producer.enqueue")
+
+EXIT_PREFLIGHT_FAILED = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dflash_tasks.enqueue", description=__doc__.splitlines()[0])
+    p.add_argument("--input", required=True, help="prompts JSONL (.jsonl or .jsonl.gz)")
+    p.add_argument("--output", required=True, help="output root: a directory or s3://bucket/prefix")
+    p.add_argument(
+        "--s3-endpoint-url", help="S3-compatible endpoint for s3:// outputs [DFLASH_S3_ENDPOINT_URL]"
+    )
+    p.add_argument("--model", help="model name sent to SGLang (required for a new job)")
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=20)
+    p.add_argument("--no-thinking", action="store_true", help="generate without thinking mode")
+    p.add_argument("--chunk-size", type=int, default=64, help="prompts per task (default 64)")
+    p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
+    p.add_argument("--queue", help="queue name [DFLASH_QUEUE]")
+    p.add_argument("--wait", action="store_true", help="show a progress bar until the job is finished")
+    p.add_argument("--replan-seconds", type=float, default=60.0, help="with --wait: re-plan this often")
+    p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
+    p.add_argument("--dry-run", action="store_true", help="plan and print; write and queue nothing")
+    q = p.add_argument_group("quality")
+    q.add_argument(
+        "--preflight", type=int, default=200, metavar="N", help="preflight sample size (default 200)"
+    )
+    q.add_argument("--no-preflight", action="store_true", help="queue the whole job at once")
+    q.add_argument(
+        "--preflight-timeout", type=float, default=3600.0, help="seconds to wait for the preflight"
+    )
+    q.add_argument("--gpu-hour-usd", type=float, help="price of one GPU-hour, for cost projections")
+    q.add_argument(
+        "--min-completion-tokens", type=int, help="flag completions shorter than this (default 32)"
+    )
+    q.add_argument(
+        "--max-share",
+        action="append",
+        default=[],
+        metavar="CHECK=SHARE",
+        help=f"gate threshold per check, e.g. no_reasoning=0.05; checks: {', '.join(CHECKS)}",
+    )
+    return p
+
+
+def spec_from_args(args: argparse.Namespace) -> GenerationSpec:
+    if not args.model:
+        raise ConfigError("--model is required (the model name the SGLang servers serve)")
+    checks = [
+        (args.max_tokens >= 1, f"--max-tokens must be >= 1, got {args.max_tokens}"),
+        (args.temperature >= 0, f"--temperature must be >= 0, got {args.temperature}"),
+        (0 < args.top_p <= 1, f"--top-p must be in (0, 1], got {args.top_p}"),
+        (args.top_k == -1 or args.top_k >= 1, f"--top-k must be -1 or >= 1, got {args.top_k}"),
+        (args.chunk_size >= 1, f"--chunk-size must be >= 1, got {args.chunk_size}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    return GenerationSpec(
+        model=args.model,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        thinking=not args.no_thinking,
+        chunk_size=args.chunk_size,
+    )
+
+
+def quality_from_args(args: argparse.Namespace) -> QualitySettings:
+    base = QualitySettings()
+    shares = dict(base.max_share)
+    for item in args.max_share:
+        name, sep, value = item.partition("=")
+        if not sep or name not in CHECKS:
+            raise ConfigError(
+                f"--max-share {item!r}: expected CHECK=SHARE with CHECK one of {', '.join(CHECKS)}"
+            )
+        try:
+            shares[name] = float(value)
+        except ValueError:
+            raise ConfigError(f"--max-share {item!r}: {value!r} is not a number") from None
+    minimum = base.min_completion_tokens if args.min_completion_tokens is None else args.min_completion_tokens
+    return QualitySettings(min_completion_tokens=minimum, max_share=shares)
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    job: JobDefinition
+    manifest: Manifest
+    plan: Plan
+    enqueued: int
+    output: str
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job.job_id,
+            "output": self.output,
+            "lines": self.manifest.lines,
+            "samples": self.manifest.samples,
+            "invalid": self.manifest.invalid,
+            "chunks": self.manifest.chunks,
+            "chunks_done": len(self.plan.done),
+            "chunks_pending": self.plan.pending,
+            "chunks_running": len(self.plan.running),
+            "chunks_queued_before": len(self.plan.queued),
+            "chunks_enqueued": self.enqueued,
+        }
+
+
+class PreflightFailed(DflashError):
+    """The preflight sample failed the quality gates; the job is paused."""
+
+
+def celery_app(settings: Settings) -> Celery:
+    from dflash_tasks.coord.celery_app import app, configure
+
+    return configure(app, settings)
+
+
+def prepare(
+    args: argparse.Namespace, settings: Settings | None = None
+) -> tuple[JobDefinition, Store, JobDefinition | None, Manifest | None]:
+    """Define the job and check it against what the output root already holds."""
+    spec = spec_from_args(args)
+    wanted = JobDefinition.create(
+        input_fingerprint(args.input), os.path.basename(args.input), spec, quality_from_args(args)
+    )
+    store = open_store(args.output, settings)
+    existing = load_job(store)
+    if existing is not None:
+        check_same_job(existing, wanted, args.output)
+    return (existing or wanted), store, existing, load_manifest(store)
+
+
+def enqueue(args: argparse.Namespace, settings: Settings) -> EnqueueResult:
+    """Stage (once), run the preflight (new jobs), and queue what is missing."""
+    job, store, existing, manifest = prepare(args, settings)
+    if args.dry_run:
+        if manifest is None:
+            report = stage_input(args.input, None, job.job_id, job.spec.chunk_size)
+            manifest = report.manifest
+            if report.invalid:
+                print(summarize_invalid(report.invalid), file=sys.stderr)
+        plan = plan_job(store, None, None, settings.queue, job.job_id, manifest.chunks)
+        return EnqueueResult(job, manifest, plan, 0, args.output)
+    bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
+    bk.ping()  # fail before writing anything when the broker is unreachable
+    store.check_writable()  # ... or the store cannot be written (no bucket, access denied, read-only)
+    if existing is None:
+        store.write(JOB_KEY, job.to_json())
+    if manifest is None:
+        report = stage_input(args.input, store, job.job_id, job.spec.chunk_size)
+        manifest = report.manifest
+        if report.invalid:
+            print(summarize_invalid(report.invalid), file=sys.stderr)
+    elif manifest.invalid:
+        print(f"{manifest.invalid} invalid lines (details in {args.output}/invalid.jsonl)", file=sys.stderr)
+    bk.resume_job(job.job_id)  # a re-run continues a paused job
+    record_gpu_price(bk, job.job_id, args.gpu_hour_usd or settings.gpu_hour_usd)
+    app = celery_app(settings)
+    if not args.no_preflight and args.preflight > 0 and not store.exists(PREFLIGHT_KEY):
+        run_preflight(args, settings, job, manifest, store, bk, app)
+    plan, sent = queue_missing(store, bk, app, settings, job.job_id, manifest.chunks)
+    return EnqueueResult(job, manifest, plan, sent, args.output)
+
+
+def run_preflight(
+    args: argparse.Namespace,
+    settings: Settings,
+    job: JobDefinition,
+    manifest: Manifest,
+    store: Store,
+    bk: Bookkeeping,
+    app: Celery,
+) -> None:
+    """Generate the preflight chunks, judge them, and raise :class:`PreflightFailed` if the gates trip."""
+    chunks = preflight_chunks(manifest, args.preflight)
+    started = time.monotonic()
+    bk.set_preflight(job.job_id, True)
+    queue_missing(store, bk, app, settings, job.job_id, manifest.chunks, only=chunks)
+    print(f"preflight: {len(chunks)} chunks spread over the input; waiting for workers ...", file=sys.stderr)
+    # The live gate may pause the job before the whole sample is in: judge what is done then.
+    done_sample = wait_for_chunks(
+        store,
+        chunks,
+        args.preflight_timeout,
+        print_progress(len(chunks)),
+        stop=lambda: bk.job_state(job.job_id)[0] == "paused",
+    )
+    if done_sample is None:
+        raise PreflightFailed(
+            f"the preflight did not finish within {args.preflight_timeout:.0f}s: are workers running "
+            f"(python -m workers --endpoint URL --name NAME) on queue {settings.queue!r}?"
+        )
+    workers = len(app.control.inspect(timeout=1.0).ping() or {}) or 1
+    done = sum(manifest.chunk_samples(c) for c in done_chunks(store) if c < manifest.chunks)
+    report = judge(
+        store,
+        done_sample,
+        job.quality,
+        time.monotonic() - started,
+        slots=workers * settings.max_inflight,
+        workers=workers,
+        remaining=manifest.samples - done,
+        gpu_hour_usd=args.gpu_hour_usd or settings.gpu_hour_usd,
+    )
+    print(report.render(), file=sys.stderr)
+    if report.passed:
+        store.write(PREFLIGHT_KEY, (json.dumps(report.to_dict(), indent=2) + "\n").encode())
+        bk.set_preflight(job.job_id, False)
+        return
+    reason = "preflight failed: " + "; ".join(f.message for f in report.failures)
+    bk.pause_job(job.job_id, reason)
+    for chunk in chunks:  # bad data: regenerate them once the cause is fixed
+        store.delete(output_key(chunk))
+    bk.unmark_done(job.job_id, chunks)
+    raise PreflightFailed(reason + "\nFix the cause, then re-run this command.")
+
+
+def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Settings) -> bool:
+    """Show progress until every chunk is stored; re-plan now and then (a Redis loss heals itself).
+
+    Returns False when the job is paused by the live quality gate, or when every chunk not done
+    is parked after repeated failures.
+    """
+    store = open_store(args.output, settings)
+    manifest = result.manifest
+    bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
+    app = celery_app(settings)
+    bar = ProgressBar(manifest.samples)
+    window = RateWindow(60.0)
+    job_id = result.job.job_id
+    last_replan = time.monotonic()
+    progress = ProgressWriter(
+        bk, f"enqueue@{socket.gethostname()}/{os.getpid()}", settings.progress_seconds, settings.queue
+    )
+    done: set[int] = set()
+    listed = float("-inf")
+    try:
+        while True:
+            # The store is the truth, but listing it (on S3, a page per 1,000 chunks) every second
+            # is waste: between listings, Redis's done set (filled as chunks are stored) drives the
+            # bar, and the store is listed every 30 s or as soon as that set says the job is done.
+            try:
+                counted: int | None = bk.done_count(job_id)
+            except DflashError:
+                counted = None
+            now = time.monotonic()
+            if counted is None or counted >= manifest.chunks or now - listed >= 30.0:
+                done = {c for c in done_chunks(store) if c < manifest.chunks}
+                listed = now
+                samples = sum(manifest.chunk_samples(c) for c in done)
+            else:
+                samples = min(manifest.samples, max(counted, len(done)) * manifest.chunk_size)
+            try:
+                tokens = bk.stats(job_id).get("completion_tokens", 0.0)
+                state, reason = bk.job_state(job_id)
+                parked = bk.parked(job_id)
+            except DflashError:
+                tokens, state, reason, parked = 0.0, "running", "", {}
+            window.add(samples, tokens)
+            samples_s, tokens_s = window.rates()
+            bar.update(samples, samples_s, tokens_s, force=len(done) >= manifest.chunks)
+            _write_progress(progress, job_id, store, result, final=len(done) >= manifest.chunks)
+            if len(done) >= manifest.chunks:
+                return True
+            if state == "paused":
+                bar.close()
+                print(f"job paused: {reason}", file=sys.stderr)
+                print(
+                    f"fix the cause, then: python -m dflash_tasks.resume --output {args.output}",
+                    file=sys.stderr,
+                )
+                return False
+            if parked and len(done | set(parked)) >= manifest.chunks:
+                bar.close()
+                print(f"{len(parked)} chunks keep failing and are parked:", file=sys.stderr)
+                for chunk, why in sorted(parked.items())[:10]:
+                    print(f"  chunk {chunk}: {why}", file=sys.stderr)
+                print(
+                    f"fix the cause, then: python -m dflash_tasks.resume --output {args.output}",
+                    file=sys.stderr,
+                )
+                return False
+            if time.monotonic() - last_replan >= args.replan_seconds:
+                last_replan = time.monotonic()
+                try:
+                    _, sent = queue_missing(store, bk, app, settings, job_id, manifest.chunks, exclude=parked)
+                    if sent:
+                        print(
+                            f"\nre-queued {sent} chunks that were neither queued nor running", file=sys.stderr
+                        )
+                except DflashError as exc:
+                    print(f"\nre-plan failed (will retry): {exc}", file=sys.stderr)
+            time.sleep(1.0)
+    finally:
+        bar.close()
+
+
+def _write_progress(
+    writer: ProgressWriter, job_id: str, store: Store, result: EnqueueResult, final: bool
+) -> None:
+    """progress.json: when no other process wrote it this period, and always once the job is done."""
+    try:
+        if final:
+            writer.write(job_id, store, result.manifest, result.job)
+        else:
+            writer.write_if_due(job_id, store, result.manifest, result.job)
+    except DflashError as exc:  # the workers write it too
+        log.debug("progress.json not written: %s", exc)
+
+
+def print_summary(result: EnqueueResult, dry_run: bool) -> None:
+    s = result.summary()
+    verb = "would queue" if dry_run else "queued"
+    count = len(result.plan.to_enqueue) if dry_run else s["chunks_enqueued"]
+    print(
+        f"job {s['job_id']} at {s['output']}: {s['samples']:,} samples in {s['chunks']:,} chunks "
+        f"({s['invalid']:,} invalid lines kept out)\n"
+        f"  done {s['chunks_done']:,} | running {s['chunks_running']:,} | already queued "
+        f"{s['chunks_queued_before']:,} | {verb} {count:,}",
+        file=sys.stderr,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        settings = Settings.load(
+            broker_url=args.broker_url, queue=args.queue, s3_endpoint_url=args.s3_endpoint_url
+        )
+        result = enqueue(args, settings)
+        print_summary(result, args.dry_run)
+        finished = wait_for_job(result, args, settings) if args.wait and not args.dry_run else True
+    except PreflightFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_PREFLIGHT_FAILED
+    except DflashError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            "\ninterrupted: the job keeps running; re-run this command to watch or resume it", file=sys.stderr
+        )
+        return 130
+    if args.json:
+        summary = result.summary()
+        if args.wait and finished:
+            summary.update(chunks_done=summary["chunks"], chunks_pending=0)
+        print(json.dumps(summary))
+    return 0 if finished else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The preflight: generate a sample spread over the whole input, judge it, then run the rest.
+
+Its chunks are ordinary chunks of the job, so their samples count toward the dataset and are
+never generated twice. A failed preflight pauses the job, deletes the sample's outputs (they are
+bad data) and exits non-zero with the likely cause.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_tasks.core.distribution import describe
+from dflash_tasks.core.job import Manifest, output_key
+from dflash_tasks.core.quality import CHECKS, GateFailure, QualitySettings, count_checks, evaluate_gates
+from dflash_tasks.monitoring.progress_bar import format_duration
+from dflash_tasks.store import Store
+
+PREFLIGHT_KEY = "preflight.json"
+
+
+def preflight_chunks(manifest: Manifest, samples: int) -> list[int]:
+    """Chunks covering about ``samples`` prompts, spread evenly over the input."""
+    wanted = max(1, -(-samples // manifest.chunk_size))
+    if wanted >= manifest.chunks:
+        return list(range(manifest.chunks))
+    step = (manifest.chunks - 1) / (wanted - 1) if wanted > 1 else 0
+    return sorted({round(i * step) for i in range(wanted)})
+
+
+@dataclass(frozen=True, slots=True)
+class PreflightReport:
+    """What the preflight sample shows, and what it projects for the full run."""
+
+    samples: int
+    seconds: float
+    output_tokens: list[int]
+    counts: dict[str, int]
+    failures: list[GateFailure]
+    mean_latency: float
+    slots: int
+    remaining: int
+    gpu_hour_usd: float
+    workers: int
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def projected_rate(self) -> float:
+        """Samples/s of the full run: every slot busy at the measured per-request latency."""
+        return self.slots / self.mean_latency if self.mean_latency > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        rate = self.projected_rate()
+        eta = self.remaining / rate if rate > 0 else None
+        return {
+            "samples": self.samples,
+            "seconds": round(self.seconds, 1),
+            "passed": self.passed,
+            "checks": self.counts,
+            "failures": [
+                {"check": f.check, "share": f.share, "threshold": f.threshold} for f in self.failures
+            ],
+            "output_tokens": describe(self.output_tokens),
+            "mean_latency_s": round(self.mean_latency, 2),
+            "projected_samples_per_s": round(rate, 3),
+            "projected_eta_s": None if eta is None else round(eta),
+            "projected_cost_usd": None
+            if eta is None
+            else round(eta / 3600 * self.workers * self.gpu_hour_usd, 2),
+            "workers": self.workers,
+        }
+
+    def render(self) -> str:
+        doc = self.to_dict()
+        dist = doc["output_tokens"]
+        share = {check: self.counts.get(check, 0) / self.samples for check in CHECKS} if self.samples else {}
+        lines = [
+            f"preflight: {self.samples} samples in {format_duration(self.seconds)}",
+            f"  output tokens  mean {dist['mean']:,.0f}  p10 {dist['p10']:,}  p50 {dist['p50']:,}  "
+            f"p90 {dist['p90']:,}  max {dist['max']:,}",
+            "  " + "  ".join(f"{check} {share.get(check, 0.0):.1%}" for check in CHECKS),
+        ]
+        rate = self.projected_rate()
+        if rate > 0:
+            eta = self.remaining / rate
+            cost = eta / 3600 * self.workers * self.gpu_hour_usd
+            per_worker = self.slots // max(self.workers, 1)
+            lines.append(
+                f"  projected: {rate:,.2f} samples/s with {self.workers} workers x {per_worker}"
+                f" in flight, ETA {format_duration(eta)} for {self.remaining:,} samples"
+                + (f", ~${cost:,.0f}" if self.gpu_hour_usd > 0 else "")
+            )
+        if self.failures:
+            lines.append("preflight FAILED:")
+            lines += [f"  - {f.message}" for f in self.failures]
+        else:
+            lines.append("preflight passed: queuing the full job")
+        return "\n".join(lines)
+
+
+def judge(
+    store: Store,
+    chunks: Sequence[int],
+    settings: QualitySettings,
+    seconds: float,
+    slots: int,
+    workers: int,
+    remaining: int,
+    gpu_hour_usd: float,
+) -> PreflightReport:
+    """Read the preflight chunks' records and apply the gates."""
+    records = [
+        json.loads(line)
+        for chunk in chunks
+        for line in store.read(output_key(chunk)).splitlines()
+        if line.strip()
+    ]
+    total, counts = count_checks(records)
+    ok = [r for r in records if r.get("status") == "ok"]
+    latencies = [float(r.get("latency_s") or 0.0) for r in ok]
+    return PreflightReport(
+        samples=total,
+        seconds=seconds,
+        output_tokens=sorted(int(r["usage"]["completion_tokens"]) for r in ok),
+        counts=dict(counts),
+        failures=evaluate_gates(total, counts, settings),
+        mean_latency=statistics.fmean(latencies) if latencies else 0.0,
+        slots=slots,
+        remaining=remaining,
+        gpu_hour_usd=gpu_hour_usd,
+        workers=workers,
+    )
+
+
+def wait_for_chunks(
+    store: Store,
+    chunks: Sequence[int],
+    timeout: float,
+    on_progress: Callable[[int], None] | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> list[int] | None:
+    """Poll the store until every chunk in ``chunks`` is done, or ``stop()`` says to judge now.
+
+    Returns the chunks done (all of them, unless stopped early), or None on timeout.
+    """
+    deadline = time.monotonic() + timeout
+    pending = set(chunks)
+    while True:
+        pending = {c for c in pending if not store.exists(output_key(c))}
+        if on_progress is not None:
+            on_progress(len(chunks) - len(pending))
+        if not pending or (stop is not None and stop() and len(pending) < len(chunks)):
+            return [c for c in chunks if c not in pending]
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.5)
+
+
+def print_progress(total: int) -> Callable[[int], None]:
+    last = [-1]
+
+    def show(done: int) -> None:
+        if done != last[0]:
+            last[0] = done
+            print(f"preflight: {done}/{total} chunks done", file=sys.stderr, flush=True)
+
+    return show

@@ -1,0 +1,132 @@
+"""Staging: split the validated input into chunk files in the store, once per job.
+
+Staging is deterministic (same input, same chunks), so an enqueue killed halfway simply
+stages again; ``manifest.json`` is written last and marks staging complete.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from dflash_tasks.core.job import INVALID_KEY, MANIFEST_KEY, Manifest, input_key
+from dflash_tasks.core.sample import Sample, encode_chunk
+from dflash_tasks.producer.inputs import InvalidLine, read_input
+from dflash_tasks.store import Store
+
+
+@dataclass(slots=True)
+class StagingReport:
+    """What staging (or a dry run) found in the input."""
+
+    manifest: Manifest
+    invalid: list[InvalidLine] = field(default_factory=list)
+
+
+#: Chunk files written concurrently while the input is read: the writes (fsync, or a PUT) wait on
+#: the disk or the network, the reading and validation on the CPU.
+WRITERS = 4
+
+
+def chunked(
+    items: Iterable[Sample | InvalidLine], size: int, on_invalid: Callable[[InvalidLine], None]
+) -> Iterator[list[Sample]]:
+    """Group the valid samples of ``items`` into lists of ``size``; hand invalid lines to ``on_invalid``."""
+    batch: list[Sample] = []
+    for item in items:
+        if isinstance(item, InvalidLine):
+            on_invalid(item)
+            continue
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def stage_input(path: str | Path, store: Store | None, job_id: str, chunk_size: int) -> StagingReport:
+    """Read ``path``, write chunk inputs, ``invalid.jsonl`` and the manifest to ``store``.
+
+    With ``store=None`` nothing is written (a dry run): only the counts are computed.
+    """
+    invalid: list[InvalidLine] = []
+    samples = lines = chunks = 0
+    with _Writer(store, WRITERS) as writer:
+        for index, batch in enumerate(chunked(read_input(path), chunk_size, invalid.append)):
+            if store is not None:
+                writer.write(input_key(index), encode_chunk(batch))
+            samples += len(batch)
+            chunks = index + 1
+            lines = max(lines, batch[-1].line)
+    # Every chunk file is stored (each write is atomic and durable) before the manifest says so.
+    lines = max([lines, *(bad.line for bad in invalid[-1:])])
+    manifest = Manifest(
+        job_id=job_id,
+        lines=lines,
+        samples=samples,
+        invalid=len(invalid),
+        chunk_size=chunk_size,
+        chunks=chunks,
+    )
+    if store is not None:
+        store.write(INVALID_KEY, b"".join(_invalid_line(bad) for bad in invalid))
+        store.write(MANIFEST_KEY, manifest.to_json())
+    return StagingReport(manifest=manifest, invalid=invalid)
+
+
+class _Writer:
+    """Store writes on a few threads, at most ``2 * threads`` pending; the first failure is raised.
+
+    Leaving the ``with`` block waits for every write, so the caller knows they all succeeded.
+    """
+
+    def __init__(self, store: Store | None, threads: int) -> None:
+        self._store = store
+        self._threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: deque[Future[None]] = deque()
+
+    def __enter__(self) -> _Writer:
+        return self
+
+    def write(self, key: str, data: bytes) -> None:
+        assert self._store is not None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="dflash-stage")
+        while len(self._pending) >= 2 * self._threads:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(self._store.write, key, data))
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if kind is None:
+                while self._pending:
+                    self._pending.popleft().result()
+        finally:
+            for pending in self._pending:
+                pending.cancel()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+
+
+def _invalid_line(bad: InvalidLine) -> bytes:
+    return (
+        json.dumps({"file": bad.file, "line": bad.line, "reason": bad.reason}, ensure_ascii=False) + "\n"
+    ).encode()
+
+
+def read_invalid(store: Store) -> list[dict[str, object]]:
+    """The invalid-line report of a staged job."""
+    try:
+        data = store.read(INVALID_KEY)
+    except KeyError:
+        return []
+    return [json.loads(line) for line in data.splitlines() if line.strip()]

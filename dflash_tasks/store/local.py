@@ -1,0 +1,105 @@
+"""The output store on a local directory (or a shared filesystem mounted on every node)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from dflash_tasks.core.errors import RetryableError, StoreError
+from dflash_tasks.store.base import check_key
+
+
+class LocalStore:
+    """A :class:`Store` on a local (or network-mounted) directory."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self._root = Path(root).expanduser().resolve()
+        self._uri = str(root)
+
+    @property
+    def uri(self) -> str:
+        return self._uri
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    def _path(self, key: str) -> Path:
+        return self._root / check_key(key)
+
+    def read(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise KeyError(key) from None
+        except OSError as exc:
+            raise _translate(exc, f"reading {self._root / key}") from exc
+
+    def write(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise _translate(exc, f"writing {path}") from exc
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as exc:
+            raise _translate(exc, f"deleting {self._root / key}") from exc
+
+    def check_writable(self) -> None:
+        probe = self._root / f".dflash-write-probe-{uuid.uuid4().hex[:12]}"
+        try:
+            self._root.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"probe\n")
+            probe.unlink()
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+            raise StoreError(f"output {self._root} is not writable: {exc.strerror or exc}") from None
+
+    def list(self, prefix: str) -> Iterator[str]:
+        folder = self._root / check_key(prefix.rstrip("/")) if prefix else self._root
+        base = prefix.rstrip("/") + "/" if prefix else ""
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise _translate(exc, f"listing {folder}") from exc
+        for entry in entries:
+            if entry.is_file() and not entry.name.startswith("."):
+                yield base + entry.name
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _translate(exc: OSError, doing: str) -> Exception:
+    """Map an OS error to retryable (disk full, I/O) or permanent (permissions, not a folder)."""
+    if exc.errno in (errno.ENOSPC, errno.EIO, errno.EAGAIN, errno.EDQUOT, errno.ESTALE):
+        return RetryableError(f"{doing}: {exc.strerror}")
+    return StoreError(f"{doing}: {exc.strerror or exc}")

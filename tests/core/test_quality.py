@@ -1,0 +1,129 @@
+"""Unit tests of the per-sample checks, the gates, the live-gate window and the preflight choice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dflash_tasks.core.job import Manifest
+from dflash_tasks.core.quality import QualitySettings, check_record, count_checks, evaluate_gates
+from dflash_tasks.producer.preflight import preflight_chunks
+from workers.live_gate import window_counts
+
+SETTINGS = QualitySettings()
+
+
+def record(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "status": "ok",
+        "reasoning": "Let me think about 6 * 7 carefully.",
+        "content": "42",
+        "finish_reason": "stop",
+        "usage": {"completion_tokens": 900},
+    }
+    base.update(overrides)
+    return base
+
+
+def test_good_thinking_sample_passes_every_check() -> None:
+    assert check_record(record(), thinking=True, settings=SETTINGS) == []
+
+
+@pytest.mark.parametrize("reasoning", ["", "   ", "\n\n", None])
+def test_missing_or_whitespace_reasoning_with_thinking_on(reasoning: str | None) -> None:
+    assert "no_reasoning" in check_record(record(reasoning=reasoning), thinking=True, settings=SETTINGS)
+
+
+def test_reasoning_with_thinking_off_is_flagged() -> None:
+    assert check_record(record(), thinking=False, settings=SETTINGS) == ["unexpected_reasoning"]
+    assert check_record(record(reasoning=""), thinking=False, settings=SETTINGS) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [("content", "<think>x</think> 42"), ("content", "42 </think>"), ("reasoning", "a <think> b")],
+)
+def test_think_markers_leaking_into_either_field(field: str, text: str) -> None:
+    assert "think_marker" in check_record(record(**{field: text}), thinking=True, settings=SETTINGS)
+
+
+def test_truncated_thought_with_no_answer() -> None:
+    checks = check_record(
+        record(content="", finish_reason="length", usage={"completion_tokens": 4096}),
+        thinking=True,
+        settings=SETTINGS,
+    )
+    assert checks == ["empty_answer", "truncated"]
+
+
+def test_truncated_after_the_answer_started_is_only_truncated() -> None:
+    checks = check_record(record(finish_reason="length"), thinking=True, settings=SETTINGS)
+    assert checks == ["truncated"]
+
+
+def test_empty_answer_and_short_completion() -> None:
+    checks = check_record(
+        record(content="  ", usage={"completion_tokens": 6}), thinking=True, settings=SETTINGS
+    )
+    assert checks == ["empty_answer", "short"]
+    strict = QualitySettings(min_completion_tokens=1000)
+    assert check_record(record(), thinking=True, settings=strict) == ["short"]
+
+
+def test_failed_request_is_only_failed() -> None:
+    assert check_record({"status": "failed", "error": "HTTP 400"}, thinking=True, settings=SETTINGS) == [
+        "failed"
+    ]
+
+
+def test_the_seeds_dataset_fails_the_gates_with_the_likely_cause() -> None:
+    # 87% of samples without thinking: a six-token answer and no reasoning.
+    records = [{"checks": ["no_reasoning", "short"]}] * 87 + [{"checks": []}] * 13
+    total, counts = count_checks(records)
+    failures = evaluate_gates(total, counts, SETTINGS)
+    assert [f.check for f in failures] == ["no_reasoning", "short"]
+    assert failures[0].message == (
+        "87% of samples have no reasoning: is enable_thinking on and the server started with a "
+        "reasoning parser (--reasoning-parser qwen3)?"
+    )
+
+
+def test_gates_pass_below_every_threshold_and_trip_just_above() -> None:
+    assert evaluate_gates(100, {"truncated": 30, "no_reasoning": 10}, SETTINGS) == []
+    assert [f.check for f in evaluate_gates(100, {"truncated": 31}, SETTINGS)] == ["truncated"]
+    assert evaluate_gates(0, {}, SETTINGS) == []
+
+
+def test_quality_settings_round_trip_and_partial_overrides() -> None:
+    custom = QualitySettings(min_completion_tokens=8, max_share={**SETTINGS.max_share, "truncated": 0.5})
+    assert QualitySettings.from_dict(custom.to_dict()) == custom
+    partial = QualitySettings.from_dict({"max_share": {"no_reasoning": 0.01}})
+    assert partial.max_share["no_reasoning"] == 0.01 and partial.max_share["truncated"] == 0.30
+    assert QualitySettings.from_dict(None) == QualitySettings()
+
+
+def test_live_window_sums_newest_entries_until_it_covers_the_window() -> None:
+    entries = [{"n": 64, "checks": {"no_reasoning": 64}}] * 3 + [{"n": 64, "checks": {}}] * 10
+    total, counts = window_counts(entries, 150)
+    assert total == 192 and counts["no_reasoning"] == 192
+    total, counts = window_counts(entries, 10_000)
+    assert total == 13 * 64 and counts["no_reasoning"] == 192
+
+
+@pytest.mark.parametrize(
+    ("chunks", "size", "samples", "expected"),
+    [
+        (100, 64, 200, [0, 33, 66, 99]),
+        (3, 64, 200, [0, 1, 2]),
+        (10, 64, 1, [0]),
+        (1000, 10, 50, [0, 250, 500, 749, 999]),
+    ],
+)
+def test_preflight_chunks_are_spread_over_the_input(
+    chunks: int, size: int, samples: int, expected: list[int]
+) -> None:
+    manifest = Manifest(
+        job_id="j", lines=chunks * size, samples=chunks * size, invalid=0, chunk_size=size, chunks=chunks
+    )
+    assert preflight_chunks(manifest, samples) == expected

@@ -1,0 +1,285 @@
+"""Tests for dflash_tasks.core.settings: DFLASH_* parsing, overrides, validation, URL redaction."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.settings import Settings, redact_url
+
+
+def test_defaults_without_environment() -> None:
+    s = Settings.load({})
+    assert s == Settings()
+    assert s.broker_url == "redis://127.0.0.1:6379/0"
+    assert s.queue == "dflash"
+    assert s.max_inflight == 48
+    assert s.lease_seconds == 60.0
+
+
+def test_load_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DFLASH_QUEUE", "from-os-environ")
+    monkeypatch.setenv("DFLASH_MAX_INFLIGHT", "7")
+    s = Settings.load()
+    assert s.queue == "from-os-environ"
+    assert s.max_inflight == 7
+
+
+def test_env_values_are_parsed_by_type() -> None:
+    env = {
+        "DFLASH_BROKER_URL": "redis://10.0.0.5:6380/2",
+        "DFLASH_QUEUE": "gpu-queue",
+        "DFLASH_MAX_INFLIGHT": "96",
+        "DFLASH_REQUEST_ATTEMPTS": " 3 ",
+        "DFLASH_LEASE_SECONDS": "30.5",
+        "DFLASH_HEARTBEAT_SECONDS": "5",
+        "DFLASH_VISIBILITY_TIMEOUT": "7200",
+        "DFLASH_RETRY_BACKOFF": "1e-1",
+        "DFLASH_WORKER_NAME": "gpu0@host",
+        "DFLASH_LOG_LEVEL": "DEBUG",
+    }
+    s = Settings.load(env)
+    assert s.broker_url == "redis://10.0.0.5:6380/2"
+    assert s.queue == "gpu-queue"
+    assert s.max_inflight == 96 and type(s.max_inflight) is int
+    assert s.request_attempts == 3
+    assert s.lease_seconds == 30.5 and type(s.lease_seconds) is float
+    assert s.heartbeat_seconds == 5.0 and type(s.heartbeat_seconds) is float
+    assert s.visibility_timeout == 7200 and type(s.visibility_timeout) is int
+    assert s.retry_backoff == pytest.approx(0.1)
+    assert s.worker_name == "gpu0@host"
+    assert s.log_level == "DEBUG"
+
+
+def changed_value(field: dataclasses.Field[Any]) -> Any:
+    """A valid value that differs from the field's default, by type."""
+    default = field.default
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int):
+        return default + 1
+    if isinstance(default, float):
+        return default + 1.5
+    return f"{default}9"  # keeps redis:// URLs valid
+
+
+def test_every_field_is_read_from_its_env_variable() -> None:
+    values = {f.name: changed_value(f) for f in dataclasses.fields(Settings)}
+    assert all(getattr(Settings(), k) != v for k, v in values.items())
+    env = {f"DFLASH_{k.upper()}": str(v) for k, v in values.items()}
+    s = Settings.load(env)
+    assert dataclasses.asdict(s) == values
+    assert all(type(getattr(s, k)) is type(v) for k, v in values.items())
+
+
+def test_empty_env_values_are_ignored() -> None:
+    s = Settings.load({"DFLASH_MAX_INFLIGHT": "", "DFLASH_QUEUE": ""})
+    assert s.max_inflight == 48
+    assert s.queue == "dflash"
+
+
+def test_other_variables_are_ignored() -> None:
+    s = Settings.load({"QUEUE": "x", "dflash_queue": "y", "DFLASH_UNKNOWN": "z", "DFLASHQUEUE": "w"})
+    assert s.queue == "dflash"
+
+
+def test_overrides_beat_env() -> None:
+    env = {"DFLASH_QUEUE": "env-q", "DFLASH_MAX_INFLIGHT": "10", "DFLASH_BROKER_URL": "redis://env:1/0"}
+    s = Settings.load(env, queue="cli-q", max_inflight=20)
+    assert s.queue == "cli-q"
+    assert s.max_inflight == 20
+    assert s.broker_url == "redis://env:1/0"
+
+
+def test_none_overrides_are_ignored() -> None:
+    env = {"DFLASH_QUEUE": "env-q", "DFLASH_BROKER_URL": "redis://env:1/0"}
+    s = Settings.load(env, queue=None, broker_url=None, max_inflight=None)
+    assert s.queue == "env-q"
+    assert s.broker_url == "redis://env:1/0"
+    assert s.max_inflight == 48
+
+
+def test_falsy_but_not_none_overrides_apply() -> None:
+    env = {"DFLASH_BACKLOG_LOW_WATER": "5", "DFLASH_WORKER_NAME": "env"}
+    s = Settings.load(env, backlog_low_water=0, worker_name="")
+    assert s.backlog_low_water == 0
+    assert s.worker_name == ""
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "kind"),
+    [
+        ("DFLASH_MAX_INFLIGHT", "many", "int"),
+        ("DFLASH_MAX_INFLIGHT", "1.5", "int"),
+        ("DFLASH_VISIBILITY_TIMEOUT", "12h", "int"),
+        ("DFLASH_REQUEST_ATTEMPTS", "0x10", "int"),
+        ("DFLASH_LEASE_SECONDS", "60s", "float"),
+        ("DFLASH_REQUEST_TIMEOUT", "forever", "float"),
+    ],
+)
+def test_invalid_env_values_name_the_variable(var: str, raw: str, kind: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.load({var: raw})
+    message = str(info.value)
+    assert var in message
+    assert repr(raw) in message
+    assert kind in message
+
+
+@pytest.mark.parametrize(
+    "var", ["DFLASH_LEASE_SECONDS", "DFLASH_HEARTBEAT_SECONDS", "DFLASH_REQUEST_TIMEOUT"]
+)
+def test_nan_is_rejected(var: str) -> None:
+    with pytest.raises(ConfigError, match=var):
+        Settings.load({var: "nan"})
+
+
+# -- validate ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"max_inflight": 0}, "max_inflight must be >= 1, got 0"),
+        ({"max_inflight": -3}, "max_inflight must be >= 1, got -3"),
+        ({"request_attempts": 0}, "request_attempts must be >= 1, got 0"),
+        ({"max_chunks": 0}, "max_chunks must be >= 1, got 0"),
+        ({"heartbeat_seconds": 0.0}, "heartbeat_seconds (0.0)"),
+        ({"heartbeat_seconds": -1.0}, "heartbeat_seconds (-1.0)"),
+        ({"lease_seconds": 10.0, "heartbeat_seconds": 10.0}, "lease_seconds (10.0) must exceed"),
+        ({"lease_seconds": 5.0, "heartbeat_seconds": 10.0}, "lease_seconds (5.0) must exceed"),
+        ({"visibility_timeout": 60}, "visibility_timeout must exceed lease_seconds"),
+        ({"visibility_timeout": 30}, "visibility_timeout must exceed lease_seconds"),
+        ({"broker_url": "amqp://guest@rabbit//"}, "broker_url must be a redis:// URL"),
+        ({"broker_url": "127.0.0.1:6379"}, "broker_url must be a redis:// URL"),
+    ],
+)
+def test_validate_rejects(changes: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings().replace(**changes)
+    assert fragment in str(info.value)
+    with pytest.raises(ConfigError):
+        Settings.load({}, **changes)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"max_inflight": 1},
+        {"request_attempts": 1},
+        {"max_chunks": 1},
+        {"lease_seconds": 10.5, "heartbeat_seconds": 10.0},
+        {"visibility_timeout": 61},
+        {"broker_url": "rediss://secure:6380/0"},
+        {"broker_url": "unix:///run/redis.sock"},
+    ],
+)
+def test_validate_accepts_boundaries(changes: dict[str, object]) -> None:
+    s = Settings().replace(**changes)
+    for name, value in changes.items():
+        assert getattr(s, name) == value
+
+
+def test_replace_returns_a_validated_copy() -> None:
+    base = Settings()
+    changed = base.replace(queue="other")
+    assert changed.queue == "other"
+    assert base.queue == "dflash"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        base.queue = "x"  # type: ignore[misc]
+
+
+def test_invalid_broker_url_message_hides_the_password() -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.load({"DFLASH_BROKER_URL": "amqp://admin:hunter2@rabbit:5672//"})
+    assert "hunter2" not in str(info.value)
+    assert "rabbit:5672" in str(info.value)
+
+
+def test_schemeless_broker_url_message_hides_the_password() -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.load({"DFLASH_BROKER_URL": "admin:hunter2@10.0.0.5:6379/0"})
+    assert "hunter2" not in str(info.value)
+
+
+# -- redact_url --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("redis://:s3cret@host:6379/0", "redis://:***@host:6379/0"),
+        ("redis://user:s3cret@host:6379/0", "redis://user:***@host:6379/0"),
+        ("rediss://user:s3cret@host/1", "rediss://user:***@host/1"),
+        ("redis://user:p@ss@w0rd@host:6379/0", "redis://user:***@host:6379/0"),
+        ("redis://user:pa/ss:wd@host/0", "redis://user:***@host/0"),
+        ("redis://user:pa%40ss@host/0", "redis://user:***@host/0"),
+        ("unix://:s3cret@/run/redis.sock", "unix://:***@/run/redis.sock"),
+        ("", ""),
+    ],
+)
+def test_redact_url(url: str, expected: str) -> None:
+    assert redact_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:s3cret@host:6379/0",
+        "redis://default:s3cret@host:6379/0",
+        "rediss://u:s3cret@h:1/0",
+        "redis://u:xs3cret@y@h/0",
+        "redis://u:s3cret:more@h/0",
+    ],
+)
+def test_redact_url_never_shows_the_password(url: str) -> None:
+    assert "s3cret" not in redact_url(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:6379/0?password=s3cret", "user:s3cret@host:6379/0"],
+)
+def test_redact_url_hides_query_and_schemeless_passwords(url: str) -> None:
+    assert "s3cret" not in redact_url(url)
+
+
+# -- low_water ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("max_inflight", "backlog_low_water", "expected"),
+    [
+        (48, 0, 24),  # default: half the in-flight budget
+        (49, 0, 24),
+        (256, 0, 128),
+        (1, 0, 1),  # never 0
+        (3, 0, 1),
+        (48, 5, 5),  # explicit value wins
+        (48, 100, 100),
+        (48, -1, 24),  # not positive: automatic
+    ],
+)
+def test_low_water(max_inflight: int, backlog_low_water: int, expected: int) -> None:
+    s = Settings(max_inflight=max_inflight, backlog_low_water=backlog_low_water)
+    assert s.low_water() == expected
+
+
+@pytest.mark.parametrize(
+    ("var", "raw"),
+    [
+        ("DFLASH_RETRY_BACKOFF", "-1"),
+        ("DFLASH_RETRY_BACKOFF_MAX", "-1"),
+        ("DFLASH_REQUEST_TIMEOUT", "0"),
+        ("DFLASH_RECONCILE_SECONDS", "0"),
+        ("DFLASH_HEALTH_POLL_SECONDS", "-5"),
+        ("DFLASH_REQUEUE_BACKOFF", "-1"),
+    ],
+)
+def test_non_positive_timing_settings_are_rejected(var: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match=var.removeprefix("DFLASH_").lower()):
+        Settings.load({var: raw})

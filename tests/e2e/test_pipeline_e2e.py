@@ -1,0 +1,179 @@
+"""End-to-end jobs with real processes: Redis, Celery workers, simulators over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import redis
+import requests
+
+from tests.helpers import Processes, done_chunk_count, read_records, wait_until, write_prompts
+
+MODEL = "Qwen/Qwen3-8B"
+
+
+def enqueue_args(inp: Path, out: Path, *extra: str) -> list[str]:
+    return ["--input", str(inp), "--output", str(out), "--model", MODEL, *extra]
+
+
+def last_json(stdout: str) -> dict[str, object]:
+    return dict(json.loads(stdout.strip().splitlines()[-1]))
+
+
+def verify_ok(procs: Processes, inp: Path, out: Path) -> dict[str, object]:
+    res = procs.run("dflash_tasks.output.verify", "--input", str(inp), "--output", str(out), "--json")
+    report = last_json(res.stdout)
+    assert res.returncode == 0, report
+    return report
+
+
+def test_multi_worker_job_with_bad_lines_then_rerun_enqueues_nothing(
+    procs: Processes, tmp_path: Path
+) -> None:
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    bad = write_prompts(inp, 1100, bad_every=37)
+    sims = [procs.simulator("--time-scale", "0.001", name=f"sim{i}") for i in range(2)]
+    for i, name in enumerate(["gpu0", "gpu1", "gpu2"]):
+        procs.worker(sims[i % 2], name)
+    res = procs.run(
+        "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--chunk-size", "32", "--wait", "--json")
+    )
+    assert res.returncode == 0, res.stderr
+    summary = last_json(res.stdout)
+    assert summary["samples"] == 1100 - bad and summary["invalid"] == bad
+    assert summary["chunks"] == -(-(1100 - bad) // 32) and summary["chunks_done"] == summary["chunks"]
+    assert "invalid lines" in res.stderr and "prompts.jsonl:37: malformed JSON" in res.stderr
+
+    report = verify_ok(procs, inp, out)
+    assert report["ok"] == 1100 - bad and report["failed"] == 0 and report["invalid"] == bad
+    records = read_records(out)
+    assert len({r["id"] for r in records}) == len(records) == 1100 - bad
+    assert {r["worker"].split("@")[0] for r in records} == {"gpu0", "gpu1", "gpu2"}
+    first = next(r for r in records if r["finish_reason"] == "stop")
+    assert first["reasoning"] and first["content"] and first["status"] == "ok"
+    assert first["reasoning"] == first["reasoning"].strip() and first["content"] == first["content"].strip()
+    assert first["usage"]["completion_tokens"] > 0 and first["sampling"]["enable_thinking"] is True
+    shared = next(r for r in records if r["id"] == "1")  # ShareGPT with an old assistant turn
+    assert shared["messages"] == [{"role": "user", "content": "Question 1: what is 1 * 7?"}]
+
+    again = procs.run(
+        "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--chunk-size", "32", "--json")
+    )
+    assert again.returncode == 0, again.stderr
+    assert last_json(again.stdout)["chunks_enqueued"] == 0
+
+    changed = procs.run(
+        "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--chunk-size", "32", "--temperature", "1.0")
+    )
+    assert (
+        changed.returncode == 2 and "temperature: the output has 0.6, this run asks for 1.0" in changed.stderr
+    )
+
+
+def test_worker_sigkill_mid_chunk_loses_nothing(procs: Processes, tmp_path: Path) -> None:
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    write_prompts(inp, 400)
+    sim = procs.simulator("--time-scale", "0.02", "--mean-output-tokens", "1500")
+    victim = procs.worker(sim, "victim")
+    procs.worker(sim, "survivor")
+    res = procs.run(
+        "dflash_tasks.producer.enqueue",
+        *enqueue_args(inp, out, "--chunk-size", "20", "--json", "--no-preflight"),
+    )
+    assert res.returncode == 0, res.stderr
+    job_id = str(last_json(res.stdout)["job_id"])
+    owners_key = f"t-{procs.queue}:job:{job_id}:owners"
+    r = redis.Redis.from_url(procs.broker_url)
+    held = wait_until(
+        lambda: [int(c) for c, o in r.hgetall(owners_key).items() if o.startswith(b"victim@")],
+        30,
+        "victim lease",
+    )
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+    wait_until(lambda: done_chunk_count(out) == 20, 120, "all 20 chunks done")
+    report = verify_ok(procs, inp, out)
+    assert report["ok"] == 400 and report["duplicated"] == 0
+    by_chunk = {
+        json.loads((out / "outputs" / f"chunk-{c:06d}.jsonl").read_text().splitlines()[0])["worker"]
+        for c in held
+    }
+    assert all(w.startswith("survivor@") for w in by_chunk), by_chunk
+
+
+def test_redis_flushall_mid_run_then_rerun_recovers(procs: Processes, tmp_path: Path) -> None:
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    write_prompts(inp, 600)
+    sim = procs.simulator("--time-scale", "0.01", "--mean-output-tokens", "1000")
+    procs.worker(sim, "gpu0")
+    args = enqueue_args(inp, out, "--chunk-size", "20", "--json", "--no-preflight")
+    assert procs.run("dflash_tasks.producer.enqueue", *args).returncode == 0
+    wait_until(lambda: done_chunk_count(out) >= 3, 60, "first chunks")
+    redis.Redis.from_url(procs.broker_url).flushall()
+    before = done_chunk_count(out)
+    assert before < 30
+    rerun = procs.run("dflash_tasks.producer.enqueue", *args, "--wait")
+    assert rerun.returncode == 0, rerun.stderr
+    summary = last_json(rerun.stdout)
+    assert summary["chunks_done"] == 30 and summary["job_id"]
+    report = verify_ok(procs, inp, out)
+    assert report["ok"] == 600 and report["duplicated"] == 0, report
+
+
+def test_server_errors_for_a_while_are_retried(procs: Processes, tmp_path: Path) -> None:
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    write_prompts(inp, 200)
+    sim = procs.simulator("--time-scale", "0.001")
+    procs.worker(sim, "gpu0")
+    requests.post(f"{sim}/sim/faults", json={"kind": "http_500", "count": 60}, timeout=5).raise_for_status()
+    res = procs.run(
+        "dflash_tasks.producer.enqueue",
+        *enqueue_args(inp, out, "--chunk-size", "25", "--wait", "--json", "--no-preflight"),
+    )
+    assert res.returncode == 0, res.stderr
+    report = verify_ok(procs, inp, out)
+    assert report["ok"] == 200 and report["failed"] == 0
+    attempts = Counter(r["attempts"] for r in read_records(out))
+    assert sum(n for a, n in attempts.items() if a > 1) > 0  # the 500s really happened and were retried
+
+
+def test_too_long_prompt_fails_only_its_own_sample(procs: Processes, tmp_path: Path) -> None:
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    write_prompts(inp, 100, long_at=8)
+    sim = procs.simulator("--time-scale", "0.001", "--context-length", "8192")
+    procs.worker(sim, "gpu0")
+    res = procs.run(
+        "dflash_tasks.producer.enqueue",
+        *enqueue_args(inp, out, "--max-tokens", "2048", "--wait", "--json", "--no-preflight"),
+    )
+    assert res.returncode == 0, res.stderr
+    report = verify_ok(procs, inp, out)
+    assert report["ok"] == 99 and report["failed"] == 1
+    failed = [r for r in read_records(out) if r["status"] == "failed"]
+    assert [r["id"] for r in failed] == ["q8"]
+    assert "longer than the model's context length" in failed[0]["error"] and failed[0]["attempts"] == 1
+
+
+def test_dead_server_pauses_its_worker_and_chunks_move_on(procs: Processes, tmp_path: Path) -> None:
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    write_prompts(inp, 300)
+    healthy = procs.simulator("--time-scale", "0.005", "--mean-output-tokens", "800", name="healthy")
+    doomed = procs.simulator("--time-scale", "0.005", "--mean-output-tokens", "800", name="doomed")
+    procs.worker(healthy, "gpu0")
+    procs.worker(doomed, "gpu1")
+    requests.post(f"{doomed}/sim/faults", json={"kind": "reset", "seconds": 3600}, timeout=5)
+    requests.post(f"{doomed}/sim/faults", json={"kind": "unhealthy", "seconds": 3600}, timeout=5)
+    res = procs.run(
+        "dflash_tasks.producer.enqueue",
+        *enqueue_args(inp, out, "--chunk-size", "15", "--wait", "--json", "--no-preflight"),
+    )
+    assert res.returncode == 0, res.stderr
+    report = verify_ok(procs, inp, out)
+    assert report["ok"] == 300 and report["failed"] == 0
+    assert {r["worker"].split("@")[0] for r in read_records(out)} == {"gpu0"}
+    log = (tmp_path / "gpu1.log").read_text()
+    assert "pausing this worker's consumption" in log

@@ -1,0 +1,90 @@
+"""The worker's Prometheus hooks: what each event counts, and that none of them can fail the work."""
+
+from __future__ import annotations
+
+import socket
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from dflash_tasks.core.errors import RetryableError
+from dflash_tasks.monitoring import metrics
+
+
+def value(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name, {"worker": "", **labels}) or 0.0
+
+
+def test_delivery_outcomes_and_redeliveries() -> None:
+    before = {
+        o: value("dflash_chunks_total", outcome=o)
+        for o in ("done", "skipped_done", "skipped_leased", "requeued")
+    }
+    redelivered = value("dflash_redeliveries_total")
+    unhealthy = value("dflash_chunks_requeued_total", reason="server_unhealthy")
+    metrics.delivery({"status": "done"})
+    metrics.delivery({"status": "skipped", "reason": "already done"}, redelivered=True)
+    metrics.delivery({"status": "skipped", "reason": "running elsewhere (live lease)"}, redelivered=True)
+    metrics.delivery({"status": "requeued", "reason": "server unhealthy"})
+    for outcome in before:
+        assert value("dflash_chunks_total", outcome=outcome) == before[outcome] + 1
+    assert value("dflash_redeliveries_total") == redelivered + 2
+    assert value("dflash_chunks_requeued_total", reason="server_unhealthy") == unhealthy + 1
+
+
+def test_sample_futures_count_samples_and_tokens() -> None:
+    ok, failed = (
+        value("dflash_samples_total", job="jm", status="ok"),
+        value("dflash_samples_total", job="jm", status="failed"),
+    )
+    tokens = value("dflash_generated_tokens_total", job="jm")
+    done = metrics.on_sample_future("jm")
+    for record in (
+        {"status": "ok", "usage": {"completion_tokens": 120, "prompt_tokens": 9}},
+        {"status": "failed", "usage": {"completion_tokens": 0, "prompt_tokens": 9}},
+    ):
+        fut: Future[dict[str, Any]] = Future()
+        fut.set_result(record)
+        done(fut)
+    broken: Future[dict[str, Any]] = Future()
+    broken.set_exception(RuntimeError("server died"))
+    done(broken)  # a failed future is not a sample
+    assert value("dflash_samples_total", job="jm", status="ok") == ok + 1
+    assert value("dflash_samples_total", job="jm", status="failed") == failed + 1
+    assert value("dflash_generated_tokens_total", job="jm") == tokens + 120
+
+
+def test_errors_and_retries_by_kind() -> None:
+    errors, retries = (
+        value("dflash_request_errors_total", kind="http_503"),
+        value("dflash_request_retries_total", kind="http_503"),
+    )
+    metrics.request_error(RetryableError("HTTP 503: queue full"), will_retry=True)
+    metrics.request_error(RetryableError("HTTP 503: queue full"), will_retry=False)  # the last attempt
+    assert value("dflash_request_errors_total", kind="http_503") == errors + 2
+    assert value("dflash_request_retries_total", kind="http_503") == retries + 1
+
+
+def test_hooks_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Broken:
+        def labels(self, *args: object) -> object:
+            raise RuntimeError("metric backend broken")
+
+    monkeypatch.setattr(metrics, "SAMPLES", Broken())
+    record = {"status": "ok", "usage": {"completion_tokens": 5}}
+    with pytest.raises(RuntimeError):
+        metrics.sample_done.__wrapped__("jm", record)  # type: ignore[attr-defined]  # the raw hook raises
+    metrics.sample_done("jm", record)  # the hook the workers call swallows it
+    metrics.sample_done("jm", {"usage": "not a dict"})
+    metrics.delivery(None)  # type: ignore[arg-type]
+
+
+def test_a_taken_port_disables_metrics_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert metrics.start_server(port) is False
+    assert "give each worker on a machine its own --metrics-port" in caplog.text
+    assert metrics.start_server(0) is False

@@ -1,0 +1,340 @@
+"""The progress math (pure) and its Redis data path (in-process, against a private Redis)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dflash_tasks.coord.bookkeeping import Bookkeeping
+from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, PROGRESS_KEY, window_bounds
+from dflash_tasks.core.errors import RetryableError, SampleRejected
+from dflash_tasks.core.job import GenerationSpec, JobDefinition, Manifest, output_key
+from dflash_tasks.monitoring import metrics
+from dflash_tasks.monitoring.progress import (
+    GPU_GAP_CAP,
+    compute_progress,
+    cost,
+    eta_seconds,
+    gpu_seconds,
+    summarize,
+    window_rate,
+)
+from dflash_tasks.monitoring.progress_writer import FINAL_AFTER, ProgressWriter, registered_jobs
+from dflash_tasks.monitoring.snapshot import Snapshot
+from dflash_tasks.monitoring.status import render
+from dflash_tasks.store import LocalStore
+from tests.helpers import RedisServer
+from workers.stats import WorkerStats, accept_length
+
+NOW = 1_764_000_000.0  # a multiple of the bucket width, so the window is easy to reason about
+HOUR = 3600.0
+
+
+def steady_buckets(
+    now: float, samples_s: float, tokens_s: float, worker: str = ""
+) -> dict[int, dict[str, float]]:
+    """A full window of buckets at a constant rate."""
+    start, end = window_bounds(now)
+    row = {"samples": samples_s * BUCKET_SECONDS, "tokens": tokens_s * BUCKET_SECONDS}
+    if worker:
+        row |= {f"{worker}|samples": row["samples"], f"{worker}|tokens": row["tokens"]}
+    return {b: dict(row) for b in range(start, end, BUCKET_SECONDS)}
+
+
+def live_workers(n: int, now: float) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, str]]]:
+    names = [f"gpu{i}@h" for i in range(n)]
+    per = {w: {"samples": 10.0, "first": now - HOUR} for w in names}
+    beats = {
+        w: {"last_seen": str(now - 1), "beat_s": "2", "endpoint": f"http://e{i}", "healthy": "1"}
+        for i, w in enumerate(names)
+    }
+    return per, beats
+
+
+def snapshot(**changes: Any) -> Snapshot:
+    base: dict[str, Any] = dict(
+        job_id="j1",
+        output="/out",
+        model="m",
+        total_samples=1000,
+        total_chunks=10,
+        invalid_lines=0,
+        done_chunks=0,
+        done_samples=0,
+    )
+    base.update(changes)
+    return Snapshot(**base)
+
+
+# --- the seed's numbers -------------------------------------------------------------------------
+
+
+def test_seed_numbers_eta_from_the_sample_rate_and_cost() -> None:
+    """913,786 samples at 5.6 samples/s on 7 GPUs at $27/h in all: ~45 h and ~$1,215."""
+    per, beats = live_workers(7, NOW)
+    snap = snapshot(
+        total_samples=913_786,
+        total_chunks=14_278,
+        buckets=steady_buckets(NOW, 5.6, 15_900),
+        stats={"samples_ok": 1000.0, "completion_tokens": 2_306_000.0},
+        job={"started_at": str(NOW - HOUR), "gpu_tick": str(NOW), "gpu_seconds": "0"},
+        per_worker=per,
+        workers=beats,
+        gpu_hour_usd=27 / 7,
+    )
+    doc = summarize(snap, NOW)
+    assert doc["rates"]["samples_per_s"] == pytest.approx(5.6)
+    assert doc["rates"]["tokens_per_s"] == pytest.approx(15_900)
+    assert doc["eta_basis"] == "last_minute"
+    assert 44.5 * HOUR < doc["eta_s"] < 46 * HOUR  # 913,786 / 5.6 = 45.3 h
+    assert doc["cost"]["gpus"] == 7
+    assert 1_200 < doc["cost"]["projected_total_usd"] < 1_235  # $27/h x 45.3 h
+    # The token rate disagrees: 913,786 x 2,306 tok / 15,900 tok/s = 36.8 h. Both are shown.
+    assert 36.3 * HOUR < doc["eta_by_tokens_s"] < 37.3 * HOUR
+    text = render(doc)
+    assert "5.60 samples/s" in text and "15,900 tok/s" in text and "by tokens 36h" in text
+    assert "7 GPUs x $3.86/GPU-h" in text and "projected total $1,2" in text
+
+
+# --- the pieces ---------------------------------------------------------------------------------
+
+
+def test_eta_seconds() -> None:
+    assert eta_seconds(0, None) == 0.0
+    assert eta_seconds(100, 0.0) is None and eta_seconds(100, None) is None
+    assert eta_seconds(100, 4.0) == 25.0
+
+
+def test_cost_needs_a_price_and_projection_needs_an_eta() -> None:
+    assert cost(0.0, HOUR, 2, 10.0) == (None, None)
+    assert cost(2.0, 3 * HOUR, 2, None) == (6.0, None)
+    assert cost(2.0, 3 * HOUR, 2, HOUR) == (6.0, 10.0)
+
+
+def test_window_rate_counts_only_the_last_full_minute() -> None:
+    start, end = window_bounds(NOW)
+    assert end - start == 60 and end <= NOW - 2.5
+    buckets = {start - BUCKET_SECONDS: {"samples": 1000.0}, start: {"samples": 60.0}, end: {"samples": 500.0}}
+    assert window_rate(buckets, "samples", NOW, None) == pytest.approx(1.0)
+
+
+def test_window_rate_is_not_diluted_at_the_start() -> None:
+    end = window_bounds(NOW)[1]
+    buckets = {end - BUCKET_SECONDS: {"samples": 20.0}, end - 2 * BUCKET_SECONDS: {"samples": 20.0}}
+    assert window_rate(buckets, "samples", NOW, since=end - 10) == pytest.approx(4.0)
+    assert window_rate(buckets, "samples", NOW, since=end - 2) == 0.0  # too short to tell
+
+
+def test_gpu_seconds_from_ticks_with_a_gap_cap_and_a_fallback() -> None:
+    job = {"gpu_seconds": "100", "gpu_tick": str(NOW - 10)}
+    assert gpu_seconds(job, 3, NOW, NOW - HOUR) == 130.0
+    job = {"gpu_seconds": "100", "gpu_tick": str(NOW - 10 * HOUR)}  # nobody watched for 10 h
+    assert gpu_seconds(job, 3, NOW, NOW - HOUR) == 100.0 + 3 * GPU_GAP_CAP
+    assert gpu_seconds({}, 2, NOW, NOW - HOUR) == 2 * HOUR  # no ticks yet: live GPUs x elapsed
+    assert gpu_seconds({"gpu_seconds": "7", "finished_at": str(NOW - 5)}, 2, NOW, NOW - HOUR) == 7.0
+
+
+def test_eta_falls_back_to_the_since_start_rate() -> None:
+    snap = snapshot(done_samples=500, done_chunks=5, job={"started_at": str(NOW - 1000)})
+    doc = summarize(snap, NOW)
+    assert doc["rates"]["samples_per_s"] == 0.0
+    assert doc["rates"]["since_start"]["samples_per_s"] == pytest.approx(0.5)
+    assert doc["eta_basis"] == "since_start" and doc["eta_s"] == pytest.approx(1000)
+    assert doc["cost"]["usd"] is None and doc["cost"]["projected_total_usd"] is None
+
+
+def test_no_rate_no_eta_and_warnings() -> None:
+    doc = summarize(snapshot(), NOW)
+    assert doc["eta_s"] is None and doc["eta_by_tokens_s"] is None
+    assert any("no live worker" in w for w in doc["warnings"])
+    doc = summarize(snapshot(redis_ok=False), NOW)
+    assert any("Redis unreachable" in w for w in doc["warnings"])
+
+
+def test_done_job_freezes_elapsed_and_reports_done() -> None:
+    job = {"started_at": str(NOW - 100), "finished_at": str(NOW - 40), "gpu_seconds": "120", "gpu_tick": "1"}
+    snap = snapshot(
+        done_chunks=10,
+        done_samples=1000,
+        job=job,
+        gpu_hour_usd=36.0,
+        stats={"samples_ok": 990.0, "samples_failed": 10.0, "completion_tokens": 99_000.0},
+    )
+    doc = summarize(snap, NOW)
+    assert doc["state"] == "done" and doc["eta_s"] == 0 and doc["eta_by_tokens_s"] == 0
+    assert doc["elapsed_s"] == 60.0 and doc["finished_at"] == NOW - 40
+    assert doc["samples"] == {
+        "total": 1000,
+        "done": 1000,
+        "ok": 990,
+        "failed": 10,
+        "remaining": 0,
+        "invalid_lines": 0,
+    }
+    assert doc["tokens"]["avg_per_sample"] == 100.0
+    assert doc["cost"]["usd"] == 1.2  # 120 GPU-s at $36/GPU-h
+    assert "finished  in 1m00s" in render(doc)
+
+
+def test_paused_state_and_lost_counters() -> None:
+    snap = snapshot(
+        done_chunks=5,
+        done_samples=500,
+        stats={"samples_ok": 100.0, "check_no_reasoning": 3.0},
+        job={"state": "paused", "pause_reason": "too many empty answers"},
+    )
+    doc = summarize(snap, NOW)
+    assert doc["state"] == "paused" and doc["pause_reason"] == "too many empty answers"
+    assert doc["counters"] == {"check_no_reasoning": 3.0}
+    assert any("cover 100 of 500" in w for w in doc["warnings"])
+    assert "paused (too many empty answers)" in render(doc)
+
+
+def test_per_worker_rows() -> None:
+    per, beats = live_workers(2, NOW)
+    beats["gpu1@h"]["last_seen"] = str(NOW - 120)  # gone
+    beats["gpu0@h"] |= {"inflight": "40", "max_inflight": "48", "spec_accept_length": "3.2"}
+    buckets = steady_buckets(NOW, 2.0, 4000.0, worker="gpu0@h")
+    doc = summarize(snapshot(per_worker=per, workers=beats, buckets=buckets), NOW)
+    gpu0, gpu1 = doc["workers"]
+    assert gpu0["alive"] and not gpu1["alive"] and doc["cost"]["gpus"] == 1
+    assert gpu0["samples_per_s"] == pytest.approx(2.0) and gpu0["tokens_per_s"] == pytest.approx(4000)
+    assert gpu0["inflight"] == 40 and gpu0["spec_accept_length"] == 3.2 and doc["spec_accept_length"] == 3.2
+    text = render(doc)
+    assert "gpu0@h" in text and "40/48" in text and "gone" in text
+
+
+def test_accept_length_from_server_info() -> None:
+    two_ranks = {"internal_states": [{"avg_spec_accept_length": 3.0}, {"avg_spec_accept_length": 3.5}]}
+    assert accept_length(two_ranks) == 3.25
+    assert accept_length({"internal_states": [{"last_gen_throughput": 1.0}]}) is None
+    assert accept_length({"avg_spec_accept_length": 2.5}) == 2.5
+    assert accept_length({}) is None
+
+
+def test_error_kinds_are_bounded_labels() -> None:
+    cases = {
+        "HTTP 503: queue full": "http_503",
+        "HTTP 502: bad gateway": "http_5xx",
+        "HTTP 429: slow down": "http_4xx",
+        "request timed out after 30s": "timeout",
+        "connection error: refused": "connection",
+        "invalid response body (3 bytes): JSONDecodeError": "bad_response",
+        "the server aborted the request (finish_reason 'abort')": "abort",
+        "something new": "other",
+    }
+    for text, kind in cases.items():
+        assert metrics.error_kind(RetryableError(text)) == kind
+    assert metrics.error_kind(SampleRejected("HTTP 400: too long")) == "rejected"
+
+
+# --- the Redis data path ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bk(redis_server: RedisServer) -> Bookkeeping:
+    return Bookkeeping(redis_server.client(), f"ut-{uuid.uuid4().hex[:8]}")
+
+
+def staged_store(root: Path, samples: int = 100, chunk_size: int = 10) -> tuple[LocalStore, JobDefinition]:
+    store = LocalStore(root)
+    job = JobDefinition.create("sha256:x", "p.jsonl", GenerationSpec(model="m", chunk_size=chunk_size))
+    chunks = -(-samples // chunk_size)
+    store.write("job.json", job.to_json())
+    store.write("manifest.json", Manifest(job.job_id, samples, samples, 0, chunk_size, chunks).to_json())
+    return store, job
+
+
+def test_worker_counts_reach_progress_json(bk: Bookkeeping, tmp_path: Path) -> None:
+    store, job = staged_store(tmp_path)
+    bk.register_job(job.job_id, str(tmp_path))
+    stats = WorkerStats(bk, "gpu0@h")
+    t0 = NOW - 30
+    stats.chunk_started(job.job_id, now=t0)
+    for i in range(20):  # 20 samples over 20 s, 50 tokens each; two chunks stored
+        stats.sample_done(job.job_id, ok=i != 0, tokens=50, now=t0 + i)
+    stats.chunk_done(job.job_id)
+    stats.chunk_done(job.job_id)
+    stats.flush({"endpoint": "http://e0", "inflight": 7, "healthy": True, "spec_accept_length": 3.1}, now=NOW)
+    for c in (0, 1):
+        store.write(output_key(c), b"{}\n")
+    bk.complete(job.job_id, 0, {"samples_ok": 9, "samples_failed": 1, "completion_tokens": 450})
+    bk.complete(job.job_id, 1, {"samples_ok": 10, "completion_tokens": 500})
+
+    writer = ProgressWriter(bk, "gpu0@h", period=5.0, default_gpu_hour_usd=3.6)
+    assert writer.write_if_due(job.job_id, store, now=NOW) is not None
+    assert writer.write_if_due(job.job_id, store, now=NOW) is None  # another write within the period
+    doc = json.loads(store.read(PROGRESS_KEY))
+    assert doc["writer"] == "gpu0@h" and doc["state"] == "running" and doc["started_at"] == t0
+    assert doc["samples"]["done"] == 20 and doc["samples"]["failed"] == 1 and doc["chunks"]["done"] == 2
+    assert doc["tokens"]["generated"] == 950 and doc["tokens"]["avg_per_sample"] == 50.0
+    (w,) = doc["workers"]
+    assert w["name"] == "gpu0@h" and w["samples"] == 20 and w["failed"] == 1 and w["chunks"] == 2
+    assert w["tokens"] == 1000 and w["inflight"] == 7 and w["healthy"] and w["alive"]
+    assert w["spec_accept_length"] == 3.1
+    # 20 samples finished in the 27.5 s between the first chunk and the window's end
+    assert doc["rates"]["samples_per_s"] == pytest.approx(20 / (window_bounds(NOW)[1] - t0))
+    assert doc["cost"]["gpus"] == 1 and doc["cost"]["gpu_hours"] == pytest.approx(30 / HOUR, rel=0.01)
+    assert doc["cost"]["usd"] == pytest.approx(0.03)
+    assert compute_progress(store, bk, job.job_id, NOW)["samples"] == doc["samples"]  # status agrees
+
+
+def test_progress_survives_a_redis_flush(bk: Bookkeeping, tmp_path: Path) -> None:
+    store, job = staged_store(tmp_path)
+    bk.register_job(job.job_id, str(tmp_path))
+    stats = WorkerStats(bk, "gpu0@h")
+    stats.chunk_started(job.job_id, now=NOW - 600)
+    stats.flush({}, now=NOW - 600)
+    writer = ProgressWriter(bk, "w", period=1.0, default_gpu_hour_usd=1.0)
+    for t in range(0, 600, 5):  # ten minutes of one live GPU
+        stats.flush({}, now=NOW - 600 + t)
+        writer.write(job.job_id, store, now=NOW - 600 + t + 1)
+    before = json.loads(store.read(PROGRESS_KEY))
+    assert before["cost"]["gpu_hours"] == pytest.approx(596 / HOUR, rel=0.02)
+    bk.client.flushall()
+    stats.flush({}, now=NOW)  # the worker keeps beating; started_at is gone from Redis
+    after = ProgressWriter(bk, "w2", period=1.0).write(job.job_id, store, now=NOW + 1)
+    assert after["started_at"] == NOW - 600
+    assert after["cost"]["gpu_hour_usd"] == 1.0
+    assert after["cost"]["gpu_hours"] >= before["cost"]["gpu_hours"]
+
+
+def test_finished_job_is_written_once_more_then_left_alone(bk: Bookkeeping, tmp_path: Path) -> None:
+    store, job = staged_store(tmp_path, samples=10)
+    bk.register_job(job.job_id, str(tmp_path))
+    store.write(output_key(0), b"{}\n")
+    writer = ProgressWriter(bk, "w", period=1.0)
+    doc = writer.write(job.job_id, store, now=NOW)
+    assert doc["state"] == "done" and doc["finished_at"] == NOW
+    assert job.job_id in registered_jobs(bk)  # a few more writes, for the workers' last counts
+    doc = writer.write(job.job_id, store, now=NOW + FINAL_AFTER)
+    assert doc["finished_at"] == NOW and doc["elapsed_s"] is None  # never started: no elapsed time
+    assert bk.job_info(job.job_id)["progress_final"] == "1"
+    assert job.job_id not in registered_jobs(bk)
+
+
+def test_status_without_redis_uses_the_store_and_the_last_progress_json(
+    bk: Bookkeeping, tmp_path: Path
+) -> None:
+    store, job = staged_store(tmp_path, samples=30)
+    bk.register_job(job.job_id, str(tmp_path))
+    for c in (0, 1):
+        store.write(output_key(c), b"{}\n")
+        bk.complete(job.job_id, c, {"samples_ok": 9, "samples_failed": 1, "completion_tokens": 900})
+    stats = WorkerStats(bk, "gpu0@h")
+    stats.chunk_started(job.job_id, now=NOW - 100)
+    stats.flush({}, now=NOW - 100)
+    stats.flush({}, now=NOW - 51)  # a heartbeat: one live GPU since NOW - 100
+    ProgressWriter(bk, "w", period=1.0, default_gpu_hour_usd=2.0).write(job.job_id, store, now=NOW - 50)
+    store.write(output_key(2), b"{}\n")  # a chunk stored while Redis is away
+    doc = compute_progress(store, None, job.job_id, NOW)
+    assert doc["samples"]["done"] == 30 and doc["state"] == "done"  # the store is the truth
+    assert doc["samples"]["failed"] == 2 and doc["tokens"]["generated"] == 1800  # as of progress.json
+    assert doc["started_at"] == NOW - 100 and doc["cost"]["gpu_hour_usd"] == 2.0
+    assert doc["cost"]["gpu_hours"] == pytest.approx(50 / HOUR, rel=0.01)
+    assert any("Redis unreachable" in w for w in doc["warnings"])
+    assert any("from progress.json" in w for w in doc["warnings"])

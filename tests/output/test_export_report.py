@@ -1,0 +1,146 @@
+"""Export to the drafter-training layout, and the quality report, on hand-made and real jobs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefinition, Manifest, output_key
+from dflash_tasks.core.quality import QualitySettings, check_record
+from dflash_tasks.output.export import ExportOptions, export
+from dflash_tasks.store import LocalStore
+from tests.e2e.test_pipeline_e2e import enqueue_args, verify_ok
+from tests.helpers import Processes, read_records, write_prompts
+
+SPEC = GenerationSpec(model="m", chunk_size=3)
+
+
+def rec(i: int, **overrides: Any) -> dict[str, Any]:
+    r: dict[str, Any] = {
+        "id": f"s{i}",
+        "line": i + 1,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"q{i}"}],
+        "reasoning": f"thinking about q{i}",
+        "content": f"answer {i}",
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 5, "completion_tokens": 300, "reasoning_tokens": 250},
+        "status": "ok",
+        "error": None,
+    }
+    r.update(overrides)
+    r["checks"] = check_record(r, True, QualitySettings())
+    return r
+
+
+@pytest.fixture
+def job_dir(tmp_path: Path) -> Path:
+    """A job of 8 samples in 3 chunks, the last chunk not done yet."""
+    root = tmp_path / "job"
+    store = LocalStore(root)
+    store.write(JOB_KEY, JobDefinition.create("sha256:x", "in.jsonl", SPEC).to_json())
+    store.write(MANIFEST_KEY, Manifest("j", 9, 9, 0, 3, 3).to_json())
+    chunks = [
+        [
+            rec(0),
+            rec(1, finish_reason="length"),
+            rec(2, status="failed", error="HTTP 400: too long", content=""),
+        ],
+        [rec(3, content="<think>oops</think> 3"), rec(4), rec(5)],
+    ]
+    for n, records in enumerate(chunks):
+        store.write(output_key(n), b"".join(json.dumps(r).encode() + b"\n" for r in records))
+    return root
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_export_rows_are_in_input_order_with_the_trainer_layout(job_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "train.jsonl"
+    doc = export(str(job_dir), out, "jsonl", ExportOptions())
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == ["s0", "s1", "s4", "s5"]
+    assert rows[0] == {
+        "id": "s0",
+        "status": "success",
+        "conversations": [
+            {"role": "system", "content": "Be brief.", "reasoning_content": None},
+            {"role": "user", "content": "q0", "reasoning_content": None},
+            {"role": "assistant", "content": "answer 0", "reasoning_content": "thinking about q0"},
+        ],
+    }
+    assert doc["dropped"] == {"failed": 1, "think_marker": 1} and doc["rows"] == 4
+    assert doc["complete"] is False and doc["chunks_missing"] == 1
+    assert doc["sha256"].startswith("sha256:") and doc["spec"]["spec"]["model"] == "m"
+    assert json.loads((tmp_path / "train.jsonl.manifest.json").read_text()) == doc
+    assert not any("<think>" in json.dumps(r) for r in rows)
+
+
+def test_export_filters_drop_truncated_and_keep_failed(job_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    doc = export(str(job_dir), out, "jsonl", ExportOptions(frozenset({"truncated"}), keep_failed=True))
+    rows = read_jsonl(out)
+    assert [(r["id"], r["status"]) for r in rows] == [
+        ("s0", "success"),
+        ("s2", "failed"),
+        ("s4", "success"),
+        ("s5", "success"),
+    ]
+    failed = rows[1]
+    assert failed["error"] == "HTTP 400: too long" and failed["conversations"][-1]["role"] == "user"
+    assert doc["dropped"] == {"truncated": 1, "think_marker": 1} and doc["failed_kept"] == 1
+
+
+def test_export_cli_rejects_an_unknown_check(job_dir: Path, tmp_path: Path) -> None:
+    from dflash_tasks.output.export import main
+
+    assert main(["--output", str(job_dir), "--to", str(tmp_path / "x.jsonl"), "--drop-check", "nope"]) == 2
+
+
+def test_real_job_exports_loadable_by_datasets_and_reports_with_a_picture(
+    procs: Processes, tmp_path: Path
+) -> None:
+    import datasets
+
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    write_prompts(inp, 150, bad_every=50, long_at=10)
+    procs.worker(procs.simulator("--time-scale", "0.001", "--context-length", "8192"), "gpu0")
+    res = procs.run(
+        "dflash_tasks.producer.enqueue",
+        *enqueue_args(inp, out, "--chunk-size", "16", "--no-preflight", "--wait"),
+    )
+    assert res.returncode == 0, res.stderr
+    verify_ok(procs, inp, out)
+    records = read_records(out)
+    ok_ids = [r["id"] for r in sorted(records, key=lambda r: r["line"]) if r["status"] == "ok"]
+
+    for fmt in ("jsonl", "parquet"):
+        target = tmp_path / f"train.{fmt}"
+        res = procs.run("dflash_tasks.output.export", "--output", str(out), "--to", str(target))
+        assert res.returncode == 0, res.stderr
+        loaded = datasets.load_dataset(
+            "json" if fmt == "jsonl" else "parquet", data_files=str(target), split="train"
+        )
+        assert loaded["id"] == ok_ids and len(set(loaded["id"])) == len(ok_ids) == 146
+        row = loaded[0]
+        assert row["status"] == "success" and row["conversations"][-1]["role"] == "assistant"
+        source = next(r for r in records if r["id"] == row["id"])
+        assert row["conversations"][-1]["content"] == source["content"]
+        assert row["conversations"][-1]["reasoning_content"] == source["reasoning"]
+        assert [t["content"] for t in row["conversations"][:-1]] == [m["content"] for m in source["messages"]]
+
+    report = procs.run("dflash_tasks.output.report", "--output", str(out), "--json")
+    assert report.returncode == 0, report.stderr
+    doc = json.loads(report.stdout.strip().splitlines()[-1])
+    assert doc["samples"] == 147 and doc["failed"] == 1 and doc["checks"]["failed"] == 1
+    assert doc["output_tokens"]["count"] == 146 and doc["output_tokens"]["p50"] > 500
+    assert doc["reasoning_tokens"]["mean"] > 0 and doc["gates_passed"] is True
+    png = (out / "report.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    text = procs.run("dflash_tasks.output.report", "--output", str(out), "--png", str(tmp_path / "r.png"))
+    assert "output tokens" in text.stdout and "gates passed" in text.stdout
+    assert (tmp_path / "r.png").read_bytes().startswith(b"\x89PNG")

@@ -1,0 +1,189 @@
+"""The command lines the node launcher builds (workers/launch.py), against the SGLang reference flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_tasks.core.errors import ConfigError
+from workers.node.launch import (
+    MTP,
+    GpuPlan,
+    NodeOptions,
+    parse_gpus,
+    plan_node,
+    sglang_command,
+    split_args,
+)
+from workers.node.main import main as node_main
+
+MODEL = "/dev/shm/models/Qwen3-8B"
+
+
+def flag(argv: tuple[str, ...] | list[str], name: str) -> str:
+    """The value after the last occurrence of ``name`` (what argparse would keep)."""
+    idx = max(i for i, a in enumerate(argv) if a == name)
+    return argv[idx + 1]
+
+
+def plans(**kw: object) -> list[GpuPlan]:
+    opts = {"gpus": (0, 1, 2), "model_path": MODEL, "python": "/venv/bin/python", **kw}
+    return plan_node(NodeOptions(**opts), {"PATH": "/usr/bin", "DFLASH_QUEUE": "q"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("0-6", (0, 1, 2, 3, 4, 5, 6)),
+        ("0,2,5", (0, 2, 5)),
+        ("4", (4,)),
+        (" 0-1, 3 ", (0, 1, 3)),
+        ("0-3,6", (0, 1, 2, 3, 6)),
+        ("5,1", (1, 5)),
+    ],
+)
+def test_parse_gpus(spec: str, expected: tuple[int, ...]) -> None:
+    assert parse_gpus(spec) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("", "--gpus is required"),
+        ("6-0", "runs backwards"),
+        ("0,x", "'x' is not a GPU index"),
+        ("-1", "'-1' is not a GPU index"),
+        ("0,,1", "'' is not a GPU index"),
+        ("0-2,1", "GPU 1 listed twice"),
+        ("0-", "'0-' is not a GPU index"),
+        ("gpu0", "'gpu0' is not a GPU index"),
+    ],
+)
+def test_parse_gpus_rejects_bad_input_clearly(spec: str, message: str) -> None:
+    with pytest.raises(ConfigError, match="--gpus") as info:
+        parse_gpus(spec)
+    assert message in str(info.value)
+
+
+def test_sglang_command_has_mtp_reasoning_and_metrics() -> None:
+    argv = sglang_command("python", MODEL, 30003, 48)
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"]
+    assert flag(argv, "--model-path") == MODEL
+    assert flag(argv, "--host") == "127.0.0.1" and flag(argv, "--port") == "30003"
+    assert flag(argv, "--reasoning-parser") == "qwen3"
+    assert flag(argv, "--speculative-algorithm") == "NEXTN"
+    assert "--enable-metrics" in argv
+
+
+def test_nextn_triple_is_consistent() -> None:
+    argv = sglang_command("python", MODEL, 30000, 48)
+    steps = int(flag(argv, "--speculative-num-steps"))
+    topk = int(flag(argv, "--speculative-eagle-topk"))
+    draft = int(flag(argv, "--speculative-num-draft-tokens"))
+    # SGLang: all three or none; with top-k 1, draft tokens are forced to steps + 1.
+    assert (steps, topk, draft) == (3, 1, 4)
+    assert topk == 1 and draft == steps + 1
+    assert (MTP.num_steps, MTP.eagle_topk, MTP.num_draft_tokens) == (steps, topk, draft)
+
+
+@pytest.mark.parametrize("inflight", [1, 48, 96])
+def test_server_caps_equal_the_in_flight_target(inflight: int) -> None:
+    for plan in plans(max_inflight=inflight):
+        assert flag(plan.server_argv, "--max-running-requests") == str(inflight)
+        assert flag(plan.server_argv, "--cuda-graph-max-bs") == str(inflight)
+        assert flag(plan.worker_argv, "--max-inflight") == str(inflight)
+
+
+def test_each_gpu_gets_its_device_port_and_bound_worker() -> None:
+    result = plans(gpus=(0, 2, 5), port_base=31000)
+    assert [p.gpu for p in result] == [0, 2, 5]
+    assert [p.port for p in result] == [31000, 31002, 31005]
+    for p in result:
+        assert p.env["CUDA_VISIBLE_DEVICES"] == str(p.gpu)
+        assert p.env["PYTHONUNBUFFERED"] == "1"
+        assert p.env["DFLASH_QUEUE"] == "q" and p.env["PATH"] == "/usr/bin"  # the rest passes through
+        assert flag(p.server_argv, "--port") == str(p.port)
+        assert p.endpoint == f"http://127.0.0.1:{p.port}"
+        assert p.health_url == f"http://127.0.0.1:{p.port}/health_generate"
+        assert p.worker_argv[:3] == ("/venv/bin/python", "-m", "workers")
+        assert flag(p.worker_argv, "--endpoint") == p.endpoint
+        assert flag(p.worker_argv, "--name") == f"gpu{p.gpu}"
+    assert len({p.port for p in result}) == 3
+
+
+def test_each_worker_gets_its_own_metrics_port() -> None:
+    result = plans(gpus=(0, 3), metrics_port_base=9808)
+    assert [p.env["DFLASH_METRICS_PORT"] for p in result] == ["9808", "9811"]
+    assert all("DFLASH_METRICS_PORT" not in p.env for p in plans(metrics_port_base=0))
+    with pytest.raises(ConfigError, match="past 65535"):
+        plans(gpus=(0, 9), metrics_port_base=65530)
+
+
+def test_extra_sglang_args_are_appended_and_win() -> None:
+    extra = split_args(
+        ["--mem-fraction-static 0.85", "--max-running-requests=64", "--served-model-name 'Qwen/Qwen3 8B'"]
+    )
+    assert extra == (
+        "--mem-fraction-static",
+        "0.85",
+        "--max-running-requests=64",
+        "--served-model-name",
+        "Qwen/Qwen3 8B",
+    )
+    argv = plans(sglang_args=extra)[0].server_argv
+    assert argv[-len(extra) :] == extra  # appended after ours: argparse keeps the last value
+    with pytest.raises(ConfigError, match="cannot split"):
+        split_args(["--x 'unterminated"])
+
+
+def test_sglang_python_may_differ_from_the_workers() -> None:
+    plan = plans(sglang_python="/opt/sglang/bin/python")[0]
+    assert plan.server_argv[0] == "/opt/sglang/bin/python"
+    assert plan.worker_argv[0] == "/venv/bin/python"
+
+
+def test_simulate_runs_the_simulator_with_the_same_topology() -> None:
+    result = plans(simulate=True, model_path="", sim_args=("--time-scale", "0.01"), max_inflight=8)
+    for p in result:
+        assert p.server_argv[1:3] == ("-m", "dflash_tasks.sim")
+        assert flag(p.server_argv, "--port") == str(p.port)
+        assert flag(p.server_argv, "--max-running-requests") == "8"
+        assert p.server_argv[-2:] == ("--time-scale", "0.01")
+        assert "--model" not in p.server_argv
+        assert p.env["CUDA_VISIBLE_DEVICES"] == str(p.gpu)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"model_path": ""}, "--model is required"),
+        ({"gpus": ()}, "names no GPU"),
+        ({"max_inflight": 0}, "--max-inflight must be >= 1"),
+        ({"port_base": 65530, "gpus": (0, 7)}, "GPU 7 would get port 65537"),
+    ],
+)
+def test_plan_rejects(kw: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        plans(**kw)
+    assert message in str(info.value)
+
+
+def test_node_cli_print_commands_and_env_defaults(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DFLASH_GPUS", "1,3")
+    monkeypatch.setenv("DFLASH_MODEL_PATH", MODEL)
+    monkeypatch.setenv("DFLASH_PORT_BASE", "32000")
+    monkeypatch.setenv("DFLASH_SGLANG_ARGS", "--context-length 40960")
+    monkeypatch.setenv("DFLASH_METRICS_PORT", "9900")
+    assert node_main(["--print-commands", "--sglang-arg", "--mem-fraction-static 0.8"]) == 0
+    out = capsys.readouterr().out
+    assert "CUDA_VISIBLE_DEVICES=1 " in out and "CUDA_VISIBLE_DEVICES=3 " in out
+    assert "--port 32001" in out and "--port 32003" in out
+    assert "--endpoint http://127.0.0.1:32003 --name gpu3" in out
+    assert "--enable-metrics --context-length 40960 --mem-fraction-static 0.8" in out
+    assert "CUDA_VISIBLE_DEVICES=3 DFLASH_METRICS_PORT=9903 " in out
+
+
+def test_node_cli_reports_bad_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    assert node_main(["--gpus", "2-0", "--simulate"]) == 2
+    assert "runs backwards" in capsys.readouterr().err

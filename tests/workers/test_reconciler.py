@@ -1,0 +1,117 @@
+"""The reconciler against a real Redis: expired leases and deliveries to workers that died."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dflash_tasks.coord.bookkeeping import Bookkeeping
+from dflash_tasks.coord.publish import task_id
+from dflash_tasks.core.job import output_key
+from dflash_tasks.store import LocalStore
+from tests.helpers import RedisServer
+from workers.recovery.leases import Reconciler
+
+JOB = "0123456789abcdef"
+
+
+@pytest.fixture
+def bk(redis_server: RedisServer) -> Iterator[Bookkeeping]:
+    book = Bookkeeping.from_url(redis_server.url, f"rt-{uuid.uuid4().hex[:6]}")
+    book.client.delete("unacked", "unacked_index")
+    yield book
+    book.client.delete("unacked", "unacked_index")
+
+
+def deliver(bk: Bookkeeping, chunk: int, age: float) -> str:
+    """Fake kombu's bookkeeping of a message delivered ``age`` seconds ago and not acked."""
+    tag = uuid.uuid4().hex
+    payload = {"headers": {"id": task_id(JOB, chunk), "task": "dflash.run_chunk"}, "body": "..."}
+    bk.client.zadd("unacked_index", {tag: time.time() - age})
+    bk.client.hset("unacked", tag, json.dumps([payload, "", "dflash"]))
+    return tag
+
+
+def reconciler(bk: Bookkeeping, store: LocalStore, calls: list[tuple[str, int]]) -> Reconciler:
+    return Reconciler(
+        bk, lambda _job: store, lambda j, c: calls.append((j, c)), owner="w", interval=0.01, lease_seconds=5
+    )
+
+
+def test_rescues_old_unleased_deliveries_once(bk: Bookkeeping, tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.write(output_key(3), b"{}\n")
+    bk.register_job(JOB, str(tmp_path))
+    deliver(bk, 1, age=60)  # dead worker: old, no lease -> rescued
+    deliver(bk, 2, age=1)  # just delivered: the worker is about to lease it
+    deliver(bk, 3, age=60)  # already done
+    deliver(bk, 4, age=60)  # leased by a live worker
+    bk.acquire(JOB, 4, "alive", 60)
+    calls: list[tuple[str, int]] = []
+    rec = reconciler(bk, store, calls)
+    assert rec.run_once() == [(JOB, 1)] and calls == [(JOB, 1)]
+    time.sleep(0.02)
+    bk.client.delete(f"{bk._p}:lock:reconcile")  # let a second pass run now
+    assert rec.run_once() == [] and calls == [(JOB, 1)]  # never re-queued twice for one delivery
+
+
+def test_requeues_expired_leases_but_not_renewed_or_done_ones(bk: Bookkeeping, tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.write(output_key(7), b"{}\n")
+    bk.register_job(JOB, str(tmp_path))
+    bk.acquire(JOB, 5, "dead", 0.01)
+    bk.acquire(JOB, 6, "alive", 60)
+    bk.acquire(JOB, 7, "finished-but-lost-release", 0.01)
+    time.sleep(0.05)
+    calls: list[tuple[str, int]] = []
+    assert reconciler(bk, store, calls).run_once() == [(JOB, 5)]
+    assert set(bk.live_leases(JOB)) == {6}
+
+
+def test_one_broken_job_does_not_stop_the_others(bk: Bookkeeping, tmp_path: Path) -> None:
+    from dflash_tasks.core.errors import StoreError
+
+    store = LocalStore(tmp_path)
+    bk.register_job(JOB, str(tmp_path))
+    bk.register_job("broken000000000", "/nonexistent")
+    for job in (JOB, "broken000000000"):
+        bk.acquire(job, 1, "dead", 0.01)
+    time.sleep(0.05)
+
+    def open_store(job: str) -> LocalStore:
+        if job != JOB:
+            raise StoreError("gone")
+        return store
+
+    calls: list[tuple[str, int]] = []
+    rec = Reconciler(bk, open_store, lambda j, c: calls.append((j, c)), owner="w", interval=0.01)
+    assert rec.run_once() == [(JOB, 1)]
+
+
+def test_periodic_replan_is_the_backstop_for_lost_messages(bk: Bookkeeping, tmp_path: Path) -> None:
+    bk.register_job(JOB, str(tmp_path))
+    asked: list[str] = []
+
+    def replan(job: str) -> list[int]:
+        asked.append(job)
+        return [4]  # a chunk whose message vanished between the queue and the unacked set
+
+    def every(seconds: float) -> Reconciler:
+        return Reconciler(
+            bk,
+            lambda _j: LocalStore(tmp_path),
+            lambda j, c: None,
+            owner="w",
+            interval=0.01,
+            replan=replan,
+            replan_seconds=seconds,
+        )
+
+    assert every(0.0).run_once() == [(JOB, 4)] and asked == [JOB]
+    bk.client.delete(f"{bk._p}:lock:reconcile")
+    assert every(3600.0).run_once() == [] and asked == [JOB]  # not due yet

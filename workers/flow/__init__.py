@@ -1,0 +1,1 @@
+"""Flow control in a worker: the request pool, prefetch, the consumer switch, the health gate."""

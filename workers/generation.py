@@ -1,0 +1,132 @@
+"""Generating one sample: the request body, retries with backoff, and the output record."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_tasks.core.errors import RetryableError, SampleRejected, ServerUnavailable
+from dflash_tasks.core.job import GenerationSpec
+from dflash_tasks.core.sample import Sample
+from dflash_tasks.monitoring import metrics
+from workers.sglang_client import Completion, SGLangClient
+
+_EMPTY = Completion("", "", "", 0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter."""
+
+    attempts: int = 6
+    backoff: float = 1.0
+    backoff_max: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        return random.uniform(0, min(self.backoff_max, self.backoff * 2 ** (attempt - 1)))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    """Recorded on every sample: which worker and endpoint produced it."""
+
+    worker: str
+    endpoint: str
+
+
+def build_request(spec: GenerationSpec, sample: Sample, rid: str) -> dict[str, Any]:
+    """The ``/v1/chat/completions`` body for one sample (see the SGLang contract §1.1)."""
+    return {
+        "model": spec.model,
+        "messages": sample.messages,
+        "max_tokens": spec.max_tokens,
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
+        "top_k": spec.top_k,
+        "n": 1,
+        "stream": False,
+        "chat_template_kwargs": {"enable_thinking": spec.thinking},
+        "separate_reasoning": True,
+        "rid": rid,
+    }
+
+
+def generate_sample(
+    client: SGLangClient,
+    spec: GenerationSpec,
+    sample: Sample,
+    who: WorkerIdentity,
+    policy: RetryPolicy,
+    rid_prefix: str,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Generate ``sample`` and return its output record.
+
+    Retryable failures are retried per ``policy``. A 400 fails only this sample. When retries
+    run out, the sample is recorded as failed if the server is healthy, and
+    :class:`ServerUnavailable` is raised if it is not (the chunk then goes back to the queue).
+    """
+    started = time.monotonic()
+    last_error = ""
+    for attempt in range(1, policy.attempts + 1):
+        rid = f"{rid_prefix}-L{sample.line}-{attempt}"  # unique per delivery, sample and attempt
+        try:
+            completion = client.chat(build_request(spec, sample, rid))
+            return make_record(spec, sample, who, completion, None, time.monotonic() - started, attempt)
+        except SampleRejected as exc:
+            metrics.request_error(exc, will_retry=False)
+            return make_record(spec, sample, who, None, str(exc), time.monotonic() - started, attempt)
+        except RetryableError as exc:
+            last_error = str(exc)
+            metrics.request_error(exc, will_retry=attempt < policy.attempts)
+            if attempt < policy.attempts:
+                sleep(policy.delay(attempt))
+    if not client.healthy():
+        raise ServerUnavailable(f"{client.endpoint} is unhealthy; last error: {last_error}")
+    return make_record(
+        spec,
+        sample,
+        who,
+        None,
+        f"gave up after {policy.attempts} attempts: {last_error}",
+        time.monotonic() - started,
+        policy.attempts,
+    )
+
+
+def make_record(
+    spec: GenerationSpec,
+    sample: Sample,
+    who: WorkerIdentity,
+    completion: Completion | None,
+    error: str | None,
+    latency: float,
+    attempts: int,
+) -> dict[str, Any]:
+    """One output line: the prompt, the split completion, usage and provenance."""
+    c = completion or _EMPTY
+    return {
+        "id": sample.id,
+        "line": sample.line,
+        "messages": sample.messages,
+        "reasoning": c.reasoning,
+        "content": c.content,
+        "finish_reason": c.finish_reason or None,
+        "usage": {
+            "prompt_tokens": c.prompt_tokens,
+            "completion_tokens": c.completion_tokens,
+            "reasoning_tokens": c.reasoning_tokens,
+        },
+        "status": "ok" if completion is not None else "failed",
+        "error": error,
+        "model": spec.model,
+        "sampling": spec.sampling(),
+        "endpoint": who.endpoint,
+        "worker": who.worker,
+        "latency_s": round(latency, 3),
+        "attempts": attempts,
+    }

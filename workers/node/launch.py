@@ -1,0 +1,230 @@
+"""The command lines a node runs: one SGLang server (or simulator) and one bound worker per GPU.
+
+Pure functions, no I/O: :func:`plan_node` turns the node's options into one :class:`GpuPlan`
+per GPU, each with the argv and environment of its server and of its worker. The SGLang flags
+follow ``shared/reference/sglang-http-api.md`` §5: MTP speculative decoding (``NEXTN``, 3 steps,
+top-k 1, 4 draft tokens) and ``--max-running-requests`` / ``--cuda-graph-max-bs`` raised from
+the speculative default to the worker's in-flight target, so the worker never queues requests
+the server will not batch.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dflash_tasks.core.errors import ConfigError
+
+HOST = "127.0.0.1"
+HEALTH_PATH = "/health_generate"
+REASONING_PARSER = "qwen3"
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDecode:
+    """Speculative decoding flags. With top-k 1, SGLang forces draft tokens = steps + 1."""
+
+    algorithm: str = "NEXTN"
+    num_steps: int = 3
+    eagle_topk: int = 1
+    num_draft_tokens: int = 4
+
+    def flags(self) -> list[str]:
+        return [
+            "--speculative-algorithm",
+            self.algorithm,
+            "--speculative-num-steps",
+            str(self.num_steps),
+            "--speculative-eagle-topk",
+            str(self.eagle_topk),
+            "--speculative-num-draft-tokens",
+            str(self.num_draft_tokens),
+        ]
+
+
+MTP = SpecDecode()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeOptions:
+    """Everything :func:`plan_node` needs; ``python`` is the interpreter of the children."""
+
+    gpus: tuple[int, ...]
+    model_path: str
+    port_base: int = 30000
+    max_inflight: int = 48
+    sglang_args: tuple[str, ...] = ()
+    simulate: bool = False
+    sim_args: tuple[str, ...] = ()
+    python: str = "python"
+    sglang_python: str = ""
+    #: Worker on GPU N serves Prometheus metrics on ``metrics_port_base + N``; 0 = off.
+    metrics_port_base: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPlan:
+    """One GPU: its server and its worker, both with ``CUDA_VISIBLE_DEVICES`` set to the GPU."""
+
+    gpu: int
+    name: str
+    port: int
+    endpoint: str
+    server_argv: tuple[str, ...]
+    worker_argv: tuple[str, ...]
+    env: Mapping[str, str]
+
+    @property
+    def health_url(self) -> str:
+        return self.endpoint + HEALTH_PATH
+
+
+_RANGE = re.compile(r"^(\d+)-(\d+)$")
+
+
+def parse_gpus(spec: str) -> tuple[int, ...]:
+    """``"0-6"``, ``"0,2,5"``, ``"0-3,6"`` or ``"4"`` → sorted distinct GPU indices.
+
+    Raises :class:`ConfigError` naming the bad part for anything else (empty, negative,
+    reversed ranges, duplicates, words).
+    """
+    text = spec.strip()
+    if not text:
+        raise ConfigError("--gpus is required, e.g. --gpus 0-6 or --gpus 0,2,5")
+    gpus: list[int] = []
+    for raw in text.split(","):
+        part = raw.strip()
+        match = _RANGE.match(part)
+        if match:
+            first, last = int(match.group(1)), int(match.group(2))
+            if first > last:
+                raise ConfigError(f"--gpus {spec!r}: range {part!r} runs backwards (write {last}-{first})")
+            gpus.extend(range(first, last + 1))
+        elif part.isdigit():
+            gpus.append(int(part))
+        else:
+            raise ConfigError(
+                f"--gpus {spec!r}: {part!r} is not a GPU index or a range (examples: 0-6, 0,2,5, 0-3,6)"
+            )
+    dupes = sorted({g for g in gpus if gpus.count(g) > 1})
+    if dupes:
+        raise ConfigError(f"--gpus {spec!r}: GPU {', '.join(map(str, dupes))} listed twice")
+    return tuple(sorted(gpus))
+
+
+def split_args(values: Sequence[str]) -> tuple[str, ...]:
+    """Each value shell-split: ``["--mem-fraction-static 0.85", "--context-length=40960"]`` → 3 args."""
+    out: list[str] = []
+    for value in values:
+        try:
+            out.extend(shlex.split(value))
+        except ValueError as exc:
+            raise ConfigError(f"cannot split {value!r} into arguments: {exc}") from None
+    return tuple(out)
+
+
+def sglang_command(
+    python: str, model_path: str, port: int, max_inflight: int, extra: Sequence[str] = ()
+) -> list[str]:
+    """``python -m sglang.launch_server`` for one GPU, with MTP and the in-flight cap."""
+    return [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_path,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--reasoning-parser",
+        REASONING_PARSER,
+        *MTP.flags(),
+        "--max-running-requests",
+        str(max_inflight),
+        "--cuda-graph-max-bs",
+        str(max_inflight),
+        "--enable-metrics",
+        *extra,
+    ]
+
+
+def sim_command(
+    python: str, model_path: str, port: int, max_inflight: int, extra: Sequence[str] = ()
+) -> list[str]:
+    """The simulator in place of SGLang: same port, same running-request cap."""
+    model = ["--model", model_path] if model_path else []
+    return [
+        python,
+        "-m",
+        "dflash_tasks.sim",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--max-running-requests",
+        str(max_inflight),
+        *model,
+        *extra,
+    ]
+
+
+def worker_command(python: str, endpoint: str, name: str, max_inflight: int) -> list[str]:
+    return [
+        python,
+        "-m",
+        "workers",
+        "--endpoint",
+        endpoint,
+        "--name",
+        name,
+        "--max-inflight",
+        str(max_inflight),
+    ]
+
+
+def child_env(base: Mapping[str, str], gpu: int, metrics_port_base: int = 0) -> dict[str, str]:
+    """``base`` with the GPU pinned, unbuffered Python output (logs arrive line by line) and,
+    when metrics are on, the worker's own Prometheus port (one per worker on a machine)."""
+    env = {**base, "CUDA_VISIBLE_DEVICES": str(gpu), "PYTHONUNBUFFERED": "1"}
+    if metrics_port_base > 0:
+        env["DFLASH_METRICS_PORT"] = str(metrics_port_base + gpu)
+    return env
+
+
+def plan_node(options: NodeOptions, base_env: Mapping[str, str]) -> list[GpuPlan]:
+    """One plan per GPU; GPU ``N`` listens on ``port_base + N`` and its worker is named ``gpuN``."""
+    if not options.gpus:
+        raise ConfigError("--gpus names no GPU")
+    if options.max_inflight < 1:
+        raise ConfigError(f"--max-inflight must be >= 1, got {options.max_inflight}")
+    if not options.simulate and not options.model_path:
+        raise ConfigError("--model is required (a model directory, ideally staged in /dev/shm)")
+    top = options.port_base + max(options.gpus)
+    if options.port_base < 1 or top > 65535:
+        raise ConfigError(f"--port-base {options.port_base}: GPU {max(options.gpus)} would get port {top}")
+    if options.metrics_port_base > 0 and options.metrics_port_base + max(options.gpus) > 65535:
+        raise ConfigError(f"metrics port {options.metrics_port_base} + GPU {max(options.gpus)} is past 65535")
+    plans = []
+    for gpu in options.gpus:
+        port = options.port_base + gpu
+        endpoint = f"http://{HOST}:{port}"
+        if options.simulate:
+            server = sim_command(
+                options.python, options.model_path, port, options.max_inflight, options.sim_args
+            )
+        else:
+            server = sglang_command(
+                options.sglang_python or options.python,
+                options.model_path,
+                port,
+                options.max_inflight,
+                options.sglang_args,
+            )
+        name = f"gpu{gpu}"
+        worker = worker_command(options.python, endpoint, name, options.max_inflight)
+        env = child_env(base_env, gpu, options.metrics_port_base)
+        plans.append(GpuPlan(gpu, name, port, endpoint, tuple(server), tuple(worker), env))
+    return plans

@@ -1,0 +1,207 @@
+"""``python -m workers.node --gpus 0-6 --model PATH``: one SGLang server and one worker per GPU.
+
+For each GPU N: an SGLang server on ``127.0.0.1:PORT_BASE+N`` with MTP speculative decoding and
+``CUDA_VISIBLE_DEVICES=N``; once its ``/health_generate`` answers 200, a worker
+(``python -m workers --endpoint ... --name gpuN``) bound to it. Dead servers and workers are
+restarted with backoff. SIGTERM stops the workers first (running chunks finish), then the
+servers. ``--simulate`` runs the same topology on the SGLang simulator (no GPU needed).
+
+Start the same command on another GPU or machine, pointed at the same Redis
+(``DFLASH_BROKER_URL``) and output store, and it takes chunks of the running job at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import socket
+import sys
+from pathlib import Path
+from types import FrameType
+
+from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.settings import Settings, redact_url
+from workers.node.launch import NodeOptions, parse_gpus, plan_node, split_args
+from workers.node.procs import redact_argv
+from workers.node.supervisor import Node, SupervisorConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m workers.node",
+        description=__doc__.split("\n\n")[0],
+        epilog="Values in [brackets] are read from that environment variable when the flag is absent.",
+    )
+    p.add_argument("--gpus", help="GPUs to serve: 0-6, 0,2,5, 0-3,6 [DFLASH_GPUS]")
+    p.add_argument("--model", help="model directory (stage it in /dev/shm first) [DFLASH_MODEL_PATH]")
+    p.add_argument(
+        "--port-base", type=int, help="GPU N listens on PORT_BASE+N (default 30000) [DFLASH_PORT_BASE]"
+    )
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        help="requests per GPU; sets SGLang's caps too (default 48) [DFLASH_MAX_INFLIGHT]",
+    )
+    p.add_argument(
+        "--sglang-arg",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="extra SGLang flags, shell-split, repeatable: --sglang-arg '--mem-fraction-static 0.85' "
+        "(a later flag overrides an earlier one) [DFLASH_SGLANG_ARGS, applied first]",
+    )
+    p.add_argument("--simulate", action="store_true", help="run the SGLang simulator instead of SGLang")
+    p.add_argument(
+        "--sim-arg",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="extra simulator flags: --sim-arg '--time-scale 0.01'",
+    )
+    p.add_argument("--log-dir", help="one log file per server and per worker (default logs) [DFLASH_LOG_DIR]")
+    p.add_argument(
+        "--echo",
+        choices=["all", "workers", "none"],
+        default="all",
+        help="which logs to copy to stdout, prefixed",
+    )
+    p.add_argument(
+        "--sglang-python", default="", help="interpreter with sglang installed (default: this one)"
+    )
+    p.add_argument("--health-interval", type=float, default=5.0, help="seconds between health probes")
+    p.add_argument(
+        "--server-start-timeout", type=float, default=1800.0, help="seconds for a server to get healthy"
+    )
+    p.add_argument(
+        "--hang-restart", type=float, default=600.0, help="restart a server unhealthy this many seconds"
+    )
+    p.add_argument(
+        "--worker-stop-timeout",
+        type=float,
+        default=600.0,
+        help="seconds for running chunks to finish on stop",
+    )
+    p.add_argument("--server-stop-timeout", type=float, default=60.0, help="seconds from SIGTERM to SIGKILL")
+    p.add_argument(
+        "--max-failures", type=int, default=5, help="give a GPU up after this many failures in a row"
+    )
+    p.add_argument(
+        "--restart-delay",
+        type=float,
+        default=1.0,
+        help="seconds before restarting a dead server or worker; doubles per failure in a row, up to 60",
+    )
+    p.add_argument("--print-commands", action="store_true", help="print each GPU's commands and exit")
+    return p
+
+
+def options_from(args: argparse.Namespace, settings: Settings) -> NodeOptions:
+    return NodeOptions(
+        gpus=parse_gpus(settings.gpus),
+        model_path=settings.model_path,
+        port_base=settings.port_base,
+        max_inflight=settings.max_inflight,
+        sglang_args=split_args([settings.sglang_args, *args.sglang_arg]),
+        simulate=args.simulate,
+        sim_args=split_args(args.sim_arg),
+        python=sys.executable,
+        sglang_python=args.sglang_python,
+        # Workers' Prometheus ports (DFLASH_METRICS_PORT, 0 = off): the base plus the GPU index.
+        metrics_port_base=int(getattr(settings, "metrics_port", 0)),
+    )
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def broker_reachable(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3).ping())
+    except (redis.RedisError, ValueError):
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.load(
+            gpus=args.gpus,
+            model_path=args.model,
+            port_base=args.port_base,
+            max_inflight=args.max_inflight,
+            log_dir=args.log_dir,
+        )
+        plans = plan_node(options_from(args, settings), os.environ)
+        if args.max_failures < 1 or args.health_interval <= 0 or args.restart_delay < 0:
+            raise ConfigError("--max-failures must be >= 1, --health-interval > 0, --restart-delay >= 0")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_commands:
+        for plan in plans:
+            print(
+                f"# {plan.name}\nCUDA_VISIBLE_DEVICES={plan.gpu} {shlex.join(redact_argv(plan.server_argv))}"
+            )
+            metrics = plan.env.get("DFLASH_METRICS_PORT")
+            prefix = f"CUDA_VISIBLE_DEVICES={plan.gpu}" + (
+                f" DFLASH_METRICS_PORT={metrics}" if metrics else ""
+            )
+            print(f"{prefix} {shlex.join(plan.worker_argv)}")
+        return 0
+    busy = [p.port for p in plans if port_in_use(p.port)]
+    if busy:
+        print(
+            f"error: port(s) {', '.join(map(str, busy))} already in use on 127.0.0.1 (a server left from an "
+            "earlier run? `deploy/stop-node.sh`, or pick another --port-base)",
+            file=sys.stderr,
+        )
+        return 2
+    config = SupervisorConfig(
+        health_interval=args.health_interval,
+        start_timeout=args.server_start_timeout,
+        hang_restart=args.hang_restart,
+        worker_stop_timeout=args.worker_stop_timeout,
+        server_stop_timeout=args.server_stop_timeout,
+        max_failures=args.max_failures,
+        backoff_base=args.restart_delay,
+        backoff_cap=max(60.0, args.restart_delay),
+        echo=args.echo,
+    )
+    log_dir = Path(settings.log_dir).resolve()
+    node = Node(plans, log_dir, config)
+    kind = "simulated GPUs" if args.simulate else "GPUs"
+    node.say(
+        f"{len(plans)} {kind} ({', '.join(str(p.gpu) for p in plans)}), ports "
+        f"{', '.join(str(p.port) for p in plans)}, {settings.max_inflight} in flight each; broker "
+        f"{redact_url(settings.broker_url)}, queue {settings.queue!r}; logs in {log_dir}"
+    )
+    if not broker_reachable(settings.broker_url):
+        node.say(
+            f"warning: no Redis answers at {redact_url(settings.broker_url)} yet; workers will keep retrying"
+        )
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        node.say(
+            f"{signal.Signals(signum).name}: "
+            + ("stopping" if not node.stopping else "not waiting any longer")
+        )
+        node.request_stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    return node.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

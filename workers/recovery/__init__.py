@@ -1,0 +1,1 @@
+"""Recovery: lease heartbeats and the reconciler that re-queues chunks whose worker died."""

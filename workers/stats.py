@@ -1,0 +1,271 @@
+"""A worker's live statistics and its share of writing ``progress.json``.
+
+:class:`WorkerStats` counts the samples this worker finishes, in memory, and pushes the counts
+to Redis every couple of seconds (one pipeline), into 5-second rate buckets and per-worker
+totals, with a heartbeat of the worker's own state (see :mod:`dflash_tasks.coord.progress_keys` for the
+keys). :class:`WorkerMonitor` runs that flush, polls the server's speculative-decoding accept
+length, serves the Prometheus endpoint, and every ``progress_seconds`` offers to write the
+``progress.json`` of every registered job (one process per job wins each period).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import redis
+
+from dflash_tasks.coord.bookkeeping import Bookkeeping
+from dflash_tasks.coord.jobs_cache import JobCache
+from dflash_tasks.coord.progress_keys import (
+    BUCKET_TTL,
+    SET_MIN_SCRIPT,
+    WORKER_TTL,
+    Keys,
+    bucket_start,
+    queue_keys,
+)
+from dflash_tasks.core.errors import DflashError
+from dflash_tasks.core.settings import Settings
+from dflash_tasks.monitoring import metrics
+from dflash_tasks.monitoring.progress_writer import ProgressWriter, registered_jobs
+from workers.sglang_client import SGLangClient
+
+if TYPE_CHECKING:
+    from workers.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+#: How often a worker pushes its counts and heartbeat (s), at most.
+FLUSH_SECONDS = 2.0
+#: How often a worker asks its server for the accept length (s).
+ACCEPT_POLL_SECONDS = 15.0
+
+
+class WorkerStats:
+    """This worker's sample counts since the last flush, and the flush itself."""
+
+    def __init__(self, bookkeeping: Bookkeeping, worker: str, beat: float = FLUSH_SECONDS) -> None:
+        self._r = bookkeeping.client
+        self._keys = Keys(bookkeeping.prefix)
+        self._worker = worker
+        self._beat = beat
+        self._lock = threading.Lock()
+        self._buckets: defaultdict[tuple[str, int], Counter[str]] = defaultdict(Counter)
+        self._totals: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        self._first: dict[str, float] = {}
+        self._set_min = self._r.register_script(SET_MIN_SCRIPT)
+        #: Set when a chunk is stored: the flush loop pushes the counts at once.
+        self.wake = threading.Event()
+
+    # The metrics hooks call these (see metrics.StatsSink).
+    def sample_done(self, job_id: str, ok: bool, tokens: int, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        w = self._worker
+        with self._lock:
+            bucket = self._buckets[(job_id, bucket_start(now))]
+            bucket.update({"samples": 1, "failed": 0 if ok else 1, "tokens": tokens})
+            bucket.update({f"{w}|samples": 1, f"{w}|tokens": tokens})
+            self._totals[job_id].update({"samples": 1, "failed": 0 if ok else 1, "tokens": tokens})
+
+    def chunk_started(self, job_id: str, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._lock:
+            self._first[job_id] = min(self._first.get(job_id, now), now)
+
+    def chunk_done(self, job_id: str) -> None:
+        with self._lock:
+            self._totals[job_id]["chunks"] += 1
+        self.wake.set()
+
+    def flush(self, state: Mapping[str, Any], now: float | None = None) -> None:
+        """Push the counts gathered since the last flush and this worker's heartbeat, in one round trip.
+
+        On a Redis error the counts are kept for the next flush and the error is raised.
+        """
+        now = time.time() if now is None else now
+        with self._lock:
+            buckets, self._buckets = self._buckets, defaultdict(Counter)
+            totals, self._totals = self._totals, defaultdict(Counter)
+            first, self._first = self._first, {}
+        w, k = self._worker, self._keys
+        try:
+            pipe = self._r.pipeline(transaction=False)
+            for (job_id, start), counts in buckets.items():
+                key = k.bucket(job_id, start)
+                for name, n in counts.items():
+                    pipe.hincrby(key, name, n)
+                pipe.expire(key, BUCKET_TTL)
+            for job_id, counts in totals.items():
+                for name, n in counts.items():
+                    pipe.hincrby(k.job_workers(job_id), f"{w}|{name}", n)
+            for job_id, t in first.items():
+                self._set_min(keys=[k.job_workers(job_id)], args=[f"{w}|first", t], client=pipe)
+                self._set_min(keys=[k.job(job_id)], args=["started_at", t], client=pipe)
+            beat: dict[str, str | float | int] = {"last_seen": now, "beat_s": self._beat, "pid": os.getpid()}
+            beat.update({name: _field(v) for name, v in state.items()})
+            pipe.hset(k.worker(w), mapping=cast(Any, beat))
+            pipe.expire(k.worker(w), WORKER_TTL)
+            pipe.execute()
+        except redis.RedisError:
+            with self._lock:
+                for key2, counts in buckets.items():
+                    self._buckets[key2].update(counts)
+                for job_id, counts in totals.items():
+                    self._totals[job_id].update(counts)
+                for job_id, t in first.items():
+                    self._first[job_id] = min(self._first.get(job_id, t), t)
+            raise
+
+
+def _field(value: Any) -> str | float | int:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if value is None:
+        return ""
+    return value if isinstance(value, int | float) else str(value)
+
+
+def accept_length(info: Mapping[str, Any]) -> float | None:
+    """Mean ``avg_spec_accept_length`` over the server's DP ranks (``/get_server_info``), if reported."""
+    states = info.get("internal_states")
+    values: list[float] = []
+    if isinstance(states, list):
+        for state in states:
+            value = state.get("avg_spec_accept_length") if isinstance(state, dict) else None
+            if isinstance(value, int | float) and value > 0:
+                values.append(float(value))
+    top = info.get("avg_spec_accept_length")  # some versions report it at the top level
+    if not values and isinstance(top, int | float) and top > 0:
+        values.append(float(top))
+    return sum(values) / len(values) if values else None
+
+
+class WorkerMonitor:
+    """The worker's monitoring threads: stats flush + heartbeat, accept length, progress.json."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        bookkeeping: Bookkeeping,
+        jobs: JobCache,
+        client: SGLangClient,
+        hostname: str,
+        state: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.settings = settings
+        self.hostname = hostname
+        self._bk = bookkeeping
+        self._jobs = jobs
+        self._client = client
+        self._state = state
+        self._beat = min(FLUSH_SECONDS, settings.progress_seconds)
+        self.stats = WorkerStats(bookkeeping, hostname, self._beat)
+        self.writer = ProgressWriter(
+            bookkeeping,
+            owner=hostname,
+            period=settings.progress_seconds,
+            queue=settings.queue,
+            default_gpu_hour_usd=settings.gpu_hour_usd,
+        )
+        self.accept: float | None = None
+        self._stop = threading.Event()
+
+    @classmethod
+    def for_runtime(cls, runtime: WorkerRuntime) -> WorkerMonitor:
+        """Wire a monitor to a worker runtime's pool, health gate and chunk count."""
+        ctx, settings = runtime.ctx, runtime.settings
+
+        def state() -> dict[str, Any]:
+            return {
+                "endpoint": ctx.identity.endpoint,
+                "inflight": ctx.pool.running,
+                "waiting": ctx.pool.waiting,
+                "max_inflight": ctx.pool.max_inflight,
+                "held_chunks": runtime.held_chunks,
+                "healthy": runtime.health.healthy,
+                "spec_accept_length": monitor.accept,
+            }
+
+        monitor = cls(settings, ctx.bookkeeping, ctx.jobs, ctx.client, runtime.hostname, state)
+        metrics.configure(runtime.hostname, ctx.identity.endpoint)
+        metrics.watch_worker(
+            lambda: ctx.pool.running,
+            lambda: ctx.pool.waiting,
+            lambda: runtime.held_chunks,
+            lambda: runtime.health.healthy,
+        )
+        metrics.watch_queue(ctx.bookkeeping.client, settings.queue, queue_keys(settings.queue))
+        metrics.set_sink(monitor.stats)
+        return monitor
+
+    def start(self) -> None:
+        metrics.start_server(self.settings.metrics_port, self.settings.metrics_address)
+        for target, name in (
+            (self._flush_loop, "dflash-stats"),
+            (self._progress_loop, "dflash-progress"),
+            (self._accept_loop, "dflash-accept"),
+        ):
+            threading.Thread(target=target, name=name, daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.stats.wake.set()
+
+    def flush_now(self) -> None:
+        self.stats.flush(self._state())
+
+    def poll_accept_length(self) -> float | None:
+        value = accept_length(self._client.server_info(timeout=5.0))
+        if value is not None:
+            self.accept = value
+            metrics.accept_length(value)
+        return value
+
+    def write_progress(self) -> int:
+        """Offer to write the progress of every registered job; returns how many this process wrote."""
+        written = 0
+        for job_id in registered_jobs(self._bk):
+            try:
+                handle = self._jobs.get(job_id)
+                if self.writer.write_if_due(job_id, handle.store, handle.manifest, handle.definition):
+                    written += 1
+            except DflashError as exc:  # an unknown or unreachable job: another process may write it
+                log.debug("no progress for job %s: %s", job_id, exc)
+        return written
+
+    def _flush_loop(self) -> None:
+        failing = False
+        while not self._stop.is_set():
+            self.stats.wake.wait(self._beat)
+            self.stats.wake.clear()
+            try:
+                self.flush_now()
+                failing = False
+            except redis.RedisError as exc:
+                if not failing:
+                    log.warning("could not push live stats (will retry): %s", exc)
+                failing = True
+            except Exception:
+                log.exception("live stats flush crashed")
+
+    def _progress_loop(self) -> None:
+        while not self._stop.wait(self.settings.progress_seconds):
+            try:
+                self.write_progress()
+            except Exception:
+                log.exception("progress writer crashed")
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                self.poll_accept_length()
+            except Exception:
+                log.debug("accept length poll failed", exc_info=True)
+            if self._stop.wait(ACCEPT_POLL_SECONDS):
+                return

@@ -1,0 +1,27 @@
+"""The Celery task: thin, it only hands the delivery to the worker runtime."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Task
+
+from dflash_tasks.coord.celery_app import TASK_NAME, app
+from dflash_tasks.monitoring import metrics
+from workers import runtime as worker_runtime
+
+log = logging.getLogger(__name__)
+
+
+@app.task(name=TASK_NAME, bind=True)  # type: ignore[untyped-decorator]
+def run_chunk_task(self: Task, job_id: str, chunk: int) -> dict[str, Any]:
+    """Generate and store chunk ``chunk`` of job ``job_id`` (a no-op when it is already done)."""
+    if type(chunk) is not int or type(job_id) is not str:  # a hand-made message: nothing to run
+        reason = f"invalid message arguments: job {job_id!r}, chunk {chunk!r}"
+        log.error("dropping a message: %s", reason)
+        result: dict[str, Any] = {"status": "dropped", "reason": reason}
+    else:
+        result = worker_runtime.current().handle_delivery(job_id, chunk, str(self.request.id))
+    metrics.delivery(result, redelivered=bool((self.request.delivery_info or {}).get("redelivered")))
+    return result
