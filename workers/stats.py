@@ -16,7 +16,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import redis
 
@@ -37,7 +37,21 @@ from dflash_tasks.monitoring.progress_writer import ProgressWriter, registered_j
 from workers.sglang_client import SGLangClient
 
 if TYPE_CHECKING:
-    from workers.runtime import WorkerRuntime
+    from workers.chunk_runner import ChunkContext
+    from workers.flow.health import HealthGate
+
+
+class RuntimeView(Protocol):
+    """What the monitor reads of a worker runtime (the runtime itself is built above this module)."""
+
+    ctx: ChunkContext
+    settings: Settings
+    health: HealthGate
+    hostname: str
+
+    @property
+    def held_chunks(self) -> int: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +191,7 @@ class WorkerMonitor:
         self._stop = threading.Event()
 
     @classmethod
-    def for_runtime(cls, runtime: WorkerRuntime) -> WorkerMonitor:
+    def for_runtime(cls, runtime: RuntimeView) -> WorkerMonitor:
         """Wire a monitor to a worker runtime's pool, health gate and chunk count."""
         ctx, settings = runtime.ctx, runtime.settings
 

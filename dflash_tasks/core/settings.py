@@ -24,6 +24,7 @@ ENV_PREFIX = "DFLASH_"
 class Settings:
     """Process settings. Field ``x`` is read from ``DFLASH_X``; CLI flags override both."""
 
+    # --- Redis, the queue and recovery (every process) ---
     #: Celery broker and bookkeeping Redis (one Redis holds both).
     broker_url: str = dataclasses.field(default="redis://127.0.0.1:6379/0", repr=False)
     #: The shared Celery queue every GPU worker consumes.
@@ -40,18 +41,21 @@ class Settings:
     reconcile_seconds: float = 15.0
     #: How often one live worker re-plans every job from the store, the backstop for lost messages (s).
     replan_seconds: float = 300.0
+    # --- workers: requests to SGLang ---
     #: Client timeout of one generation request (s). Thinking outputs are long: be generous.
     request_timeout: float = 1800.0
     #: Attempts per sample for retryable failures (connection errors, timeouts, 5xx, 503).
     request_attempts: int = 6
     #: First backoff delay (s); doubles per attempt, with full jitter, up to ``retry_backoff_max``.
     retry_backoff: float = 1.0
+    #: Longest backoff delay between two attempts of one sample (s).
     retry_backoff_max: float = 60.0
     #: How often a worker whose server is down polls its health endpoint (s).
     health_poll_seconds: float = 5.0
     #: Delay before a chunk that failed on store or Redis trouble runs again (s); doubles per
     #: failure of that chunk, up to 10 minutes.
     requeue_backoff: float = 30.0
+    # --- endpoints: the SGLang server (workers) and S3 (every process) ---
     #: The SGLang endpoint this worker is bound to (workers only).
     endpoint: str = ""
     #: Bearer token for SGLang servers started with ``--api-key`` (never logged).
@@ -59,6 +63,7 @@ class Settings:
     #: S3-compatible endpoint for ``s3://`` outputs (MinIO, R2, Ceph); empty: boto3's own
     #: (``AWS_ENDPOINT_URL``, else AWS). Credentials always come from boto3's standard chain.
     s3_endpoint_url: str = ""
+    # --- workers: flow control ---
     #: Requests this worker keeps in flight against its server (SGLang's spec-decoding cap is 48).
     max_inflight: int = 48
     #: Most chunks a worker holds at once. It takes the next chunk whenever fewer than
