@@ -22,9 +22,9 @@ import redis
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.jobs_cache import JobCache
+from dflash_tasks.coord.lua import load_script
 from dflash_tasks.coord.progress_keys import (
     BUCKET_TTL,
-    SET_MIN_SCRIPT,
     WORKER_TTL,
     Keys,
     bucket_start,
@@ -73,7 +73,7 @@ class WorkerStats:
         self._buckets: defaultdict[tuple[str, int], Counter[str]] = defaultdict(Counter)
         self._totals: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self._first: dict[str, float] = {}
-        self._set_min = self._r.register_script(SET_MIN_SCRIPT)
+        self._set_min = load_script(self._r, "set_min")
         #: Set when a chunk is stored: the flush loop pushes the counts at once.
         self.wake = threading.Event()
 

@@ -3,17 +3,7 @@
 Redis only speeds things up and coordinates live workers; the store stays the truth. Losing
 every key here (a fresh Redis, FLUSHALL) costs no data: re-running enqueue rebuilds it.
 
-Keys (``P`` is the prefix, ``J`` a job id)::
-
-    P:jobs                  set of registered job ids
-    P:job:J                 hash: output URI, state (running|paused), pause reason
-    P:job:J:leases          zset chunk -> lease expiry (unix s); a live lease means "running"
-    P:job:J:owners          hash chunk -> owner (worker name / task id)
-    P:job:J:done            set of chunks whose completions are stored
-    P:job:J:stats           hash of counters (samples_ok, samples_failed, completion_tokens, check_*, ...)
-    P:job:J:recent          list of recent chunk quality summaries (newest first), for the live gate
-    P:job:J:failures        hash chunk -> failed runs (store/Redis errors), for the re-queue backoff
-    P:job:J:parked          hash chunk -> reason, for chunks that kept failing (until resume)
+Key names: :mod:`dflash_tasks.coord.keys`; the Lua scripts: ``dflash_tasks/coord/lua/``.
 """
 
 from __future__ import annotations
@@ -25,63 +15,9 @@ from typing import Any, cast
 
 import redis
 
+from dflash_tasks.coord.keys import Keys
+from dflash_tasks.coord.lua import load_script
 from dflash_tasks.core.errors import RetryableError
-
-# Take (or re-take) a lease unless a different owner holds a live one. Returns 1 on success.
-_ACQUIRE = """
-local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if expiry and tonumber(expiry) > tonumber(ARGV[3]) then
-  local owner = redis.call('HGET', KEYS[2], ARGV[1])
-  if owner and owner ~= ARGV[2] then return 0 end
-end
-redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-return 1
-"""
-
-# Mark a chunk done once: counters move only on the first completion of a chunk.
-_COMPLETE = """
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-if redis.call('SADD', KEYS[3], ARGV[1]) == 1 then
-  for i = 2, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[4], ARGV[i], ARGV[i + 1]) end
-  return 1
-end
-return 0
-"""
-
-# Remove a lease only if it is still expired (a heartbeat may have renewed it meanwhile).
-_CLAIM_EXPIRED = """
-local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if expiry and tonumber(expiry) <= tonumber(ARGV[2]) then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], ARGV[1])
-  return 1
-end
-return 0
-"""
-
-# Renew leases still owned by us (or lost with a Redis restart); never steal a taken-over lease.
-_RENEW = """
-for i = 1, #KEYS, 2 do
-  local owner = redis.call('HGET', KEYS[i + 1], ARGV[i])
-  if not owner or owner == ARGV[i + 1] then
-    redis.call('ZADD', KEYS[i], ARGV[#ARGV], ARGV[i])
-    redis.call('HSET', KEYS[i + 1], ARGV[i], ARGV[i + 1])
-  end
-end
-return 1
-"""
-
-# Release a lease only if we still own it.
-_RELEASE = """
-if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], ARGV[1])
-  return 1
-end
-return 0
-"""
 
 
 class Bookkeeping:
@@ -90,11 +26,12 @@ class Bookkeeping:
     def __init__(self, client: redis.Redis, prefix: str = "dflash") -> None:
         self._r = client
         self._p = prefix
-        self._acquire = client.register_script(_ACQUIRE)
-        self._complete = client.register_script(_COMPLETE)
-        self._release = client.register_script(_RELEASE)
-        self._claim = client.register_script(_CLAIM_EXPIRED)
-        self._renew = client.register_script(_RENEW)
+        self._keys = Keys(prefix)
+        self._acquire = load_script(client, "acquire_lease")
+        self._complete = load_script(client, "complete_chunk")
+        self._release = load_script(client, "release_lease")
+        self._claim = load_script(client, "claim_expired_lease")
+        self._renew = load_script(client, "renew_leases")
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "dflash") -> Bookkeeping:
@@ -118,14 +55,14 @@ class Bookkeeping:
             self._r.ping()
 
     def _k(self, job_id: str, what: str = "") -> str:
-        return f"{self._p}:job:{job_id}" + (f":{what}" if what else "")
+        return self._keys.job(job_id, what)
 
     # -- job registry ---------------------------------------------------------------------------
     def register_job(self, job_id: str, output_uri: str) -> None:
         """Make the job known to workers (they look up its output location here)."""
         with _redis_errors("registering the job"):
             pipe = self._r.pipeline()
-            pipe.sadd(f"{self._p}:jobs", job_id)
+            pipe.sadd(self._keys.jobs(), job_id)
             pipe.hsetnx(self._k(job_id), "state", "running")
             pipe.hset(self._k(job_id), mapping={"output": output_uri, "registered": time.time()})
             pipe.execute()
@@ -137,7 +74,7 @@ class Bookkeeping:
 
     def jobs(self) -> list[str]:
         with _redis_errors("listing jobs"):
-            return sorted(m.decode() for m in cast(Iterable[bytes], self._r.smembers(f"{self._p}:jobs")))
+            return sorted(m.decode() for m in cast(Iterable[bytes], self._r.smembers(self._keys.jobs())))
 
     def job_state(self, job_id: str) -> tuple[str, str]:
         """(state, pause reason): state is ``running`` or ``paused``."""
@@ -202,7 +139,7 @@ class Bookkeeping:
     def finish_job(self, job_id: str) -> None:
         """Forget a finished job's registry entry (the store keeps everything)."""
         with _redis_errors("unregistering the job"):
-            self._r.srem(f"{self._p}:jobs", job_id)
+            self._r.srem(self._keys.jobs(), job_id)
 
     # -- leases -----------------------------------------------------------------------------------
     def acquire(self, job_id: str, chunk: int, owner: str, lease_seconds: float) -> bool:
@@ -295,7 +232,7 @@ class Bookkeeping:
     def try_lock(self, name: str, owner: str, seconds: float) -> bool:
         """A short best-effort lock (e.g. one reconciler at a time)."""
         with _redis_errors("taking a lock"):
-            return bool(self._r.set(f"{self._p}:lock:{name}", owner, nx=True, px=int(seconds * 1000)))
+            return bool(self._r.set(self._keys.lock(name), owner, nx=True, px=int(seconds * 1000)))
 
 
 class _redis_errors:

@@ -17,6 +17,7 @@ import redis
 from celery import Celery
 
 from dflash_tasks.coord.celery_app import TASK_NAME
+from dflash_tasks.coord.keys import UNACKED, UNACKED_INDEX
 from dflash_tasks.core.errors import RetryableError
 
 
@@ -53,10 +54,10 @@ def unacked_deliveries(client: redis.Redis) -> list[Delivery]:
     delivery without a lease belongs to a dead worker.
     """
     try:
-        rows = cast(list[tuple[bytes, float]], client.zrange("unacked_index", 0, -1, withscores=True))
+        rows = cast(list[tuple[bytes, float]], client.zrange(UNACKED_INDEX, 0, -1, withscores=True))
         if not rows:
             return []
-        raws = cast(list[bytes | None], client.hmget("unacked", [tag for tag, _ in rows]))
+        raws = cast(list[bytes | None], client.hmget(UNACKED, [tag for tag, _ in rows]))
     except redis.RedisError as exc:
         raise RetryableError(f"cannot read the broker's unacked messages: {exc}") from exc
     found: list[Delivery] = []

@@ -12,7 +12,8 @@ from typing import Any
 import redis
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
-from dflash_tasks.coord.progress_keys import FLUSH_LAG, PROGRESS_KEY, SET_MIN_SCRIPT, Keys
+from dflash_tasks.coord.lua import load_script
+from dflash_tasks.coord.progress_keys import FLUSH_LAG, PROGRESS_KEY, Keys
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.job import JobDefinition, Manifest
 from dflash_tasks.monitoring.progress import GPU_GAP_CAP, alive, summarize
@@ -47,7 +48,7 @@ class ProgressWriter:
         self._period = period
         self._queue = queue
         self._price = default_gpu_hour_usd
-        self._set_min = bookkeeping.client.register_script(SET_MIN_SCRIPT)
+        self._set_min = load_script(bookkeeping.client, "set_min")
 
     def write_if_due(
         self,
