@@ -1,15 +1,15 @@
 """``python -m dflash_tasks.demo``: the whole pipeline on one machine, with simulated GPUs.
 
-Writes a prompt file in every accepted format (plus a few malformed lines), starts one SGLang
-simulator and one worker per simulated GPU and Flower, runs ``enqueue --wait`` (live progress
-bar), checks the output with ``verify``, and stops everything it started, on Ctrl-C too.
+Writes a prompt file in every accepted format (plus a few malformed lines), starts a node of
+simulated GPUs (``python -m workers.node --simulate``: one SGLang simulator and one worker per
+GPU, supervised as on a real node) and Flower, runs ``enqueue --wait`` (live progress bar),
+checks the output with ``verify``, and stops everything it started, on Ctrl-C too.
 Redis must already answer at ``DFLASH_BROKER_URL`` (``make demo`` sees to it).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -30,86 +30,43 @@ from typing import Any
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.settings import Settings, redact_url
 from dflash_tasks.producer.inputs import InvalidLine, read_input
+from workers.node.procs import Child, stop_all
 
 MODEL = "Qwen/Qwen3-8B"
 FLOWER_USER = "admin"
-_READY = re.compile(r"SIM READY (\S+)")
+_NODE_READY = re.compile(r"node ready: (\d+) GPU")
 
 
-# --- child processes ---------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Child:
-    name: str
-    proc: subprocess.Popen[bytes]
-    log: Path | None
-
-
-@dataclass(slots=True)
 class Children:
-    """Processes started by the demo; each leads its own process group, so Ctrl-C reaches only us."""
+    """What the demo started: the node, Flower, and the enqueue and verify commands in turn."""
 
-    logs: Path
-    started: list[Child] = field(default_factory=list)
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.started: list[Child] = []
 
-    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Child:
-        log = self.logs / f"{name}.log"
-        with open(log, "ab") as fh:
-            proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        child = Child(name, proc, log)
+    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> Child:
+        child = Child(name, tuple(argv), env, self.logs / f"{name}.log")
+        child.spawn()
         self.started.append(child)
         return child
 
-    def foreground(self, name: str, argv: Sequence[str]) -> int:
+    def foreground(self, argv: Sequence[str]) -> int:
         """Run ``argv`` on our terminal (its progress bar shows live) and return its exit status."""
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, start_new_session=True)
-        child = Child(name, proc, None)
-        self.started.append(child)
         try:
             return proc.wait()
         finally:
-            stop([child], timeout=5.0)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait()
 
     def stop_all(self, timeout: float) -> None:
-        """Workers first (they may be mid-request), then Flower and the simulators."""
-        workers = [c for c in self.started if c.name.startswith("gpu")]
-        try:
-            stop([c for c in self.started if c.log is None], timeout)
-            stop(workers, timeout)
-            stop([c for c in self.started if c not in workers], timeout)
-        except KeyboardInterrupt:
-            for child in self.started:
-                if child.proc.poll() is None:
-                    _signal_group(child.proc, signal.SIGKILL)
-                    child.proc.wait()
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def stop(children: Sequence[Child], timeout: float) -> None:
-    """SIGTERM each live child's process group, then SIGKILL what is left after ``timeout`` s."""
-    live = [c for c in children if c.proc.poll() is None]
-    for child in live:
-        _signal_group(child.proc, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for child in live:
-        try:
-            child.proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            print(f"demo: {child.name} did not stop within {timeout:.0f}s; killing it", file=sys.stderr)
-            _signal_group(child.proc, signal.SIGKILL)
-            child.proc.wait()
+        """Flower, then the node (which stops its workers before its simulators)."""
+        for child in reversed(self.started):
+            try:
+                stop_all([child], timeout, lambda: False, _say)
+            except KeyboardInterrupt:
+                child.signal(signal.SIGKILL)
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -122,16 +79,15 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def wait_for_log(child: Child, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
     """Wait until ``child``'s log matches ``pattern``; raise DemoError if it exits or times out."""
-    assert child.log is not None
     deadline = time.monotonic() + timeout
     while True:
-        found = pattern.search(child.log.read_text(errors="replace"))
+        found = pattern.search(child.log_path.read_text(errors="replace"))
         if found:
             return found
-        if child.proc.poll() is not None:
-            raise DemoError(f"{child.name} exited with status {child.proc.returncode}:\n{_tail(child.log)}")
+        if not child.running():
+            raise DemoError(f"{child.name} exited with status {child.exit_code()}:\n{_tail(child.log_path)}")
         if time.monotonic() > deadline:
-            raise DemoError(f"{child.name} not ready after {timeout:.0f}s (log: {child.log})")
+            raise DemoError(f"{child.name} not ready after {timeout:.0f}s (log: {child.log_path})")
         time.sleep(0.1)
 
 
@@ -270,9 +226,18 @@ def _free_port() -> int:
         return port
 
 
+def _free_port_range(count: int) -> int:
+    """A base port B with B .. B+count-1 all free on 127.0.0.1."""
+    for _ in range(100):
+        base = _free_port()
+        if base + count < 65536 and all(_port_free(base + i) for i in range(count)):
+            return base
+    raise DemoError(f"no run of {count} free ports found on 127.0.0.1")
+
+
 def _wait_port(port: int, child: Child, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and child.proc.poll() is None:
+    while time.monotonic() < deadline and child.running():
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1.0):
                 return True
@@ -315,26 +280,21 @@ def run_demo(args: argparse.Namespace, children: Children) -> Outcome:
     _say(f"wrote {prompts}: {valid:,} prompts + {invalid} malformed lines")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
-    sim_flags = f"--port 0 --model {MODEL} --time-scale {args.time_scale}"
-    sims = []
-    for i in range(args.gpus):
-        flags = [*sim_flags.split(), "--mean-output-tokens", str(args.mean_output_tokens)]
-        sims.append(
-            children.spawn(
-                f"sim{i}", [py, "-m", "dflash_tasks.sim", *flags, "--seed", str(args.seed + i)], env
-            )
-        )
-    urls = [wait_for_log(sim, _READY, 30.0).group(1) for sim in sims]
-    _say(f"{args.gpus} simulated GPUs: {', '.join(urls)} (time scale {args.time_scale})")
-    metrics_ports = [_free_port() for _ in urls]  # one Prometheus endpoint per worker
-    workers = [
-        children.spawn(
-            f"gpu{i}",
-            [py, "-m", "workers", "--endpoint", url, "--name", f"gpu{i}", "--metrics-port", str(port)],
-            env,
-        )
-        for i, (url, port) in enumerate(zip(urls, metrics_ports, strict=True))
-    ]
+    port_base = _free_port_range(args.gpus)
+    metrics_base = _free_port_range(args.gpus)
+    sim_args = (
+        f"--model {MODEL} --time-scale {args.time_scale} --mean-output-tokens {args.mean_output_tokens} "
+        f"--seed {args.seed}"
+    )
+    node_argv = [
+        py, "-m", "workers.node", "--simulate", "--gpus", f"0-{args.gpus - 1}",
+        "--port-base", str(port_base),
+        "--sim-arg", sim_args, "--log-dir", str(logs), "--echo", "none",
+    ]  # fmt: skip
+    # worker N serves Prometheus on metrics_base + N
+    node = children.spawn("node", node_argv, {**env, "DFLASH_METRICS_PORT": str(metrics_base)})
+    urls = [f"http://127.0.0.1:{port_base + i}" for i in range(args.gpus)]
+    metrics_ports = [metrics_base + i for i in range(args.gpus)]
 
     flower_port = args.flower_port if _port_free(args.flower_port) else _free_port()
     given = settings.flower_password
@@ -344,9 +304,11 @@ def run_demo(args: argparse.Namespace, children: Children) -> Outcome:
     flower = children.spawn("flower", flower_argv, flower_env)
     flower_url = f"http://127.0.0.1:{flower_port}"
     where = "from DFLASH_FLOWER_PASSWORD" if given else password
-    for worker in workers:
-        wait_for_log(worker, re.compile(r"\bready\b"), 60.0)
-    _say(f"{args.gpus} workers ready on broker {redact_url(settings.broker_url)}, queue {settings.queue!r}")
+    wait_for_log(node, _NODE_READY, 120.0)
+    _say(
+        f"{args.gpus} simulated GPUs serving ({', '.join(urls)}, time scale {args.time_scale}); workers "
+        f"on broker {redact_url(settings.broker_url)}, queue {settings.queue!r}; node log {node.log_path}"
+    )
     if _wait_port(flower_port, flower, 20.0):
         _say(f"Flower: {flower_url}  user {FLOWER_USER}  password {where}")
     else:
@@ -358,16 +320,16 @@ def run_demo(args: argparse.Namespace, children: Children) -> Outcome:
     started = time.monotonic()
     files = ["--input", str(prompts), "--output", str(completions)]
     enqueue_argv = [py, "-m", "dflash_tasks.enqueue", *files, "--model", MODEL, "--wait"]
-    enqueue_status = children.foreground("enqueue", enqueue_argv)
+    enqueue_status = children.foreground(enqueue_argv)
     seconds = time.monotonic() - started
     if enqueue_status != 0:
         _say(f"enqueue exited with status {enqueue_status}; worker logs are in {logs}")
-    verify_status = children.foreground("verify", [py, "-m", "dflash_tasks.verify", *files])
+    verify_status = children.foreground([py, "-m", "dflash_tasks.verify", *files])
     _say(f"job took {seconds:.0f}s; completions in {completions / 'outputs'}")
     _say(f"prompts {prompts} | logs {logs} | Flower {flower_url} (user {FLOWER_USER})")
     if args.keep_running:
         _say("services keep running: press Ctrl-C to stop them")
-        _watch([*sims, *workers, flower])
+        _watch([node, flower])
     return Outcome(enqueue_status, verify_status, seconds)
 
 
@@ -375,9 +337,9 @@ def _watch(children: Sequence[Child]) -> None:
     reported: set[str] = set()
     while True:
         for child in children:
-            if child.proc.poll() is not None and child.name not in reported:
+            if not child.running() and child.name not in reported:
                 reported.add(child.name)
-                _say(f"{child.name} exited with status {child.proc.returncode} (log: {child.log})")
+                _say(f"{child.name} exited with status {child.exit_code()} (log: {child.log_path})")
         time.sleep(1.0)
 
 
