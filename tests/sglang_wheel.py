@@ -47,7 +47,7 @@ def ensure_wheel(cache: Path = CACHE) -> Path:
             *("--dest", tmp, SGLANG_PIP_SPEC),
         ]
         try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
             error = res.stderr.strip()[-1500:] if res.returncode else ""
         except (OSError, subprocess.TimeoutExpired) as exc:
             error = str(exc)

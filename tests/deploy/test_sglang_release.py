@@ -266,21 +266,30 @@ def test_compose_and_env_example_pull_the_pinned_image() -> None:
 _RELEASE_MENTION = re.compile(r"lmsysorg/sglang:([^\s\"'`)\]}]+)|\bsglang\s*(==|>=|<=|~=|>|<)\s*([\w.]+)")
 
 
-def test_no_other_sglang_release_is_named_anywhere() -> None:
-    tracked = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.split()
-    seen: dict[str, list[str]] = {}
-    for rel in tracked:
-        path = REPO / rel
-        # The changelog tells history; this file holds the patterns themselves.
-        if rel in ("CHANGELOG.md", "tests/deploy/test_sglang_release.py") or not path.is_file():
+_TEXT = {".py", ".md", ".sh", ".yml", ".yaml", ".toml", ".example", ".service", ".conf", ".txt", ".cfg"}
+_SKIP_DIRS = {"__pycache__", "demo-output", "test-artifacts", "logs", "build", "dist", "results"}
+
+
+def project_text_files() -> Iterator[Path]:
+    """The project's own text files: no hidden folders (.git, .venv, .cache), nothing generated."""
+    for path in sorted(REPO.rglob("*")):
+        parts = path.relative_to(REPO).parts
+        if any(p.startswith(".") or p in _SKIP_DIRS or p.endswith(".egg-info") for p in parts[:-1]):
             continue
-        if path.suffix in (".png", ".gz", ".whl", ".parquet"):
+        if path.is_file() and (path.suffix in _TEXT or path.name in ("Dockerfile", "Makefile")):
+            yield path
+
+
+def test_no_other_sglang_release_is_named_anywhere() -> None:
+    seen: dict[str, list[str]] = {}
+    for path in project_text_files():
+        rel = str(path.relative_to(REPO))
+        # The changelog tells history; this file holds the patterns themselves.
+        if rel in ("CHANGELOG.md", "tests/deploy/test_sglang_release.py"):
             continue
         for m in _RELEASE_MENTION.finditer(path.read_text(errors="replace")):
             if "{" in m.group(0):
-                continue  # a template built from SGLANG_VERSION (sglang_release.py, this file)
+                continue  # a template built from SGLANG_VERSION (sglang_release.py)
             seen.setdefault(rel, []).append(m.group(0))
             if m.group(1) is not None:
                 assert m.group(1) in (f"v{SGLANG_VERSION}", f"v{SGLANG_VERSION}-cu129"), (rel, m.group(0))
