@@ -15,18 +15,19 @@ BENCH_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv redis browser demo test lint format bench reliability clean distclean
+.PHONY: help venv redis browser sglang-wheel demo test lint format bench reliability clean distclean
 
 help:
 	@echo "make venv         create $(VENV) (with $(PYTHON)) and install the package with its dev extras"
 	@echo "make redis        install redis-server if missing; start a local Redis at DFLASH_BROKER_URL if none answers"
 	@echo "make demo         4 simulated GPUs + workers + Flower, one 3,000-prompt job, verify (DEMO_ARGS='--help')"
-	@echo "make test         venv + redis + chromium (BROWSER_TESTS=0: without), then pytest (PYTEST_ARGS=...)"
+	@echo "make test         venv + redis + chromium (BROWSER_TESTS=0: without) + the SGLang wheel, then pytest"
+	@echo "make sglang-wheel download the pinned SGLang wheel (no deps) the flag check reads, once"
 	@echo "make lint         ruff check, ruff format --check, mypy --strict"
 	@echo "make format       sort imports and format with ruff"
 	@echo "make bench        run the benchmarks (python -m benchmarks), if there are any"
 	@echo "make reliability  run the tests marked 'reliability'"
-	@echo "make clean        remove caches, build metadata and demo-output/ (distclean: also $(VENV))"
+	@echo "make clean        remove caches, build metadata and demo-output/ (distclean: also $(VENV), .cache/)"
 
 venv: $(STAMP)
 
@@ -46,11 +47,16 @@ browser:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
 	fi
 
+# The pinned SGLang release's wheel (39 MB, no dependencies) into .cache/sglang/, once: the
+# flag check (tests/deploy/test_sglang_release.py) reads SGLang's own CLI from it.
+sglang-wheel: venv
+	@$(BIN)/python -m tests.sglang_wheel
+
 demo: venv redis
 	$(BIN)/python -m dflash_tasks.demo $(DEMO_ARGS)
 
 # scripts/ensure_redis.sh (the redis target) also installs the redis-server binary the tests start.
-test: venv redis browser
+test: venv redis browser sglang-wheel
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: venv
@@ -81,4 +87,4 @@ clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) .cache

@@ -15,7 +15,9 @@ import pytest
 import yaml
 
 from dflash_tasks.core.settings import Settings
+from tests.model_configs import QWEN36_27B
 from workers.node.launch import sglang_command
+from workers.node.profiles import choose_profile
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_TEXT = (REPO / "docker-compose.yml").read_text()
@@ -41,9 +43,11 @@ def interpolate(text: str) -> str:
 
 
 def argv(service: dict[str, Any]) -> list[str]:
+    """The command as compose runs it: a string is interpolated, then split like a shell would."""
     command = service["command"]
-    parts = shlex.split(command) if isinstance(command, str) else list(command)
-    return [interpolate(p) for p in parts]
+    return (
+        shlex.split(interpolate(command)) if isinstance(command, str) else [interpolate(p) for p in command]
+    )
 
 
 def in_profile(profile: str) -> set[str]:
@@ -86,7 +90,10 @@ def test_gpu_reservations_are_distinct_and_pinned() -> None:
 
 
 def test_servers_run_sglang_with_the_launchers_flags() -> None:
-    ours = sglang_command("python3", "/models/M", 30000, 48)[3:]
+    # The seed (an MTP model): the launcher's mtp profile. Other models: SGLANG_SPEC_ARGS
+    # (tests/deploy/test_sglang_release.py checks those lines against SGLang's CLI).
+    mtp = choose_profile("/models/M", QWEN36_27B)
+    ours = sglang_command("python3", "/models/M", 30000, 48, profile=mtp)[3:]
     expected = {a for a in ours if a.startswith("--")}
     for gpu in GPUS:
         svc = SERVICES[f"sglang-gpu{gpu}"]
@@ -100,7 +107,7 @@ def test_servers_run_sglang_with_the_launchers_flags() -> None:
         )
         assert topk == 1 and draft == steps + 1
         assert flag["--reasoning-parser"] == "qwen3"
-        assert flag["--max-running-requests"] == flag["--cuda-graph-max-bs"] == "48"
+        assert flag["--max-running-requests"] == flag["--cuda-graph-max-bs-decode"] == "48"
         assert "${DFLASH_MAX_INFLIGHT:-48}" in svc["command"]  # the same variable the workers read
         assert flag["--port"] == "30000" and flag["--model-path"].startswith("/models/")
         assert "/health_generate" in " ".join(svc["healthcheck"]["test"])

@@ -1,22 +1,29 @@
-"""The command lines the node launcher builds (workers/launch.py), against the SGLang reference flags."""
+"""The command lines the node launcher builds (workers/node/launch.py). Whether SGLang accepts
+them is checked against the pinned release's own CLI in tests/deploy/test_sglang_release.py."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
 from dflash_tasks.core.errors import ConfigError
+from tests.model_configs import QWEN3_8B, QWEN36_27B, write_model
 from workers.node.launch import (
-    MTP,
     GpuPlan,
     NodeOptions,
+    merge_flags,
     parse_gpus,
     plan_node,
     sglang_command,
     split_args,
 )
 from workers.node.main import main as node_main
+from workers.node.profiles import NEXTN, choose_profile
 
-MODEL = "/dev/shm/models/Qwen3-8B"
+MODEL = "/dev/shm/models/Qwen3.6-27B"
+MTP_PROFILE = choose_profile(MODEL, QWEN36_27B)
 
 
 def flag(argv: tuple[str, ...] | list[str], name: str) -> str:
@@ -26,7 +33,13 @@ def flag(argv: tuple[str, ...] | list[str], name: str) -> str:
 
 
 def plans(**kw: object) -> list[GpuPlan]:
-    opts = {"gpus": (0, 1, 2), "model_path": MODEL, "python": "/venv/bin/python", **kw}
+    opts = {
+        "gpus": (0, 1, 2),
+        "model_path": MODEL,
+        "python": "/venv/bin/python",
+        "model_config": QWEN36_27B,
+        **kw,
+    }
     return plan_node(NodeOptions(**opts), {"PATH": "/usr/bin", "DFLASH_QUEUE": "q"})  # type: ignore[arg-type]
 
 
@@ -65,7 +78,7 @@ def test_parse_gpus_rejects_bad_input_clearly(spec: str, message: str) -> None:
 
 
 def test_sglang_command_has_mtp_reasoning_and_metrics() -> None:
-    argv = sglang_command("python", MODEL, 30003, 48)
+    argv = sglang_command("python", MODEL, 30003, 48, profile=MTP_PROFILE)
     assert argv[:3] == ["python", "-m", "sglang.launch_server"]
     assert flag(argv, "--model-path") == MODEL
     assert flag(argv, "--host") == "127.0.0.1" and flag(argv, "--port") == "30003"
@@ -75,21 +88,33 @@ def test_sglang_command_has_mtp_reasoning_and_metrics() -> None:
 
 
 def test_nextn_triple_is_consistent() -> None:
-    argv = sglang_command("python", MODEL, 30000, 48)
+    argv = sglang_command("python", MODEL, 30000, 48, profile=MTP_PROFILE)
     steps = int(flag(argv, "--speculative-num-steps"))
     topk = int(flag(argv, "--speculative-eagle-topk"))
     draft = int(flag(argv, "--speculative-num-draft-tokens"))
     # SGLang: all three or none; with top-k 1, draft tokens are forced to steps + 1.
     assert (steps, topk, draft) == (3, 1, 4)
     assert topk == 1 and draft == steps + 1
-    assert (MTP.num_steps, MTP.eagle_topk, MTP.num_draft_tokens) == (steps, topk, draft)
+    assert (NEXTN.num_steps, NEXTN.eagle_topk, NEXTN.num_draft_tokens) == (steps, topk, draft)
+
+
+def test_a_dense_model_gets_no_speculation_and_a_draft_gets_eagle3() -> None:
+    for plan in plans(model_config=QWEN3_8B):
+        assert not any(a.startswith("--speculative") for a in plan.server_argv)
+    for plan in plans(model_config=QWEN3_8B, draft_model="/dev/shm/models/draft"):
+        assert flag(plan.server_argv, "--speculative-algorithm") == "EAGLE3"
+        assert flag(plan.server_argv, "--speculative-draft-model-path") == "/dev/shm/models/draft"
+        assert flag(plan.server_argv, "--speculative-num-draft-tokens") == "4"
+    for plan in plans(model_path="Qwen/Qwen3-8B", model_config=None):
+        assert not any(a.startswith("--speculative") for a in plan.server_argv)
 
 
 @pytest.mark.parametrize("inflight", [1, 48, 96])
 def test_server_caps_equal_the_in_flight_target(inflight: int) -> None:
     for plan in plans(max_inflight=inflight):
         assert flag(plan.server_argv, "--max-running-requests") == str(inflight)
-        assert flag(plan.server_argv, "--cuda-graph-max-bs") == str(inflight)
+        assert flag(plan.server_argv, "--cuda-graph-max-bs-decode") == str(inflight)
+        assert "--cuda-graph-max-bs" not in plan.server_argv  # gone in SGLang 0.5.23
         assert flag(plan.worker_argv, "--max-inflight") == str(inflight)
 
 
@@ -130,9 +155,25 @@ def test_extra_sglang_args_are_appended_and_win() -> None:
         "Qwen/Qwen3 8B",
     )
     argv = plans(sglang_args=extra)[0].server_argv
-    assert argv[-len(extra) :] == extra  # appended after ours: argparse keeps the last value
+    assert argv[-len(extra) :] == extra  # appended after ours
+    assert "--max-running-requests" not in argv  # ours is dropped: the user's is the only one
+    assert flag(argv, "--cuda-graph-max-bs-decode") == "48"  # the rest of ours stays
     with pytest.raises(ConfigError, match="cannot split"):
         split_args(["--x 'unterminated"])
+
+
+def test_user_flags_replace_the_profiles() -> None:
+    user = split_args(["--speculative-num-steps 5 --speculative-num-draft-tokens=6 --enable-metrics"])
+    argv = plans(sglang_args=user)[0].server_argv
+    assert argv.count("--enable-metrics") == 1
+    assert flag(argv, "--speculative-algorithm") == "NEXTN"  # the profile's, not given by the user
+    assert flag(argv, "--speculative-num-steps") == "5"
+    assert argv.count("--speculative-num-steps") == 1
+    assert "--speculative-num-draft-tokens=6" in argv and "--speculative-num-draft-tokens" not in argv
+    # The user's own algorithm turns the profile's speculation off entirely.
+    own = plans(sglang_args=("--speculative-algorithm", "NGRAM"))[0].server_argv
+    assert [a for a in own if a.startswith("--speculative")] == ["--speculative-algorithm"]
+    assert merge_flags([("--a", ("1",)), ("--b", ())], ["--a=2", "x"]) == ["--b", "--a=2", "x"]
 
 
 def test_sglang_python_may_differ_from_the_workers() -> None:
@@ -168,20 +209,58 @@ def test_plan_rejects(kw: dict[str, object], message: str) -> None:
 
 
 def test_node_cli_print_commands_and_env_defaults(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    model = write_model(tmp_path, "Qwen3.6-27B", QWEN36_27B)
     monkeypatch.setenv("DFLASH_GPUS", "1,3")
-    monkeypatch.setenv("DFLASH_MODEL_PATH", MODEL)
+    monkeypatch.setenv("DFLASH_MODEL_PATH", str(model))
     monkeypatch.setenv("DFLASH_PORT_BASE", "32000")
     monkeypatch.setenv("DFLASH_SGLANG_ARGS", "--context-length 40960")
     monkeypatch.setenv("DFLASH_METRICS_PORT", "9900")
     assert node_main(["--print-commands", "--sglang-arg", "--mem-fraction-static 0.8"]) == 0
     out = capsys.readouterr().out
+    assert out.splitlines()[0] == (
+        "# profile mtp: Qwen3_5ForConditionalGeneration with MTP layers "
+        "(text_config.mtp_num_hidden_layers=1): NEXTN 3/1/4 on the model's own MTP head"
+    )
     assert "CUDA_VISIBLE_DEVICES=1 " in out and "CUDA_VISIBLE_DEVICES=3 " in out
     assert "--port 32001" in out and "--port 32003" in out
+    assert "--speculative-algorithm NEXTN --speculative-num-steps 3" in out
     assert "--endpoint http://127.0.0.1:32003 --name gpu3" in out
     assert "--enable-metrics --context-length 40960 --mem-fraction-static 0.8" in out
     assert "CUDA_VISIBLE_DEVICES=3 DFLASH_METRICS_PORT=9903 " in out
+
+
+def test_node_cli_says_which_profile_and_why(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    dense = write_model(tmp_path, "Qwen3-8B", QWEN3_8B)
+    assert node_main(["--print-commands", "--gpus", "0", "--model", str(dense)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# profile none: Qwen3ForCausalLM has no MTP head in SGLang 0.5.23")
+    assert "--speculative" not in out
+    args = ["--print-commands", "--gpus", "0", "--model", str(dense), "--draft-model", "/d/eagle3"]
+    assert node_main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# profile eagle3: draft model /d/eagle3 given")
+    assert "--speculative-algorithm EAGLE3 --speculative-draft-model-path /d/eagle3" in out
+    assert node_main(["--print-commands", "--gpus", "0", "--model", "Qwen/Qwen3-8B"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# profile none: no local config.json (Qwen/Qwen3-8B looks like a hub id")
+    assert "--speculative" not in out.split("\n", 1)[1]  # the note names the flag; no line has it
+
+
+def test_node_cli_refuses_a_model_directory_without_a_readable_config(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert node_main(["--print-commands", "--gpus", "0", "--model", str(empty)]) == 2
+    assert f"{empty}/config.json is missing" in capsys.readouterr().err
+    (empty / "config.json").write_text("{not json")
+    assert node_main(["--print-commands", "--gpus", "0", "--model", str(empty)]) == 2
+    assert "is not valid JSON" in capsys.readouterr().err
+    (empty / "config.json").write_text(json.dumps({"architectures": "Qwen3ForCausalLM"}))
+    assert node_main(["--print-commands", "--gpus", "0", "--model", str(empty)]) == 2
+    assert "'architectures' must be a list of names" in capsys.readouterr().err
 
 
 def test_node_cli_reports_bad_gpus(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,10 +2,11 @@
 
 Pure functions, no I/O: :func:`plan_node` turns the node's options into one :class:`GpuPlan`
 per GPU, each with the argv and environment of its server and of its worker. The SGLang flags
-follow ``shared/reference/sglang-http-api.md`` §5: MTP speculative decoding (``NEXTN``, 3 steps,
-top-k 1, 4 draft tokens) and ``--max-running-requests`` / ``--cuda-graph-max-bs`` raised from
-the speculative default to the worker's in-flight target, so the worker never queues requests
-the server will not batch.
+are those of the pinned release (:mod:`workers.node.sglang_release`): the speculative decoding
+of the model's profile (:mod:`workers.node.profiles`: NEXTN on a model's own MTP layers, EAGLE3
+with a draft model, or none), and ``--max-running-requests`` / ``--cuda-graph-max-bs-decode``
+raised to the worker's in-flight target, so the worker never queues requests the server will
+not batch. A flag the user passes (``--sglang-arg``) replaces ours.
 """
 
 from __future__ import annotations
@@ -14,37 +15,16 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dflash_tasks.core.errors import ConfigError
+from workers.node.profiles import FlagPair, Profile, choose_profile
 
 HOST = "127.0.0.1"
 HEALTH_PATH = "/health_generate"
 REASONING_PARSER = "qwen3"
-
-
-@dataclass(frozen=True, slots=True)
-class SpecDecode:
-    """Speculative decoding flags. With top-k 1, SGLang forces draft tokens = steps + 1."""
-
-    algorithm: str = "NEXTN"
-    num_steps: int = 3
-    eagle_topk: int = 1
-    num_draft_tokens: int = 4
-
-    def flags(self) -> list[str]:
-        return [
-            "--speculative-algorithm",
-            self.algorithm,
-            "--speculative-num-steps",
-            str(self.num_steps),
-            "--speculative-eagle-topk",
-            str(self.eagle_topk),
-            "--speculative-num-draft-tokens",
-            str(self.num_draft_tokens),
-        ]
-
-
-MTP = SpecDecode()
+#: No speculative decoding (a dense model without a draft).
+NO_SPEC = Profile("none", "no speculative decoding")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +42,10 @@ class NodeOptions:
     sglang_python: str = ""
     #: Worker on GPU N serves Prometheus metrics on ``metrics_port_base + N``; 0 = off.
     metrics_port_base: int = 0
+    #: The model's parsed ``config.json``; None when there is no local one (a hub id).
+    model_config: Mapping[str, Any] | None = None
+    #: A draft model for EAGLE3 (for a model without MTP layers); "" = none.
+    draft_model: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,30 +109,46 @@ def split_args(values: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _flag_name(arg: str) -> str | None:
+    """``--x`` for ``--x`` and ``--x=value``; None for a value."""
+    return arg.split("=", 1)[0] if arg.startswith("--") else None
+
+
+def merge_flags(ours: Sequence[FlagPair], user: Sequence[str]) -> list[str]:
+    """Our flags, less every one the user also gives, then the user's args as given: each flag
+    appears once, and the user's value is the one SGLang sees."""
+    given = {name for arg in user if (name := _flag_name(arg))}
+    out = [part for flag, values in ours if flag not in given for part in (flag, *values)]
+    return [*out, *user]
+
+
 def sglang_command(
-    python: str, model_path: str, port: int, max_inflight: int, extra: Sequence[str] = ()
+    python: str,
+    model_path: str,
+    port: int,
+    max_inflight: int,
+    extra: Sequence[str] = (),
+    profile: Profile = NO_SPEC,
 ) -> list[str]:
-    """``python -m sglang.launch_server`` for one GPU, with MTP and the in-flight cap."""
-    return [
-        python,
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        model_path,
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--reasoning-parser",
-        REASONING_PARSER,
-        *MTP.flags(),
-        "--max-running-requests",
-        str(max_inflight),
-        "--cuda-graph-max-bs",
-        str(max_inflight),
-        "--enable-metrics",
-        *extra,
+    """``python -m sglang.launch_server`` for one GPU: the profile's speculative decoding, the
+    in-flight cap, then ``extra`` (the user's flags, which replace ours)."""
+    cap = str(max_inflight)
+    ours: list[FlagPair] = [
+        ("--model-path", (model_path,)),
+        ("--host", (HOST,)),
+        ("--port", (str(port),)),
+        ("--reasoning-parser", (REASONING_PARSER,)),
+        *profile.flags,
+        ("--max-running-requests", (cap,)),
+        ("--cuda-graph-max-bs-decode", (cap,)),
+        ("--enable-metrics", ()),
     ]
+    return [python, "-m", "sglang.launch_server", *merge_flags(ours, extra)]
+
+
+def node_profile(options: NodeOptions) -> Profile:
+    """The speculative-decoding profile every server of this node gets."""
+    return choose_profile(options.model_path, options.model_config, options.draft_model, options.sglang_args)
 
 
 def sim_command(
@@ -207,6 +207,7 @@ def plan_node(options: NodeOptions, base_env: Mapping[str, str]) -> list[GpuPlan
         raise ConfigError(f"--port-base {options.port_base}: GPU {max(options.gpus)} would get port {top}")
     if options.metrics_port_base > 0 and options.metrics_port_base + max(options.gpus) > 65535:
         raise ConfigError(f"metrics port {options.metrics_port_base} + GPU {max(options.gpus)} is past 65535")
+    profile = NO_SPEC if options.simulate else node_profile(options)
     plans = []
     for gpu in options.gpus:
         port = options.port_base + gpu
@@ -222,6 +223,7 @@ def plan_node(options: NodeOptions, base_env: Mapping[str, str]) -> list[GpuPlan
                 port,
                 options.max_inflight,
                 options.sglang_args,
+                profile,
             )
         name = f"gpu{gpu}"
         worker = worker_command(options.python, endpoint, name, options.max_inflight)

@@ -1,10 +1,12 @@
 """``python -m workers.node --gpus 0-6 --model PATH``: one SGLang server and one worker per GPU.
 
-For each GPU N: an SGLang server on ``127.0.0.1:PORT_BASE+N`` with MTP speculative decoding and
-``CUDA_VISIBLE_DEVICES=N``; once its ``/health_generate`` answers 200, a worker
-(``python -m workers --endpoint ... --name gpuN``) bound to it. Dead servers and workers are
-restarted with backoff. SIGTERM stops the workers first (running chunks finish), then the
-servers. ``--simulate`` runs the same topology on the SGLang simulator (no GPU needed).
+For each GPU N: an SGLang server on ``127.0.0.1:PORT_BASE+N`` with ``CUDA_VISIBLE_DEVICES=N`` and
+the speculative decoding of the model's profile (read from ``<model>/config.json``: NEXTN for a
+model with MTP layers, EAGLE3 with ``--draft-model``, otherwise none); once its
+``/health_generate`` answers 200, a worker (``python -m workers --endpoint ... --name gpuN``)
+bound to it. Dead servers and workers are restarted with backoff. SIGTERM stops the workers
+first (running chunks finish), then the servers. ``--simulate`` runs the same topology on the
+SGLang simulator (no GPU needed).
 
 Start the same command on another GPU or machine, pointed at the same Redis
 (``DFLASH_BROKER_URL``) and output store, and it takes chunks of the running job at once.
@@ -13,6 +15,7 @@ Start the same command on another GPU or machine, pointed at the same Redis
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import signal
@@ -20,10 +23,11 @@ import socket
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.settings import Settings, redact_url
-from workers.node.launch import NodeOptions, parse_gpus, plan_node, split_args
+from workers.node.launch import NodeOptions, node_profile, parse_gpus, plan_node, split_args
 from workers.node.procs import redact_argv
 from workers.node.supervisor import Node, SupervisorConfig
 
@@ -51,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ARGS",
         help="extra SGLang flags, shell-split, repeatable: --sglang-arg '--mem-fraction-static 0.85' "
         "(a later flag overrides an earlier one) [DFLASH_SGLANG_ARGS, applied first]",
+    )
+    p.add_argument(
+        "--draft-model",
+        default="",
+        metavar="PATH",
+        help="an EAGLE3 draft model for every server (for a model without MTP layers)",
     )
     p.add_argument("--simulate", action="store_true", help="run the SGLang simulator instead of SGLang")
     p.add_argument(
@@ -97,6 +107,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def read_model_config(model_path: str) -> dict[str, Any] | None:
+    """``<model_path>/config.json`` when the model is a local directory, else None (a hub id,
+    or a path this machine does not have)."""
+    if not model_path or not Path(model_path).is_dir():
+        return None
+    path = Path(model_path) / "config.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} is missing: a model directory needs its config.json") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds {type(data).__name__}, not a JSON object")
+    return data
+
+
 def options_from(args: argparse.Namespace, settings: Settings) -> NodeOptions:
     return NodeOptions(
         gpus=parse_gpus(settings.gpus),
@@ -110,6 +139,8 @@ def options_from(args: argparse.Namespace, settings: Settings) -> NodeOptions:
         sglang_python=args.sglang_python,
         # Workers' Prometheus ports (DFLASH_METRICS_PORT, 0 = off): the base plus the GPU index.
         metrics_port_base=int(getattr(settings, "metrics_port", 0)),
+        model_config=None if args.simulate else read_model_config(settings.model_path),
+        draft_model=args.draft_model,
     )
 
 
@@ -142,13 +173,17 @@ def main(argv: list[str] | None = None) -> int:
             max_inflight=args.max_inflight,
             log_dir=args.log_dir,
         )
-        plans = plan_node(options_from(args, settings), os.environ)
+        options = options_from(args, settings)
+        plans = plan_node(options, os.environ)
         if args.max_failures < 1 or args.health_interval <= 0 or args.restart_delay < 0:
             raise ConfigError("--max-failures must be >= 1, --health-interval > 0, --restart-delay >= 0")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    profile = None if args.simulate else node_profile(options)
     if args.print_commands:
+        if profile:
+            print(f"# {profile.describe()}")
         for plan in plans:
             print(
                 f"# {plan.name}\nCUDA_VISIBLE_DEVICES={plan.gpu} {shlex.join(redact_argv(plan.server_argv))}"
@@ -186,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(str(p.port) for p in plans)}, {settings.max_inflight} in flight each; broker "
         f"{redact_url(settings.broker_url)}, queue {settings.queue!r}; logs in {log_dir}"
     )
+    if profile:
+        node.say(profile.describe())
     if not broker_reachable(settings.broker_url):
         node.say(
             f"warning: no Redis answers at {redact_url(settings.broker_url)} yet; workers will keep retrying"
