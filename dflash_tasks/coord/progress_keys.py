@@ -7,11 +7,17 @@ Keys (``P`` the prefix, ``J`` a job id, ``W`` a worker's hostname, ``T`` a unix 
 
     P:job:J                 hash (the bookkeeping job hash) + started_at, finished_at,
                             gpu_seconds, gpu_tick, gpu_hour_usd, progress_final
-    P:job:J:workers         hash "W|samples", "W|failed", "W|tokens", "W|chunks", "W|first"
+    P:job:J:workers         hash "W|samples", "W|failed", "W|tokens", "W|chunks", "W|first",
+                            "W|spec_tokens", "W|verify"
     P:job:J:rate:T          hash per 5-second bucket starting at T: samples, failed, tokens,
-                            "W|samples", "W|tokens"; expires after 15 minutes
+                            spec_tokens, verify, "W|samples", "W|tokens", "W|spec_tokens",
+                            "W|verify"; expires after 15 minutes
     P:worker:W              hash: endpoint, last_seen, beat_s, inflight, waiting, max_inflight,
-                            held_chunks, healthy, spec_accept_length
+                            held_chunks, healthy, server_accept_length
+
+``spec_tokens`` and ``verify`` count the samples that reported speculative-decoding stats: their
+completion tokens and verify passes (an accept length is the ratio of the two sums).
+``server_accept_length`` is the server's own lifetime figure, the fallback.
     P:lock:progress:J       the writer lock (one writer per period)
 
 Losing these keys loses only history: rates rebuild within a minute; ``started_at`` and the
