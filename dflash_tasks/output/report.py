@@ -149,7 +149,7 @@ def render_png(report: QualityReport) -> bytes:
         (
             axes[2],
             report.accept_lengths,
-            "spec accept length per sample",
+            "accept length per sample (speculative decoding)",
             "tokens per verify pass",
             "tab:green",
         ),
@@ -167,8 +167,10 @@ def render_png(report: QualityReport) -> bytes:
     overall = report.overall_accept_length
     if overall is not None:
         axes[2].axvline(overall, color="tab:red", linewidth=1, label="Σ tokens / Σ verify passes")
-        low = describe_floats(report.accept_lengths)["p10"]
-        axes[2].axvspan(1.0, low, color="tab:red", alpha=0.08, label="lowest 10%: most to learn")
+        spread = describe_floats(report.accept_lengths)
+        axes[2].axvspan(
+            spread["min"], spread["p10"], color="tab:red", alpha=0.1, label="lowest 10%: most to learn"
+        )
         axes[2].legend(fontsize="small")
     verdict = "gates passed" if not report.gate_failures else "gates FAILED"
     fig.suptitle(f"job {report.job_id}: {report.ok:,} ok samples, {verdict}")
