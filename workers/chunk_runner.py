@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -12,9 +13,11 @@ from typing import Any
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.jobs_cache import JobCache, JobHandle, UnknownChunk
+from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.job import input_key, output_key
 from dflash_tasks.core.quality import check_record
 from dflash_tasks.core.sample import decode_chunk
+from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.monitoring import metrics
 from workers.flow.request_pool import RequestPool
 from workers.generation import RetryPolicy, WorkerIdentity, generate_sample
@@ -59,6 +62,33 @@ class ChunkContext:
     policy: RetryPolicy
     identity: WorkerIdentity
     lease_seconds: float
+    _identity_warned: bool = False
+
+    def learn_server(self) -> None:
+        """Ask the server what it serves (``/model_info`` + ``/server_info``) unless already known.
+
+        Called once at worker start and again before each chunk while the answer is missing (a
+        server still loading when its worker started); the records then carry it.
+        """
+        if self.identity.server is not None:
+            return
+        try:
+            server = self.client.identity(timeout=10.0)
+        except DflashError as exc:
+            if not self._identity_warned:
+                log.warning(
+                    "%s did not say which model it serves (will ask again): %s", self.client.endpoint, exc
+                )
+                self._identity_warned = True
+            return
+        self.identity = dataclasses.replace(self.identity, server=server)
+        log.info(
+            "server %s serves %s (model path %s), SGLang %s",
+            self.client.endpoint,
+            server.served_model_name,
+            server.model_path,
+            server.version or "of unknown version",
+        )
 
 
 def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOutcome:
@@ -82,6 +112,7 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
         if job.store.exists(out_key):  # finished by another worker between the check and the lease
             ctx.bookkeeping.release(job_id, chunk, owner)
             return ChunkOutcome("skipped", "already done")
+        ctx.learn_server()
         samples = decode_chunk(job.store.read(input_key(chunk)))
         spec = job.definition.spec
         rid_prefix = f"{job_id}-{chunk}-{owner.rsplit('/', 1)[-1]}"
@@ -119,11 +150,14 @@ def _store_chunk(
     )
     ok = sum(1 for r in records if r["status"] == "ok")
     tokens = sum(int(r["usage"]["completion_tokens"]) for r in records)
+    spec_pairs = [spec_counts(r) for r in records]
     counters = {
         "samples_ok": ok,
         "samples_failed": len(records) - ok,
         "completion_tokens": tokens,
         "prompt_tokens": sum(int(r["usage"]["prompt_tokens"]) for r in records),
+        "spec_tokens": sum(t for t, _ in spec_pairs),
+        "spec_verify_ct": sum(v for _, v in spec_pairs),
         "chunk_seconds": time.monotonic() - started,
         **{f"check_{name}": n for name, n in checks.items()},
     }

@@ -12,7 +12,7 @@ from dflash_tasks.core.errors import RetryableError, SampleRejected, ServerUnava
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.monitoring import metrics
-from workers.sglang_client import Completion, SGLangClient
+from workers.sglang_client import Completion, ServerIdentity, SGLangClient
 
 _EMPTY = Completion("", "", "", 0, 0, 0)
 
@@ -32,17 +32,26 @@ class RetryPolicy:
 
 @dataclass(frozen=True, slots=True)
 class WorkerIdentity:
-    """Recorded on every sample: which worker and endpoint produced it."""
+    """Recorded on every sample: which worker and endpoint produced it, and what the server said it
+    serves (None until the server answered ``/model_info`` and ``/server_info``)."""
 
     worker: str
     endpoint: str
+    server: ServerIdentity | None = None
 
 
 def build_request(spec: GenerationSpec, sample: Sample, rid: str) -> dict[str, Any]:
-    """The ``/v1/chat/completions`` body for one sample (see the SGLang contract §1.1)."""
+    """The ``/v1/chat/completions`` body for one sample (``docs/sglang.md``).
+
+    The limit goes out under both names: SGLang 0.5.23 reads ``max_completion_tokens`` first (and
+    marks ``max_tokens`` deprecated), releases that predate it ignore the unknown field and read
+    ``max_tokens``. ``return_meta_info`` asks for the per-request speculative-decoding numbers;
+    older releases ignore it too.
+    """
     return {
         "model": spec.model,
         "messages": sample.messages,
+        "max_completion_tokens": spec.max_tokens,
         "max_tokens": spec.max_tokens,
         "temperature": spec.temperature,
         "top_p": spec.top_p,
@@ -51,6 +60,7 @@ def build_request(spec: GenerationSpec, sample: Sample, rid: str) -> dict[str, A
         "stream": False,
         "chat_template_kwargs": {"enable_thinking": spec.thinking},
         "separate_reasoning": True,
+        "return_meta_info": True,
         "rid": rid,
     }
 
@@ -107,7 +117,9 @@ def make_record(
     latency: float,
     attempts: int,
 ) -> dict[str, Any]:
-    """One output line: the prompt, the split completion, usage and provenance."""
+    """One output line: the prompt, the split completion, usage, per-request server numbers
+    (``meta_info``, None when the server sent none) and provenance (``server``: what the server
+    said it serves, None when unknown)."""
     c = completion or _EMPTY
     return {
         "id": sample.id,
@@ -121,9 +133,11 @@ def make_record(
             "completion_tokens": c.completion_tokens,
             "reasoning_tokens": c.reasoning_tokens,
         },
+        "meta_info": c.meta.as_record() if c.meta is not None else None,
         "status": "ok" if completion is not None else "failed",
         "error": error,
         "model": spec.model,
+        "server": who.server.as_record() if who.server is not None else None,
         "sampling": spec.sampling(),
         "endpoint": who.endpoint,
         "worker": who.worker,

@@ -132,6 +132,7 @@ class WorkerRuntime:
         self.reconciler.start()
         self.prefetch.start()
         self.health.check_now()
+        self.ctx.learn_server()  # what the records say generated them (asked again per chunk if unknown)
         if self.monitor is not None:
             self.monitor.start()
 

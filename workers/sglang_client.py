@@ -1,22 +1,56 @@
-"""The boundary to one SGLang server: chat completions and health, per the HTTP contract.
+"""The boundary to one SGLang server: chat completions, health and the info endpoints.
 
-Errors are translated here (see ../shared/reference/sglang-http-api.md §4):
+The HTTP contract we rely on is written down in ``docs/sglang.md``. Errors are translated here:
 
 * connection errors, timeouts, 5xx, 503 "queue full", invalid JSON, graceful aborts
   → :class:`RetryableError`
 * HTTP 400 (prompt longer than the context, invalid sampling values) → :class:`SampleRejected`
+* HTTP 401/403 on the info endpoints (a missing or wrong API key) → :class:`ConfigError`
+
+The API key (``Authorization: Bearer``) goes with every call except ``/health*``, which SGLang
+leaves open so that probes need no secret.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import requests
 
-from dflash_tasks.core.errors import RetryableError, SampleRejected
+from dflash_tasks.core.errors import ConfigError, RetryableError, SampleRejected
+
+#: The info endpoints: the current name first, then the deprecated alias old releases have.
+SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
+MODEL_INFO_PATHS = ("/model_info", "/get_model_info")
+
+_KEY_HINT = "the server was started with --api-key: set DFLASH_SGLANG_API_KEY to that key"
+
+
+@dataclass(frozen=True, slots=True)
+class MetaInfo:
+    """Per-request numbers from ``choices[0].meta_info`` (sent with ``return_meta_info``).
+
+    Field names are SGLang's. Every field is None where the server did not report it: releases
+    before 0.5.15 send no ``meta_info``, and the ``spec_*`` keys appear only when speculative
+    decoding ran at least one verify pass for the request.
+    """
+
+    spec_verify_ct: int | None = None
+    spec_accept_length: float | None = None
+    spec_accept_rate: float | None = None
+    spec_num_correct_drafts: int | None = None
+    spec_num_proposed_drafts: int | None = None
+    cached_tokens: int | None = None
+    num_retractions: int | None = None
+
+    def as_record(self) -> dict[str, int | float | None]:
+        """The fields as stored on an output record (``record["meta_info"]``)."""
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +63,27 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int
+    meta: MetaInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerIdentity:
+    """What a server says it serves: from ``/model_info`` and ``/server_info``.
+
+    ``model_path`` is the ``--model-path`` the server loaded (a local directory or a hub id),
+    ``served_model_name`` its ``--served-model-name`` (SGLang defaults it to the model path), and
+    ``version`` the SGLang release (``""`` when the server does not say). SGLang ignores the
+    ``model`` field of a request, so this is the only trustworthy answer to "which model
+    generated this sample".
+    """
+
+    model_path: str
+    served_model_name: str
+    version: str
+
+    def as_record(self) -> dict[str, str]:
+        """The fields as stored on an output record (``record["server"]``)."""
+        return dataclasses.asdict(self)
 
 
 class SGLangClient:
@@ -38,9 +93,15 @@ class SGLangClient:
         self.endpoint = endpoint.rstrip("/")
         self._timeout = timeout
         self._headers = {"Content-Type": "application/json"}
+        self._auth: dict[str, str] = {}
         if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+            self._auth["Authorization"] = f"Bearer {api_key}"
+            self._headers.update(self._auth)
         self._local = threading.local()
+        self._info_path: dict[str, str] = {}  # preferred path -> the one this server answers
+
+    def __repr__(self) -> str:  # never show the key
+        return f"SGLangClient({self.endpoint!r}, api_key={'set' if self._auth else 'unset'})"
 
     def _session(self) -> requests.Session:
         session: requests.Session | None = getattr(self._local, "session", None)
@@ -72,11 +133,13 @@ class SGLangClient:
             message = error_message(resp)
             if resp.status_code == 400:
                 raise SampleRejected(f"HTTP 400: {message}")
+            if resp.status_code in (401, 403):
+                message += f" ({_KEY_HINT})"
             raise RetryableError(f"HTTP {resp.status_code}: {message}")
         return parse_completion(resp.content)
 
     def healthy(self, timeout: float = 30.0) -> bool:
-        """Whether ``/health_generate`` answers 200 (a real one-token generation)."""
+        """Whether ``/health_generate`` answers 200 (a real one-token generation); sent without the key."""
         try:
             resp = self._session().get(f"{self.endpoint}/health_generate", timeout=(5.0, timeout))
         except requests.RequestException:
@@ -84,13 +147,58 @@ class SGLangClient:
         return resp.status_code == 200
 
     def server_info(self, timeout: float = 10.0) -> dict[str, Any]:
-        """``/get_server_info`` (present in every SGLang version), or {} when unavailable."""
+        """``GET /server_info`` (``/get_server_info`` on releases without it).
+
+        Raises :class:`RetryableError` when the server cannot answer and :class:`ConfigError`
+        when it refuses the API key. The body holds the server's arguments, its ``api_key``
+        included: never log or store it whole.
+        """
+        return self._info(SERVER_INFO_PATHS, timeout)
+
+    def model_info(self, timeout: float = 10.0) -> dict[str, Any]:
+        """``GET /model_info`` (``/get_model_info`` on releases without it); errors as :meth:`server_info`."""
+        return self._info(MODEL_INFO_PATHS, timeout)
+
+    def identity(self, timeout: float = 10.0) -> ServerIdentity:
+        """The server's :class:`ServerIdentity`, from ``/model_info`` and ``/server_info``.
+
+        Raises :class:`RetryableError` while the server cannot answer (still loading, down) and
+        :class:`ConfigError` when it refuses the API key.
+        """
+        model = self.model_info(timeout)
+        server = self.server_info(timeout)
+        model_path = str(model.get("model_path") or server.get("model_path") or "")
+        if not model_path:
+            raise RetryableError(f"{self.endpoint} reports no model_path in /model_info or /server_info")
+        served = str(model.get("served_model_name") or server.get("served_model_name") or model_path)
+        return ServerIdentity(model_path, served, str(server.get("version") or ""))
+
+    def _info(self, paths: tuple[str, str], timeout: float) -> dict[str, Any]:
+        preferred, fallback = paths
+        path = self._info_path.get(preferred, preferred)
+        resp = self._get(path, timeout)
+        if resp.status_code == 404 and path == preferred:  # an old release: only the alias exists
+            resp = self._get(fallback, timeout)
+            if resp.status_code == 200:
+                self._info_path[preferred] = path = fallback
+        where = f"{self.endpoint}{path}"
+        if resp.status_code in (401, 403):
+            raise ConfigError(f"{where}: HTTP {resp.status_code} {error_message(resp)}; {_KEY_HINT}")
+        if resp.status_code != 200:
+            raise RetryableError(f"{where}: HTTP {resp.status_code}: {error_message(resp)}")
         try:
-            resp = self._session().get(f"{self.endpoint}/get_server_info", timeout=(5.0, timeout))
-            info = resp.json() if resp.status_code == 200 else {}
-        except (requests.RequestException, ValueError):
-            return {}
-        return info if isinstance(info, dict) else {}
+            body = resp.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise RetryableError(f"{where}: the answer is not a JSON object")
+        return body
+
+    def _get(self, path: str, timeout: float) -> requests.Response:
+        try:
+            return self._session().get(f"{self.endpoint}{path}", headers=self._auth, timeout=(5.0, timeout))
+        except requests.RequestException as exc:
+            raise RetryableError(f"{self.endpoint}{path}: connection error: {_short(exc)}") from exc
 
 
 def parse_completion(body: bytes) -> Completion:
@@ -101,6 +209,7 @@ def parse_completion(body: bytes) -> Completion:
         message = choice.get("message") or {}
         usage = doc.get("usage") or {}
         finish = str(choice.get("finish_reason") or "")
+        meta = choice.get("meta_info")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         raise RetryableError(f"invalid response body ({len(body)} bytes): {type(exc).__name__}") from None
     if finish == "abort":
@@ -113,7 +222,33 @@ def parse_completion(body: bytes) -> Completion:
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         completion_tokens=int(usage.get("completion_tokens") or 0),
         reasoning_tokens=int(usage.get("reasoning_tokens") or details.get("reasoning_tokens") or 0),
+        meta=parse_meta_info(meta) if isinstance(meta, dict) else None,
     )
+
+
+def parse_meta_info(meta: dict[str, Any]) -> MetaInfo:
+    """The fields of :class:`MetaInfo` from a ``meta_info`` dict; absent or malformed values are None."""
+    return MetaInfo(
+        spec_verify_ct=_count(meta.get("spec_verify_ct")),
+        spec_accept_length=_real(meta.get("spec_accept_length")),
+        spec_accept_rate=_real(meta.get("spec_accept_rate")),
+        spec_num_correct_drafts=_count(meta.get("spec_num_correct_drafts")),
+        spec_num_proposed_drafts=_count(meta.get("spec_num_proposed_drafts")),
+        cached_tokens=_count(meta.get("cached_tokens")),
+        num_retractions=_count(meta.get("num_retractions")),
+    )
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return int(value) if value >= 0 and float(value).is_integer() else None
+
+
+def _real(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value) if value >= 0 else None
 
 
 def error_message(resp: requests.Response) -> str:

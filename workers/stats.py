@@ -3,9 +3,12 @@
 :class:`WorkerStats` counts the samples this worker finishes, in memory, and pushes the counts
 to Redis every couple of seconds (one pipeline), into 5-second rate buckets and per-worker
 totals, with a heartbeat of the worker's own state (see :mod:`dflash_tasks.coord.progress_keys` for the
-keys). :class:`WorkerMonitor` runs that flush, polls the server's speculative-decoding accept
-length, serves the Prometheus endpoint, and every ``progress_seconds`` offers to write the
-``progress.json`` of every registered job (one process per job wins each period).
+keys). Beside the token counts go the speculative-decoding counts of the samples that report them
+(their completion tokens and verify passes), so that any window's accept length is a ratio of
+sums. :class:`WorkerMonitor` runs that flush, polls the server's lifetime accept length (the
+fallback when samples carry no per-request stats), serves the Prometheus endpoint, and every
+``progress_seconds`` offers to write the ``progress.json`` of every registered job (one process
+per job wins each period).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -25,6 +28,7 @@ from dflash_tasks.coord.jobs_cache import JobCache
 from dflash_tasks.coord.lua import load_script
 from dflash_tasks.coord.progress_keys import (
     BUCKET_TTL,
+    WINDOW_SECONDS,
     WORKER_TTL,
     Keys,
     bucket_start,
@@ -32,6 +36,7 @@ from dflash_tasks.coord.progress_keys import (
 )
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.spec_stats import accept_length as ratio
 from dflash_tasks.monitoring import metrics
 from dflash_tasks.monitoring.progress_writer import ProgressWriter, registered_jobs
 from workers.sglang_client import SGLangClient
@@ -73,12 +78,23 @@ class WorkerStats:
         self._buckets: defaultdict[tuple[str, int], Counter[str]] = defaultdict(Counter)
         self._totals: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self._first: dict[str, float] = {}
+        self._recent: deque[tuple[float, int, int]] = deque()  # (time, spec tokens, verify passes)
         self._set_min = load_script(self._r, "set_min")
         #: Set when a chunk is stored: the flush loop pushes the counts at once.
         self.wake = threading.Event()
 
     # The metrics hooks call these (see metrics.StatsSink).
-    def sample_done(self, job_id: str, ok: bool, tokens: int, now: float | None = None) -> None:
+    def sample_done(
+        self,
+        job_id: str,
+        ok: bool,
+        tokens: int,
+        spec_tokens: int = 0,
+        verify: int = 0,
+        now: float | None = None,
+    ) -> None:
+        """Count a finished sample; ``spec_tokens``/``verify``: its tokens and verify passes when it
+        reported speculative stats (see :func:`dflash_tasks.core.spec_stats.spec_counts`)."""
         now = time.time() if now is None else now
         w = self._worker
         with self._lock:
@@ -86,6 +102,20 @@ class WorkerStats:
             bucket.update({"samples": 1, "failed": 0 if ok else 1, "tokens": tokens})
             bucket.update({f"{w}|samples": 1, f"{w}|tokens": tokens})
             self._totals[job_id].update({"samples": 1, "failed": 0 if ok else 1, "tokens": tokens})
+            if verify > 0:
+                spec = {"spec_tokens": spec_tokens, "verify": verify}
+                bucket.update(spec)
+                bucket.update({f"{w}|spec_tokens": spec_tokens, f"{w}|verify": verify})
+                self._totals[job_id].update(spec)
+                self._recent.append((now, spec_tokens, verify))
+
+    def recent_accept_length(self, now: float | None = None, window: float = WINDOW_SECONDS) -> float | None:
+        """Σ tokens / Σ verify passes of this worker's samples of the last ``window`` seconds."""
+        now = time.time() if now is None else now
+        with self._lock:
+            while self._recent and self._recent[0][0] < now - window:
+                self._recent.popleft()
+            return ratio(sum(t for _, t, _ in self._recent), sum(v for _, _, v in self._recent))
 
     def chunk_started(self, job_id: str, now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -146,7 +176,10 @@ def _field(value: Any) -> str | float | int:
 
 
 def accept_length(info: Mapping[str, Any]) -> float | None:
-    """Mean ``avg_spec_accept_length`` over the server's DP ranks (``/get_server_info``), if reported."""
+    """Mean ``avg_spec_accept_length`` over the server's DP ranks (``/server_info``), if reported.
+
+    The server's lifetime figure: the fallback when samples carry no per-request stats.
+    """
     states = info.get("internal_states")
     values: list[float] = []
     if isinstance(states, list):
@@ -187,7 +220,7 @@ class WorkerMonitor:
             queue=settings.queue,
             default_gpu_hour_usd=settings.gpu_hour_usd,
         )
-        self.accept: float | None = None
+        self.accept: float | None = None  # the server's lifetime figure (internal_states)
         self._stop = threading.Event()
 
     @classmethod
@@ -203,7 +236,7 @@ class WorkerMonitor:
                 "max_inflight": ctx.pool.max_inflight,
                 "held_chunks": runtime.held_chunks,
                 "healthy": runtime.health.healthy,
-                "spec_accept_length": monitor.accept,
+                "server_accept_length": monitor.accept,
             }
 
         monitor = cls(settings, ctx.bookkeeping, ctx.jobs, ctx.client, runtime.hostname, state)
@@ -216,6 +249,7 @@ class WorkerMonitor:
         )
         metrics.watch_queue(ctx.bookkeeping.client, settings.queue, queue_keys(settings.queue))
         metrics.set_sink(monitor.stats)
+        metrics.watch_accept_length(monitor.stats.recent_accept_length)
         return monitor
 
     def start(self) -> None:
@@ -235,7 +269,12 @@ class WorkerMonitor:
         self.stats.flush(self._state())
 
     def poll_accept_length(self) -> float | None:
-        value = accept_length(self._client.server_info(timeout=5.0))
+        """The server's lifetime accept length (None while it reports none, or cannot answer)."""
+        try:
+            value = accept_length(self._client.server_info(timeout=5.0))
+        except DflashError as exc:
+            log.debug("no accept length from the server: %s", exc)
+            return None
         if value is not None:
             self.accept = value
             metrics.accept_length(value)

@@ -12,9 +12,12 @@ Ours (``P`` the prefix, ``J`` a job id, ``W`` a worker's hostname, ``N`` a chunk
     P:job:J:failures        hash chunk -> failures in a row
     P:job:J:parked          hash chunk -> why it was parked
     P:job:J:recent          list of recent chunks' quality counts (the live gate)
-    P:job:J:workers         hash "W|samples", "W|failed", "W|tokens", "W|chunks", "W|first"
-    P:job:J:rate:T          hash per 5-second bucket: samples, failed, tokens, "W|samples", "W|tokens"
-    P:worker:W              hash: the worker's heartbeat
+    P:job:J:workers         hash "W|samples", "W|failed", "W|tokens", "W|chunks", "W|first",
+                            "W|spec_tokens", "W|verify"
+    P:job:J:rate:T          hash per 5-second bucket: samples, failed, tokens, spec_tokens, verify,
+                            "W|samples", "W|tokens", "W|spec_tokens", "W|verify"
+    P:worker:W              hash: the worker's heartbeat (endpoint, last_seen, beat_s, inflight,
+                            waiting, max_inflight, held_chunks, healthy, server_accept_length)
     P:lock:NAME             a short lock (e.g. ``progress:J``: one progress.json writer per period)
 
 kombu's (Celery's Redis transport; read, never written, by the planner and the rescue of

@@ -5,6 +5,9 @@ reads them and :mod:`dflash_tasks.monitoring.progress_writer` bills GPU time int
 
 Key names: :mod:`dflash_tasks.coord.keys`.
 
+``spec_tokens`` and ``verify`` count the samples that reported speculative-decoding stats: their
+completion tokens and verify passes (an accept length is the ratio of the two sums).
+
 Losing these keys loses only history: rates rebuild within a minute; ``started_at`` and the
 GPU time are re-seeded from the last ``progress.json``.
 """

@@ -12,6 +12,10 @@ Series (every one has a ``worker`` label):
     dflash_samples_total{job,status}          samples finished (status ok|failed)
     dflash_generated_tokens_total{job}        completion tokens (reasoning + answer)
     dflash_prompt_tokens_total{job}           prompt tokens
+    dflash_spec_tokens_total{job}             completion tokens of samples that report verify passes
+    dflash_spec_verify_passes_total{job}      their speculative-decoding verify passes
+                                              (accept length over any range:
+                                              rate(spec_tokens) / rate(spec_verify_passes))
     dflash_request_errors_total{kind}         failed generation attempts: timeout, connection,
                                               http_503, http_5xx, http_4xx, rejected (400),
                                               bad_response, abort, other
@@ -26,7 +30,10 @@ Series (every one has a ``worker`` label):
     dflash_waiting_requests{endpoint}         requests waiting for a slot (the backlog)
     dflash_chunks_held                        chunks the worker holds now
     dflash_server_healthy{endpoint}           1 while the server passes its health check
-    dflash_spec_accept_length{endpoint}       avg_spec_accept_length from /get_server_info
+    dflash_spec_accept_length{endpoint,source}  source="per_request": Σ tokens / Σ verify passes of
+                                              this worker's samples of the last minute; else
+                                              source="server_lifetime": the server's own
+                                              avg_spec_accept_length (/server_info)
     dflash_queue_depth{queue}                 messages waiting in the broker queue (LLEN)
     dflash_worker_info{endpoint}              1, with the worker's endpoint
 """
@@ -46,6 +53,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dflash_tasks.core.errors import SampleRejected
+from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, spec_counts
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -59,6 +67,18 @@ TOKENS = Counter(
     "dflash_generated_tokens", "Completion tokens generated.", ["worker", "job"], registry=REGISTRY
 )
 PROMPT_TOKENS = Counter("dflash_prompt_tokens", "Prompt tokens sent.", ["worker", "job"], registry=REGISTRY)
+SPEC_TOKENS = Counter(
+    "dflash_spec_tokens",
+    "Completion tokens of samples that report speculative-decoding verify passes.",
+    ["worker", "job"],
+    registry=REGISTRY,
+)
+SPEC_VERIFY = Counter(
+    "dflash_spec_verify_passes",
+    "Speculative-decoding verify passes of those samples (meta_info spec_verify_ct).",
+    ["worker", "job"],
+    registry=REGISTRY,
+)
 REQUEST_ERRORS = Counter(
     "dflash_request_errors", "Failed generation attempts, by kind.", ["worker", "kind"], registry=REGISTRY
 )
@@ -101,12 +121,6 @@ HELD = Gauge("dflash_chunks_held", "Chunks the worker holds now.", ["worker"], r
 HEALTHY = Gauge(
     "dflash_server_healthy", "1 while the bound server is healthy.", ["worker", "endpoint"], registry=REGISTRY
 )
-ACCEPT_LENGTH = Gauge(
-    "dflash_spec_accept_length",
-    "Speculative-decoding accept length the server reports (avg_spec_accept_length).",
-    ["worker", "endpoint"],
-    registry=REGISTRY,
-)
 INFO = Gauge(
     "dflash_worker_info", "Always 1; labels name the worker.", ["worker", "endpoint"], registry=REGISTRY
 )
@@ -115,7 +129,7 @@ INFO = Gauge(
 class StatsSink(Protocol):
     """Receives the per-sample and per-chunk events (the worker's live-progress counters)."""
 
-    def sample_done(self, job_id: str, ok: bool, tokens: int) -> None: ...
+    def sample_done(self, job_id: str, ok: bool, tokens: int, spec_tokens: int, verify: int) -> None: ...
 
     def chunk_started(self, job_id: str) -> None: ...
 
@@ -164,8 +178,12 @@ def sample_done(job_id: str, record: Mapping[str, Any]) -> None:
     SAMPLES.labels(_worker, job_id, "ok" if ok else "failed").inc()
     TOKENS.labels(_worker, job_id).inc(tokens)
     PROMPT_TOKENS.labels(_worker, job_id).inc(int(usage.get("prompt_tokens") or 0))
+    spec_tokens, verify = spec_counts(record)
+    if verify:
+        SPEC_TOKENS.labels(_worker, job_id).inc(spec_tokens)
+        SPEC_VERIFY.labels(_worker, job_id).inc(verify)
     if _sink is not None:
-        _sink.sample_done(job_id, ok, tokens)
+        _sink.sample_done(job_id, ok, tokens, spec_tokens, verify)
 
 
 def on_sample_future(job_id: str) -> Callable[[Future[dict[str, Any]]], None]:
@@ -224,9 +242,54 @@ def chunk_requeued(reason: str) -> None:
     REQUEUED.labels(_worker, reason).inc()
 
 
+def _unknown() -> float | None:
+    return None
+
+
+_server_accept: float | None = None
+_recent_accept: Callable[[], float | None] = _unknown
+
+
 @_safe
 def accept_length(value: float) -> None:
-    ACCEPT_LENGTH.labels(_worker, _endpoint).set(value)
+    """The server's lifetime accept length (``internal_states``), polled by the worker."""
+    global _server_accept
+    _server_accept = value
+
+
+def watch_accept_length(recent: Callable[[], float | None]) -> None:
+    """Where the per-request accept length of the last minute comes from (the worker's stats)."""
+    global _recent_accept
+    _recent_accept = recent
+
+
+class AcceptLength(Collector):
+    """``dflash_spec_accept_length{endpoint,source}``, chosen at scrape time.
+
+    ``per_request`` (Σ tokens / Σ verify passes of the last minute's samples) when there is one,
+    else the server's ``server_lifetime`` figure; nothing before either is known.
+    """
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            value, source = _recent_accept(), SOURCE_PER_REQUEST
+        except Exception:
+            log.debug("per-request accept length unavailable", exc_info=True)
+            value = None
+        if value is None:
+            value, source = _server_accept, SOURCE_SERVER
+        if value is None:
+            return
+        family = GaugeMetricFamily(
+            "dflash_spec_accept_length",
+            "Speculative-decoding accept length: per_request (last minute of samples) or server_lifetime.",
+            labels=["worker", "endpoint", "source"],
+        )
+        family.add_metric([_worker, _endpoint, source], value)
+        yield family
+
+
+REGISTRY.register(AcceptLength())
 
 
 _HTTP = re.compile(r"HTTP (\d{3})")

@@ -23,6 +23,7 @@ from typing import Any
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, WINDOW_SECONDS, window_bounds
+from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, accept_length
 from dflash_tasks.monitoring.snapshot import Snapshot, num, read_progress, read_snapshot
 from dflash_tasks.store import Store
 
@@ -59,6 +60,43 @@ def window_rate(
         return 0.0
     total = sum(row.get(what, 0.0) for b, row in buckets.items() if start <= b < end)
     return total / span
+
+
+def window_total(buckets: Mapping[int, Mapping[str, float]], what: str, now: float) -> float:
+    """The sum of counter ``what`` over the last minute of buckets (the window of :func:`window_rate`)."""
+    start, end = window_bounds(now)
+    return sum(row.get(what, 0.0) for b, row in buckets.items() if start <= b < end)
+
+
+def spec_summary(snap: Snapshot, workers: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    """The job's speculative-decoding accept length, and where it comes from.
+
+    ``per_request``: Σ completion tokens / Σ verify passes of the samples' own ``meta_info``, over
+    the stored chunks (``job``; the workers' live totals until a chunk is stored) and over the last
+    minute (``window``). ``server_lifetime`` only when no sample reported verify passes: the mean
+    of the live workers' server figures (``internal_states``, averaged over the server's life).
+    """
+    tokens, verify = snap.stats.get("spec_tokens", 0.0), snap.stats.get("spec_verify_ct", 0.0)
+    if verify <= 0:
+        tokens = sum(c.get("spec_tokens", 0.0) for c in snap.per_worker.values())
+        verify = sum(c.get("verify", 0.0) for c in snap.per_worker.values())
+    window = accept_length(
+        window_total(snap.buckets, "spec_tokens", now), window_total(snap.buckets, "verify", now)
+    )
+    servers = [w["server_accept_length"] for w in workers if w["alive"] and w["server_accept_length"]]
+    server = sum(servers) / len(servers) if servers else None
+    job = accept_length(tokens, verify)
+    shown: float | None = job if job is not None else server
+    source = SOURCE_PER_REQUEST if job is not None else (SOURCE_SERVER if server is not None else None)
+    return {
+        "accept_length": _round(shown, 3),
+        "source": source,
+        "job": _round(job, 3),
+        "window": _round(window, 3),
+        "tokens": int(tokens),
+        "verify_passes": int(verify),
+        "server_lifetime": _round(server, 3),
+    }
 
 
 def alive(worker: Mapping[str, str], now: float) -> bool:
@@ -122,7 +160,7 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
     live = sum(1 for w in workers if w["alive"])
     gpu_s = gpu_seconds(job, live, now, started)
     spent, projected = cost(snap.gpu_hour_usd, gpu_s, live, eta)
-    accepts = [w["spec_accept_length"] for w in workers if w["alive"] and w["spec_accept_length"]]
+    spec = spec_summary(snap, workers, now)
 
     state = "done" if done_all else (job.get("state") or "running")
     warnings: list[str] = []
@@ -138,7 +176,9 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
             "(Redis lost its counters; the store is complete)"
         )
     counters = {
-        k: v for k, v in snap.stats.items() if not k.startswith(("samples_", "completion_", "prompt_"))
+        k: v
+        for k, v in snap.stats.items()
+        if not k.startswith(("samples_", "completion_", "prompt_", "spec_"))
     }
     return {
         "version": FORMAT_VERSION,
@@ -191,7 +231,8 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
             "usd": _round(spent, 2),
             "projected_total_usd": _round(projected, 2),
         },
-        "spec_accept_length": _round(sum(accepts) / len(accepts), 3) if accepts else None,
+        "spec_accept_length": spec["accept_length"],
+        "spec": spec,
         "workers": workers,
         "counters": counters,
         "warnings": warnings,
@@ -204,7 +245,13 @@ def _workers(snap: Snapshot, now: float) -> list[dict[str, Any]]:
         counts = snap.per_worker[name]
         beat = snap.workers.get(name, {})
         first = counts.get("first") or None
-        accept = num(beat.get("spec_accept_length")) or None
+        server = num(beat.get("server_accept_length")) or None
+        own = accept_length(counts.get("spec_tokens", 0.0), counts.get("verify", 0.0))
+        window = accept_length(
+            window_total(snap.buckets, f"{name}|spec_tokens", now),
+            window_total(snap.buckets, f"{name}|verify", now),
+        )
+        accept, source = (own, SOURCE_PER_REQUEST) if own is not None else (server, SOURCE_SERVER)
         rows.append(
             {
                 "name": name,
@@ -223,6 +270,9 @@ def _workers(snap: Snapshot, now: float) -> list[dict[str, Any]]:
                 "max_inflight": int(num(beat.get("max_inflight"))),
                 "held_chunks": int(num(beat.get("held_chunks"))),
                 "spec_accept_length": _round(accept, 3),
+                "spec_accept_source": source if accept is not None else None,
+                "spec_accept_length_window": _round(window, 3),
+                "server_accept_length": _round(server, 3),
             }
         )
     return rows
@@ -277,6 +327,7 @@ def carry_over(snap: Snapshot, previous: Mapping[str, Any]) -> Snapshot:
         job["finished_at"] = str(previous["finished_at"])
     job.update(gpu_seconds=str(num(cost_doc.get("gpu_hours")) * 3600.0), gpu_tick=str(previous["updated_at"]))
     failed = num(samples.get("failed"))
+    spec = previous.get("spec") or {}
     stats = {
         **{k: num(v) for k, v in (previous.get("counters") or {}).items()},
         "samples_ok": num(tokens.get("counted_samples")) - failed,
@@ -284,6 +335,8 @@ def carry_over(snap: Snapshot, previous: Mapping[str, Any]) -> Snapshot:
         "completion_tokens": num(tokens.get("generated")),
         "prompt_tokens": num(tokens.get("prompt")),
     }
+    if isinstance(spec, Mapping) and spec.get("source") == SOURCE_PER_REQUEST:
+        stats |= {"spec_tokens": num(spec.get("tokens")), "spec_verify_ct": num(spec.get("verify_passes"))}
     note = f"counts other than done chunks are from progress.json of {previous.get('updated_at_iso')}"
     price = snap.gpu_hour_usd or num(cost_doc.get("gpu_hour_usd"))
     return replace(snap, job=job, stats=stats, notes=(*snap.notes, note), gpu_hour_usd=price)

@@ -21,6 +21,7 @@ import redis
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.settings import Settings, redact_url
+from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER
 from dflash_tasks.monitoring.progress import compute_progress
 from dflash_tasks.monitoring.progress_bar import format_duration
 from dflash_tasks.store import open_store
@@ -108,8 +109,10 @@ def render(doc: dict[str, Any]) -> str:
             eta += f" | by tokens {format_duration(doc['eta_by_tokens_s'])}"
         out.append(eta)
         out.append(f"  elapsed   {format_duration(doc['elapsed_s'])}")
-    accept = f" | spec accept length {doc['spec_accept_length']:.2f}" if doc.get("spec_accept_length") else ""
-    out.append(f"  tokens    {t['generated']:,} generated | {_n(t['avg_per_sample'])} per sample{accept}")
+    out.append(f"  tokens    {t['generated']:,} generated | {_n(t['avg_per_sample'])} per sample")
+    spec_line = render_spec(doc.get("spec") or {})
+    if spec_line:
+        out.append(f"  spec      {spec_line}")
     gpus = f"{cost['gpus']} GPU{'s' if cost['gpus'] != 1 else ''}"
     if cost["gpu_hour_usd"]:
         projected = (
@@ -134,17 +137,38 @@ def render(doc: dict[str, Any]) -> str:
                 f"{w['failed']:,}",
                 f"{w['inflight']}/{w['max_inflight']}",
                 str(w["held_chunks"]),
-                _n(w["spec_accept_length"], 2),
+                _accept_cell(w),
+                _n(w.get("spec_accept_length_window"), 2),
                 format_duration(w["last_seen_s"]) + " ago" if w["last_seen_s"] is not None else "-",
             ]
             for w in workers
         ]
         header = ["WORKER", "ENDPOINT", "STATE", "SAMPLES/S", "TOK/S", "SAMPLES", "FAILED"]
-        header += ["IN FLIGHT", "HELD", "ACCEPT", "SEEN"]
-        out += ["", *("  " + line for line in _table(header, rows, right={3, 4, 5, 6, 7, 8, 9}))]
+        header += ["IN FLIGHT", "HELD", "ACCEPT", "ACCEPT 1M", "SEEN"]
+        out += ["", *("  " + line for line in _table(header, rows, right={3, 4, 5, 6, 7, 8, 9, 10}))]
+        if any(w.get("spec_accept_source") == SOURCE_SERVER for w in workers):
+            out.append("  * the server's lifetime average: its samples report no per-request stats")
     for warning in doc.get("warnings", []):
         out.append(f"  ! {warning}")
     return "\n".join(out)
+
+
+def _accept_cell(worker: dict[str, Any]) -> str:
+    mark = "*" if worker.get("spec_accept_source") == SOURCE_SERVER else ""
+    return _n(worker["spec_accept_length"], 2) + mark
+
+
+def render_spec(spec: dict[str, Any]) -> str:
+    """The accept-length line of the summary, naming its source; "" when there is none."""
+    if spec.get("accept_length") is None:
+        return ""
+    if spec.get("source") == SOURCE_PER_REQUEST:
+        window = f" | last minute {spec['window']:.2f}" if spec.get("window") is not None else ""
+        return (
+            f"accept length {spec['accept_length']:.2f} per request (Σ tokens / Σ verify passes, "
+            f"{spec['verify_passes']:,} passes){window}"
+        )
+    return f"accept length {spec['accept_length']:.2f} (the servers' lifetime average: no per-request stats)"
 
 
 # --- the command ------------------------------------------------------------------------------

@@ -1,8 +1,12 @@
 """``python -m dflash_tasks.report --output URI``: the quality summary of a job, and a picture.
 
 Prints the share of samples failing each check, the output-token and reasoning-token
-distributions and the gate verdict; writes ``report.png`` (histograms of output and reasoning
-lengths) into the output root, or to ``--png PATH``.
+distributions, the per-sample speculative-decoding accept length (where the server reported it)
+and the gate verdict; writes ``report.png`` (histograms of output and reasoning lengths and of the
+per-sample accept length) into the output root, or to ``--png PATH``.
+
+Low-acceptance samples are where a drafter has the most to learn: the accept-length histogram and
+its low percentiles show how many there are.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflash_tasks.core.distribution import describe
+from dflash_tasks.core.distribution import describe, describe_floats
 from dflash_tasks.core.errors import DflashError, StoreError
 from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.quality import CHECKS, evaluate_gates
 from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.spec_stats import accept_length, spec_counts
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
 from dflash_tasks.store.records import iter_records
@@ -41,7 +46,15 @@ class QualityReport:
     finish_reasons: Counter[str] = field(default_factory=Counter)
     output_tokens: list[int] = field(default_factory=list)
     reasoning_tokens: list[int] = field(default_factory=list)
+    accept_lengths: list[float] = field(default_factory=list)  # per ok sample with spec stats
+    spec_tokens: int = 0
+    spec_verify: int = 0
     gate_failures: list[str] = field(default_factory=list)
+
+    @property
+    def overall_accept_length(self) -> float | None:
+        """Σ completion tokens / Σ verify passes over the samples with spec stats."""
+        return accept_length(self.spec_tokens, self.spec_verify)
 
     def as_dict(self) -> dict[str, Any]:
         share = {c: (self.checks[c] / self.samples if self.samples else 0.0) for c in CHECKS}
@@ -57,6 +70,10 @@ class QualityReport:
             "finish_reasons": dict(self.finish_reasons),
             "output_tokens": describe(self.output_tokens),
             "reasoning_tokens": describe(self.reasoning_tokens),
+            "spec_accept_length": {
+                **describe_floats(self.accept_lengths),
+                "overall": round(overall, 3) if (overall := self.overall_accept_length) else None,
+            },
             "gates_passed": not self.gate_failures,
             "gate_failures": self.gate_failures,
         }
@@ -75,6 +92,11 @@ def build_report(job: JobDefinition, records: Any, chunks_done: int, chunks: int
         usage = record.get("usage") or {}
         report.output_tokens.append(int(usage.get("completion_tokens") or 0))
         report.reasoning_tokens.append(int(usage.get("reasoning_tokens") or 0))
+        tokens, verify = spec_counts(record)
+        if verify:
+            report.accept_lengths.append(tokens / verify)
+            report.spec_tokens += tokens
+            report.spec_verify += verify
     failures = evaluate_gates(report.samples, report.checks, job.quality)
     report.gate_failures = [f.message for f in failures]
     return report
@@ -90,6 +112,7 @@ def render_text(report: QualityReport) -> str:
         f"p90 {out['p90']:,}  max {out['max']:,}",
         f"  reasoning tokens  mean {rsn['mean']:,.0f}  p10 {rsn['p10']:,}  p50 {rsn['p50']:,}  "
         f"p90 {rsn['p90']:,}  max {rsn['max']:,}",
+        _accept_line(doc["spec_accept_length"]),
         "  finish reasons    " + ", ".join(f"{k} {v:,}" for k, v in report.finish_reasons.most_common()),
         "  checks            "
         + ", ".join(f"{c} {report.checks[c]:,} ({doc['check_shares'][c]:.1%})" for c in CHECKS),
@@ -102,19 +125,36 @@ def render_text(report: QualityReport) -> str:
     return "\n".join(lines)
 
 
+def _accept_line(d: dict[str, Any]) -> str:
+    if not d["count"]:
+        return "  accept length     - (the server reported no per-request speculative stats)"
+    return (
+        f"  accept length     overall {d['overall']:.2f} (Σ tokens / Σ verify passes)  min {d['min']:.2f}  "
+        f"p10 {d['p10']:.2f}  p25 {d['p25']:.2f}  p50 {d['p50']:.2f}  p90 {d['p90']:.2f}  "
+        f"max {d['max']:.2f}  ({d['count']:,} samples)"
+    )
+
+
 def render_png(report: QualityReport) -> bytes:
-    """Histograms of output and reasoning lengths, as PNG bytes."""
+    """Histograms of output and reasoning lengths and of the per-sample accept length, as PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
-    panels = [
-        (axes[0], report.output_tokens, "output tokens per sample", "tab:blue"),
-        (axes[1], report.reasoning_tokens, "reasoning tokens per sample", "tab:orange"),
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4), dpi=100)
+    panels: list[tuple[Any, list[int] | list[float], str, str, str]] = [
+        (axes[0], report.output_tokens, "output tokens per sample", "tokens", "tab:blue"),
+        (axes[1], report.reasoning_tokens, "reasoning tokens per sample", "tokens", "tab:orange"),
+        (
+            axes[2],
+            report.accept_lengths,
+            "accept length per sample (speculative decoding)",
+            "tokens per verify pass",
+            "tab:green",
+        ),
     ]
-    for ax, values, title, color in panels:
+    for ax, values, title, xlabel, color in panels:
         if values:
             ax.hist(values, bins=50, color=color, alpha=0.85)
             ax.axvline(statistics.fmean(values), color="black", linestyle="--", linewidth=1, label="mean")
@@ -122,8 +162,16 @@ def render_png(report: QualityReport) -> bytes:
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title)
-        ax.set_xlabel("tokens")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("samples")
+    overall = report.overall_accept_length
+    if overall is not None:
+        axes[2].axvline(overall, color="tab:red", linewidth=1, label="Σ tokens / Σ verify passes")
+        spread = describe_floats(report.accept_lengths)
+        axes[2].axvspan(
+            spread["min"], spread["p10"], color="tab:red", alpha=0.1, label="lowest 10%: most to learn"
+        )
+        axes[2].legend(fontsize="small")
     verdict = "gates passed" if not report.gate_failures else "gates FAILED"
     fig.suptitle(f"job {report.job_id}: {report.ok:,} ok samples, {verdict}")
     fig.tight_layout()

@@ -18,8 +18,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dflash_tasks.sim", description=__doc__)
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port, help="0 picks a free port")
-    p.add_argument("--model", default=d.model, help="model_path reported by the info endpoints")
-    p.add_argument("--served-model-name", default=None, help="default: --model")
+    p.add_argument(
+        "--model-path", "--model", dest="model", default=d.model, help="model_path the info endpoints report"
+    )
+    p.add_argument("--served-model-name", default=None, help="default: --model-path")
     p.add_argument("--context-length", type=int, default=d.context_length)
     p.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
     p.add_argument("--max-queued-requests", type=int, default=None, help="default: unlimited")
@@ -35,9 +37,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=d.reasoning_parser)
     p.add_argument("--ignore-thinking-flag", action="store_true", help="never reason (misconfigured server)")
-    p.add_argument("--accept-length", type=float, default=d.accept_length)
     p.add_argument(
-        "--startup-seconds", type=float, default=d.startup_seconds, help="/health is 503 meanwhile"
+        "--accept-length", type=float, default=d.accept_length, help="mean per-request accept length"
+    )
+    p.add_argument(
+        "--accept-length-sd", type=float, default=d.accept_length_sd, help="its spread across requests"
+    )
+    p.add_argument(
+        "--decode-log-interval",
+        type=int,
+        default=d.decode_log_interval,
+        help="verify passes before internal_states reports an accept length",
+    )
+    p.add_argument(
+        "--load-seconds", type=float, default=d.load_seconds, help="the port refuses connections meanwhile"
+    )
+    p.add_argument(
+        "--startup-seconds",
+        type=float,
+        default=d.startup_seconds,
+        help="then /health and /ready answer 503 meanwhile (the warmup)",
+    )
+    p.add_argument(
+        "--api-key", default=None, help="require Authorization: Bearer KEY (as SGLang's --api-key)"
     )
     p.add_argument(
         "--fault",
@@ -63,7 +85,11 @@ def config_from_args(argv: Sequence[str] | None = None) -> SimConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Serve until SIGTERM/SIGINT; prints ``SIM READY http://HOST:PORT`` once listening."""
+    """Serve until SIGTERM/SIGINT; prints ``SIM READY http://HOST:PORT`` once listening.
+
+    With ``--load-seconds`` it first prints ``SIM LOADING http://HOST:PORT`` (the port is bound
+    but refuses connections).
+    """
     config = config_from_args(argv)
     done = threading.Event()
 
@@ -77,7 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"sim: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
         return 1
-    print(f"SIM READY {sim.url}", flush=True)
+    if not sim.listening.is_set():
+        print(f"SIM LOADING {sim.url}", flush=True)
+        while not (sim.listening.wait(0.05) or done.is_set()):
+            pass
+    if sim.listening.is_set():
+        print(f"SIM READY {sim.url}", flush=True)
     while not done.wait(0.5):
         pass
     sim.stop()

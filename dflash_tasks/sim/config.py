@@ -10,6 +10,9 @@ FAULT_KINDS = frozenset({"http_500", "http_503", "hang", "bad_json", "abort", "r
 
 REASONING_PARSERS = ("qwen3", "none")
 
+SPEC_NUM_DRAFT_TOKENS = 4
+"""Tokens per verify pass (``--speculative-num-draft-tokens``; steps 3, top-k 1): the accept-length cap."""
+
 DEFAULT_HANG_SECONDS = 60.0
 
 
@@ -81,7 +84,19 @@ class SimConfig:
     reasoning_parser: str = "qwen3"
     ignore_thinking_flag: bool = False
     accept_length: float = 3.6
+    #: Spread (standard deviation) of the per-request accept length around ``accept_length``.
+    accept_length_sd: float = 0.3
+    #: Verify passes per "decode log interval": ``internal_states`` reports an accept length only
+    #: after the first one (SGLang: ``--decode-log-interval`` 40 decode batches).
+    decode_log_interval: int = 40
+    #: Seconds the port refuses connections (SGLang loading weights, before HTTP is up).
+    load_seconds: float = 0.0
+    #: Seconds after HTTP is up during which ``/health*`` and ``/ready`` answer 503 (the warmup);
+    #: chat requests are served meanwhile, as SGLang does.
     startup_seconds: float = 0.0
+    #: ``--api-key``: every route but ``/health*``, ``/ready*``, ``/metrics*`` (and ``/sim/*``)
+    #: then needs ``Authorization: Bearer <key>``.
+    api_key: str | None = field(default=None, repr=False)
     faults: tuple[FaultSpec, ...] = field(default_factory=tuple)
     verbose: bool = False
 
@@ -96,8 +111,18 @@ class SimConfig:
             (self.output_tokens_sigma >= 0, "output_tokens_sigma must be >= 0"),
             (0.0 <= self.reasoning_fraction < 1.0, "reasoning_fraction must be in [0, 1)"),
             (self.reasoning_parser in REASONING_PARSERS, f"reasoning_parser must be in {REASONING_PARSERS}"),
-            (self.accept_length >= 1.0, "accept_length must be >= 1"),
+            (
+                1.0 <= self.accept_length <= SPEC_NUM_DRAFT_TOKENS,
+                f"accept_length must be in [1, {SPEC_NUM_DRAFT_TOKENS}]",
+            ),
+            (self.accept_length_sd >= 0, "accept_length_sd must be >= 0"),
+            (self.decode_log_interval >= 1, "decode_log_interval must be >= 1"),
+            (self.load_seconds >= 0, "load_seconds must be >= 0"),
             (self.startup_seconds >= 0, "startup_seconds must be >= 0"),
+            (
+                ":" not in self.served_name,
+                "served_model_name cannot contain a colon (':') character (reserved for LoRA adapters)",
+            ),
             (0 <= self.port <= 65535, "port must be in [0, 65535]"),
         )
         for ok, message in checks:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_tasks.sim.config import FaultSpec, SimConfig
+from dflash_tasks.sim.config import SPEC_NUM_DRAFT_TOKENS, FaultSpec, SimConfig
 from dflash_tasks.sim.faults import FaultBoard
 from dflash_tasks.sim.protocol import (
     ApiError,
@@ -21,9 +22,21 @@ from dflash_tasks.sim.protocol import (
     error_body,
     parse_chat_request,
     queue_full_error,
+    verify_passes,
 )
 from dflash_tasks.sim.scheduler import QueueFull, SlotScheduler, Stopped
-from dflash_tasks.sim.textgen import Plan, plan_output, prompt_rng, render_raw, split_reasoning, truncate
+from dflash_tasks.sim.textgen import (
+    Plan,
+    draw_accept_length,
+    plan_output,
+    prompt_rng,
+    render_raw,
+    split_reasoning,
+    truncate,
+)
+
+#: Prompts the simulated prefix cache remembers (a repeated prompt is served from the cache).
+PREFIX_CACHE_PROMPTS = 4096
 
 
 @dataclass(frozen=True)
@@ -53,12 +66,18 @@ class SimEngine:
         self.scheduler = SlotScheduler(config.max_running_requests, config.max_queued_requests)
         self.faults = FaultBoard(config.faults)
         self.started_at = time.time()
-        self._ready_at = time.monotonic() + config.startup_seconds
+        self._ready_at: float | None = None  # set once HTTP is up: then the warmup runs
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._rids: set[str] = set()
         self._counters: Counter[str] = Counter()
         self._totals: Counter[str] = Counter()
+        self._prefixes: OrderedDict[bytes, None] = OrderedDict()
+        # Speculative decoding, as the scheduler logs it: verify passes of the running log interval,
+        # then the committed totals behind internal_states' cumulative avg_spec_accept_length.
+        self._spec_pending = [0, 0]  # tokens, verify passes
+        self._spec_total = [0, 0]
+        self._spec_last: float | None = None  # the accept length of the last completed interval
 
     # ----------------------------------------------------------------- lifecycle and health
     def stop(self) -> None:
@@ -66,15 +85,62 @@ class SimEngine:
         self._stopping.set()
         self.scheduler.stop()
 
+    def http_up(self) -> None:
+        """HTTP is listening: the warmup (``--startup-seconds``) starts now."""
+        with self._lock:
+            if self._ready_at is None:
+                self._ready_at = time.monotonic() + self.config.startup_seconds
+
     def is_starting(self) -> bool:
-        """True during the simulated startup (``--startup-seconds``)."""
-        return time.monotonic() < self._ready_at
+        """True until HTTP is up and the simulated warmup (``--startup-seconds``) is over."""
+        ready_at = self._ready_at
+        return ready_at is None or time.monotonic() < ready_at
 
     def health_status(self) -> int:
         """200, or 503 while starting or under an ``unhealthy`` fault."""
         if self.is_starting() or self.faults.take_unhealthy():
             return 503
         return 200
+
+    def ready_status(self) -> int:
+        """``/ready``: 200 once the warmup is over, else 503."""
+        return 503 if self.is_starting() else 200
+
+    # ----------------------------------------------------------------- speculative decoding
+    def _spec_account(self, tokens: int, verify: int) -> None:
+        """Add a finished request's verify passes; commit the interval once it is complete."""
+        with self._lock:
+            pending = self._spec_pending
+            pending[0] += tokens
+            pending[1] += verify
+            if pending[1] >= self.config.decode_log_interval:
+                self._spec_last = pending[0] / pending[1]
+                self._spec_total[0] += pending[0]
+                self._spec_total[1] += pending[1]
+                self._spec_pending = [0, 0]
+
+    def avg_spec_accept_length(self) -> float | None:
+        """``internal_states[0].avg_spec_accept_length``: cumulative over completed log intervals,
+        None (the key is absent) before the first one."""
+        with self._lock:
+            tokens, verify = self._spec_total
+        return tokens / verify if verify > 0 else None
+
+    def last_spec_accept_length(self) -> float:
+        """The accept length of the last completed log interval (``sglang:spec_accept_length``), or 0."""
+        with self._lock:
+            return self._spec_last or 0.0
+
+    def _cached_tokens(self, prompt: str, prompt_tokens: int) -> int:
+        """A repeated prompt hits the prefix cache: all but its last token (SGLang recomputes one)."""
+        key = hashlib.sha256(prompt.encode()).digest()
+        with self._lock:
+            hit = key in self._prefixes
+            self._prefixes[key] = None
+            self._prefixes.move_to_end(key)
+            while len(self._prefixes) > PREFIX_CACHE_PROMPTS:
+                self._prefixes.popitem(last=False)
+        return max(0, prompt_tokens - 1) if hit else 0
 
     # ----------------------------------------------------------------- statistics
     def _count(self, **amounts: int) -> None:
@@ -113,8 +179,9 @@ class SimEngine:
     def chat(self, content_type: str, raw: bytes) -> Reply:
         """Answer one ``POST /v1/chat/completions``.
 
-        Order: chat fault (if any) → validation (400) → wait out the simulated startup → duplicate
-        ``rid`` check → a running slot (FIFO; 503 when the queue is full) → sleep for the generation.
+        Order: chat fault (if any) → validation (400) → duplicate ``rid`` check → a running slot
+        (FIFO; 503 when the queue is full) → sleep for the generation. As in SGLang, chat requests
+        are served as soon as HTTP is up, during the warmup too.
         """
         self._count(requests_total=1)
         fault = self.faults.take_chat()
@@ -129,8 +196,6 @@ class SimEngine:
             self._count(bad_requests=1)
             return _error_reply(err)
         self._log(f"chat rid={req.rid} prompt_tokens={req.prompt_tokens} max_new={req.max_new_tokens}")
-        if self._stopping.wait(max(0.0, self._ready_at - time.monotonic())):
-            return Reply(0, reset=True)
         return self._admit(req, fault)
 
     def _early_fault(self, fault: FaultSpec) -> Reply | None:
@@ -195,6 +260,14 @@ class SimEngine:
         else:
             reasoning, content = None, raw
         reasoning_tokens = plan.reasoning_tokens if cfg.has_reasoning_parser else 0
+        accept = draw_accept_length(
+            prompt_rng(cfg.seed + 2, req.prompt),
+            cfg.accept_length,
+            cfg.accept_length_sd,
+            SPEC_NUM_DRAFT_TOKENS,
+        )
+        verify = verify_passes(plan.completion_tokens, accept)
+        self._spec_account(plan.completion_tokens, verify)
         self._count(
             completed=1,
             aborted=int(plan.finish_reason == "abort"),
@@ -210,6 +283,8 @@ class SimEngine:
             reasoning_tokens=reasoning_tokens,
             created=int(time.time()),
             e2e_latency=time.monotonic() - started,
+            verify_ct=verify,
+            cached_tokens=self._cached_tokens(req.prompt, req.prompt_tokens),
         )
 
     def _log(self, line: str) -> None:

@@ -1,22 +1,27 @@
-"""Read-only endpoints: ``/get_server_info``, ``/get_model_info``, ``/v1/models`` and ``/metrics``."""
+"""Read-only endpoints: ``/server_info``, ``/model_info`` (and their deprecated ``/get_*`` aliases),
+``/v1/models`` and ``/metrics``."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from dflash_tasks.sim.config import SPEC_NUM_DRAFT_TOKENS
 from dflash_tasks.sim.engine import SimEngine
-from dflash_tasks.sim.protocol import SPEC_NUM_DRAFT_TOKENS
 
 SGLANG_VERSION = "0.5.23"
 KV_TOKENS_PER_SLOT = 8192
 
 
 def _spec_accept_rate(accept_length: float) -> float:
-    return (accept_length - 1.0) / (SPEC_NUM_DRAFT_TOKENS - 1)
+    return max(0.0, (accept_length - 1.0) / (SPEC_NUM_DRAFT_TOKENS - 1))
 
 
 def server_info(engine: SimEngine, port: int) -> dict[str, Any]:
-    """The flat server-args dict plus scheduler info and one ``internal_states`` entry."""
+    """The flat server-args dict plus scheduler info and one ``internal_states`` entry.
+
+    As in SGLang, ``api_key`` is among the server arguments in plain text, and
+    ``avg_spec_accept_length`` is absent until the first decode log interval completed.
+    """
     cfg = engine.config
     max_total = cfg.max_running_requests * KV_TOKENS_PER_SLOT
     args: dict[str, Any] = {
@@ -32,7 +37,7 @@ def server_info(engine: SimEngine, port: int) -> dict[str, Any]:
         "max_running_requests": cfg.max_running_requests,
         "max_queued_requests": cfg.max_queued_requests,
         "chunked_prefill_size": 8192,
-        "cuda_graph_max_bs": cfg.max_running_requests,
+        "cuda_graph_max_bs_decode": cfg.max_running_requests,
         "speculative_algorithm": "EAGLE",
         "speculative_num_steps": SPEC_NUM_DRAFT_TOKENS - 1,
         "speculative_eagle_topk": 1,
@@ -40,18 +45,22 @@ def server_info(engine: SimEngine, port: int) -> dict[str, Any]:
         "reasoning_parser": cfg.reasoning_parser if cfg.has_reasoning_parser else None,
         "enable_metrics": True,
         "random_seed": cfg.seed,
+        "decode_log_interval": cfg.decode_log_interval,
+        "api_key": cfg.api_key or None,
     }
-    state = {
+    state: dict[str, Any] = {
         **args,
         "last_gen_throughput": engine.gen_throughput(),
-        "avg_spec_accept_length": cfg.accept_length,
         "memory_usage": {"weight": 16.0, "kvcache": 40.0, "token_capacity": max_total, "graph": 1.0},
         "effective_max_running_requests_per_dp": cfg.max_running_requests,
         "world_size": 1,
     }
+    accept = engine.avg_spec_accept_length()
+    if accept is not None:
+        state["avg_spec_accept_length"] = accept
     return {
         **args,
-        "status": "starting" if engine.is_starting() else "ready",
+        "status": "ready",  # the scheduler's init info: HTTP answers only once every scheduler is ready
         "max_total_num_tokens": max_total,
         "max_req_input_len": cfg.context_length - 6,
         "startup_time": engine.started_at,
@@ -63,7 +72,7 @@ def server_info(engine: SimEngine, port: int) -> dict[str, Any]:
 
 
 def model_info(engine: SimEngine) -> dict[str, Any]:
-    """``/get_model_info`` in its 0.5.23 shape."""
+    """``/model_info`` in its 0.5.23 shape."""
     cfg = engine.config
     return {
         "model_path": cfg.model,
@@ -135,8 +144,8 @@ def metrics_text(engine: SimEngine) -> str:
         "num_running_reqs": running,
         "num_queue_reqs": waiting,
         "gen_throughput": engine.gen_throughput(),
-        "spec_accept_length": cfg.accept_length,
-        "spec_accept_rate": _spec_accept_rate(cfg.accept_length),
+        "spec_accept_length": engine.last_spec_accept_length(),
+        "spec_accept_rate": _spec_accept_rate(engine.last_spec_accept_length()),
         "token_usage": running / cfg.max_running_requests,
         "cache_hit_rate": 0.0,
         "max_total_num_tokens": cfg.max_running_requests * KV_TOKENS_PER_SLOT,

@@ -7,10 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_tasks.sim.config import SimConfig
+from dflash_tasks.sim.config import SPEC_NUM_DRAFT_TOKENS, SimConfig
 from dflash_tasks.sim.textgen import IM_END_TOKEN_ID, Plan
-
-SPEC_NUM_DRAFT_TOKENS = 4
 
 
 class ApiError(Exception):
@@ -169,14 +167,20 @@ def parse_chat_request(content_type: str, raw: bytes, config: SimConfig) -> Chat
     )
 
 
-def spec_details(completion_tokens: int, accept_length: float) -> dict[str, Any]:
-    """Per-request speculative-decoding stats consistent with the configured accept length."""
-    verify_ct = math.ceil(completion_tokens / accept_length) if completion_tokens else 0
+def verify_passes(completion_tokens: int, accept_length: float) -> int:
+    """Verify passes that produce ``completion_tokens`` at ``accept_length`` tokens per pass."""
+    return math.ceil(completion_tokens / accept_length) if completion_tokens > 0 else 0
+
+
+def spec_details(completion_tokens: int, verify_ct: int) -> dict[str, Any]:
+    """SGLang's per-request ``spec_*`` keys; none without a verify pass (as SGLang omits them)."""
+    if verify_ct <= 0:
+        return {}
     proposed = verify_ct * (SPEC_NUM_DRAFT_TOKENS - 1)
-    correct = max(0, completion_tokens - verify_ct)
+    correct = max(0, completion_tokens - verify_ct)  # each pass adds one bonus token
     return {
-        "spec_accept_rate": correct / proposed if proposed else 0.0,
-        "spec_accept_length": completion_tokens / verify_ct if verify_ct else 0.0,
+        "spec_accept_rate": correct / proposed,
+        "spec_accept_length": completion_tokens / verify_ct,
         "spec_num_correct_drafts": correct,
         "spec_num_proposed_drafts": proposed,
         "spec_verify_ct": verify_ct,
@@ -202,6 +206,8 @@ class Outcome:
     reasoning_tokens: int
     created: int
     e2e_latency: float
+    verify_ct: int = 0
+    cached_tokens: int = 0
 
 
 def chat_response(req: ChatRequest, out: Outcome, config: SimConfig) -> dict[str, Any]:
@@ -214,7 +220,7 @@ def chat_response(req: ChatRequest, out: Outcome, config: SimConfig) -> dict[str
         "finish_reason": out.plan.finish_reason,
         "matched_stop": IM_END_TOKEN_ID if out.plan.finish_reason == "stop" else None,
     }
-    spec = spec_details(completion, config.accept_length)
+    spec = spec_details(completion, out.verify_ct)
     if req.return_meta_info:
         choice["meta_info"] = {
             "id": out.request_id,
@@ -224,7 +230,7 @@ def chat_response(req: ChatRequest, out: Outcome, config: SimConfig) -> dict[str
             "num_retractions": 0,
             "reasoning_tokens": out.reasoning_tokens,
             "completion_tokens": completion,
-            "cached_tokens": 0,
+            "cached_tokens": out.cached_tokens,
             "e2e_latency": out.e2e_latency,
             **spec,
         }

@@ -1,8 +1,16 @@
-"""The HTTP layer: a keep-alive ``ThreadingHTTPServer`` routing to :class:`SimEngine`."""
+"""The HTTP layer: a keep-alive ``ThreadingHTTPServer`` routing to :class:`SimEngine`.
+
+Start-up follows SGLang's order: the port is bound at once but refuses connections while the
+"weights load" (``load_seconds``), then HTTP is up and every route answers, with ``/health*`` and
+``/ready`` at 503 until the warmup (``startup_seconds``) is over. With an ``api_key`` every route
+needs ``Authorization: Bearer <key>`` except ``/health*``, ``/ready*`` and ``/metrics*`` (as in
+SGLang) and the simulator's own ``/sim/*``; others get 401 ``{"error": "Unauthorized"}``.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import socket
 import struct
@@ -20,6 +28,9 @@ from dflash_tasks.sim.engine import Reply, SimEngine, json_reply
 
 _NOT_FOUND = json_reply(404, {"detail": "Not Found"})
 _NOT_ALLOWED = json_reply(405, {"detail": "Method Not Allowed"})
+_UNAUTHORIZED = json_reply(401, {"error": "Unauthorized"})
+#: Path prefixes SGLang serves without the API key (probes and scrapers), plus the simulator's own.
+OPEN_PREFIXES = ("/health", "/ready", "/metrics", "/sim/")
 
 
 class SimHTTPServer(ThreadingHTTPServer):
@@ -32,7 +43,12 @@ class SimHTTPServer(ThreadingHTTPServer):
         self.engine = engine
         self._connections: set[socket.socket] = set()
         self._conn_lock = threading.Lock()
-        super().__init__((config.host, config.port), SimHandler)
+        super().__init__((config.host, config.port), SimHandler, bind_and_activate=False)
+        try:
+            self.server_bind()  # the port is ours (and known); it refuses connections until activated
+        except BaseException:
+            self.server_close()
+            raise
 
     def track(self, conn: socket.socket, open_: bool) -> None:
         """Remember (or forget) a client connection."""
@@ -76,11 +92,21 @@ class SimHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self._read_body()
-        self._send(self._route_get(urlsplit(self.path).path))
+        path = urlsplit(self.path).path
+        self._send(self._route_get(path) if self._authorized(path) else _UNAUTHORIZED)
 
     def do_POST(self) -> None:
         body = self._read_body()
-        self._send(self._route_post(urlsplit(self.path).path, body))
+        path = urlsplit(self.path).path
+        self._send(self._route_post(path, body) if self._authorized(path) else _UNAUTHORIZED)
+
+    def _authorized(self, path: str) -> bool:
+        """SGLang's rule: open prefixes pass; else a configured key needs ``Bearer <key>``."""
+        key = self.server.engine.config.api_key
+        if not key or path.startswith(OPEN_PREFIXES):
+            return True
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), key.encode())
 
     def _route_get(self, path: str) -> Reply:
         engine = self.server.engine
@@ -95,6 +121,8 @@ class SimHandler(BaseHTTPRequestHandler):
         }
         if path in ("/health", "/health_generate"):
             return Reply(engine.health_status(), b"", "text/plain; charset=utf-8")
+        if path == "/ready":
+            return Reply(engine.ready_status(), b"", "text/plain; charset=utf-8")
         if path == "/metrics":
             return Reply(200, info.metrics_text(engine).encode(), "text/plain; version=0.0.4; charset=utf-8")
         if path in routes:
@@ -141,7 +169,8 @@ class SimHandler(BaseHTTPRequestHandler):
 
 
 _GET_PATHS = frozenset(
-    {"/health", "/health_generate", "/get_server_info", "/server_info", "/get_model_info", "/model_info"}
+    {"/health", "/health_generate", "/ready", "/get_server_info", "/server_info", "/get_model_info"}
+    | {"/model_info"}
     | {"/v1/models", "/metrics", "/sim/stats", "/sim/faults"}
 )
 _POST_PATHS = frozenset({"/v1/chat/completions", "/sim/faults", "/sim/stats/reset"})
@@ -162,16 +191,22 @@ def _post_fault(engine: SimEngine, raw: bytes) -> Reply:
 
 
 class RunningSimulator:
-    """A simulator serving in a background thread; ``with start_simulator(...) as sim:`` stops it."""
+    """A simulator serving in a background thread; ``with start_simulator(...) as sim:`` stops it.
+
+    The port is known at once; :attr:`listening` is set once it accepts connections (after
+    ``load_seconds``).
+    """
 
     def __init__(self, config: SimConfig) -> None:
         self.engine = SimEngine(config)
         self.httpd = SimHTTPServer(config, self.engine)
         self.host = config.host
         self.port: int = self.httpd.server_address[1]
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="sim-http", daemon=True
-        )
+        self.listening = threading.Event()
+        self._load_seconds = config.load_seconds
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._serve, name="sim-http", daemon=True)
 
     @property
     def url(self) -> str:
@@ -179,15 +214,35 @@ class RunningSimulator:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> RunningSimulator:
-        """Start serving (returns self)."""
+        """Start serving (returns self); without a load delay the port accepts connections on return."""
+        if self._load_seconds == 0:
+            self._listen()
         self._thread.start()
         return self
 
+    def _listen(self) -> bool:
+        with self._lock:
+            if self._stopped.is_set():
+                return False
+            if not self.listening.is_set():
+                self.httpd.server_activate()
+                self.engine.http_up()
+                self.listening.set()
+        return True
+
+    def _serve(self) -> None:
+        if self._stopped.wait(self._load_seconds) or not self._listen():
+            return
+        self.httpd.serve_forever(poll_interval=0.05)
+
     def stop(self) -> None:
         """Stop serving: pending requests end without an answer; open connections are closed."""
+        with self._lock:
+            self._stopped.set()
+            serving = self.listening.is_set()
         self.engine.stop()
-        if self._thread.is_alive():
-            self.httpd.shutdown()
+        if serving and self._thread.is_alive():
+            self.httpd.shutdown()  # also fine before serve_forever runs: it then returns at once
         self.httpd.close_connections()
         self.httpd.server_close()
         self._thread.join(timeout=5)

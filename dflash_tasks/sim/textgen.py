@@ -71,6 +71,17 @@ def draw_length(rng: random.Random, mean: int, sigma: float) -> int:
     return max(1, round(rng.lognormvariate(mu, sigma)))
 
 
+def draw_accept_length(rng: random.Random, mean: float, sd: float, cap: int) -> float:
+    """A request's accept length in ``[1, cap]``: ``1 + (cap - 1) * Beta`` with the given mean and
+    standard deviation (``sd`` 0, or a mean at either end, gives exactly ``mean``)."""
+    rate = (mean - 1.0) / (cap - 1)
+    if sd <= 0 or not 0.0 < rate < 1.0:
+        return mean
+    variance = min((sd / (cap - 1)) ** 2, 0.9 * rate * (1.0 - rate))
+    k = rate * (1.0 - rate) / variance - 1.0
+    return 1.0 + (cap - 1) * rng.betavariate(rate * k, (1.0 - rate) * k)
+
+
 def plan_output(
     rng: random.Random, thinking: bool, mean: int, sigma: float, reasoning_fraction: float
 ) -> Plan:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -177,3 +178,45 @@ def test_dead_server_pauses_its_worker_and_chunks_move_on(procs: Processes, tmp_
     assert {r["worker"].split("@")[0] for r in read_records(out)} == {"gpu0"}
     log = (tmp_path / "gpu1.log").read_text()
     assert "pausing this worker's consumption" in log
+
+
+def test_job_against_a_loading_server_with_an_api_key(procs: Processes, tmp_path: Path) -> None:
+    """The worker starts while its server still loads; the server wants a key; records say who served."""
+    key = f"sk-e2e-{uuid.uuid4().hex}"
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    write_prompts(inp, 120)
+    sim_flags = ["--port", "0", "--time-scale", "0.001", "--load-seconds", "4", "--startup-seconds", "2"]
+    sim_flags += ["--api-key", key, "--model-path", "/models/Qwen3-8B", "--served-model-name", "qwen3-8b"]
+    procs.spawn(["-m", "dflash_tasks.sim", *sim_flags], "sim.log")
+
+    def loading() -> str | None:
+        for line in (tmp_path / "sim.log").read_text(errors="replace").splitlines():
+            if line.startswith("SIM LOADING "):
+                return line.split(" ", 2)[2].strip()
+        return None
+
+    sim = str(wait_until(loading, 20, "the simulator to bind its port"))
+    procs.env["DFLASH_SGLANG_API_KEY"] = key  # the workers' setting; never on a command line
+    procs.worker(sim, "gpu0")
+    del procs.env["DFLASH_SGLANG_API_KEY"]
+    res = procs.run(
+        "dflash_tasks.producer.enqueue",
+        *enqueue_args(inp, out, "--chunk-size", "20", "--wait", "--json", "--no-preflight"),
+    )
+    assert res.returncode == 0, res.stderr
+    report = verify_ok(procs, inp, out)
+    assert report["ok"] == 120 and report["failed"] == 0
+    records = read_records(out)
+    assert all(
+        r["server"]
+        == {"model_path": "/models/Qwen3-8B", "served_model_name": "qwen3-8b", "version": "0.5.23"}
+        for r in records
+    )
+    assert all(r["meta_info"]["spec_verify_ct"] > 0 for r in records)
+    assert all(r["meta_info"]["spec_accept_length"] >= 1 for r in records)
+    log = (tmp_path / "gpu0.log").read_text()
+    assert "did not say which model it serves" in log  # asked at start, while the port refused
+    assert "serves qwen3-8b (model path /models/Qwen3-8B), SGLang 0.5.23" in log
+    stored = [p.read_bytes() for p in out.rglob("*") if p.is_file()]
+    assert stored and not any(key.encode() in data for data in stored)
+    assert key not in log and key not in res.stdout + res.stderr

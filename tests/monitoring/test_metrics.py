@@ -88,3 +88,31 @@ def test_a_taken_port_disables_metrics_with_a_warning(caplog: pytest.LogCaptureF
         assert metrics.start_server(port) is False
     assert "give each worker on a machine its own --metrics-port" in caplog.text
     assert metrics.start_server(0) is False
+
+
+def test_spec_counters_and_the_accept_length_gauge(monkeypatch: pytest.MonkeyPatch) -> None:
+    tokens, verify = (
+        value("dflash_spec_tokens_total", job="js"),
+        value("dflash_spec_verify_passes_total", job="js"),
+    )
+    spec_record = {
+        "status": "ok",
+        "usage": {"completion_tokens": 300, "prompt_tokens": 9},
+        "meta_info": {"spec_verify_ct": 120, "spec_accept_length": 2.5},
+    }
+    metrics.sample_done("js", spec_record)
+    metrics.sample_done("js", {"status": "ok", "usage": {"completion_tokens": 50}, "meta_info": None})
+    assert value("dflash_spec_tokens_total", job="js") == tokens + 300  # only the sample with verify passes
+    assert value("dflash_spec_verify_passes_total", job="js") == verify + 120
+
+    def gauge(source: str) -> float | None:
+        labels = {"worker": "", "endpoint": "", "source": source}
+        return metrics.REGISTRY.get_sample_value("dflash_spec_accept_length", labels)
+
+    monkeypatch.setattr(metrics, "_server_accept", None)
+    monkeypatch.setattr(metrics, "_recent_accept", metrics._unknown)
+    assert gauge("per_request") is None and gauge("server_lifetime") is None  # nothing known yet
+    metrics.accept_length(3.6)
+    assert gauge("server_lifetime") == 3.6 and gauge("per_request") is None
+    metrics.watch_accept_length(lambda: 2.75)
+    assert gauge("per_request") == 2.75 and gauge("server_lifetime") is None  # one series: the best source

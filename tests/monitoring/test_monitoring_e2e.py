@@ -23,6 +23,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from dflash_tasks.core.spec_stats import spec_counts
 from tests.helpers import (
     REPO,
     Processes,
@@ -145,8 +146,16 @@ def test_status_json_numbers_match_the_job(job: FinishedJob) -> None:
     assert set(workers) == {"gpu0", "gpu1"}
     assert sum(w["samples"] for w in workers.values()) == SAMPLES
     assert sum(w["chunks"] for w in workers.values()) == SAMPLES // CHUNK
-    assert all(w["alive"] and w["spec_accept_length"] == 3.6 for w in workers.values())
-    assert doc["spec_accept_length"] == 3.6
+    assert all(w["alive"] for w in workers.values())
+    # the accept length is Σ tokens / Σ verify passes of the stored samples' own meta_info
+    spec_tokens, verify = (sum(pair[i] for pair in map(spec_counts, job.records)) for i in (0, 1))
+    assert verify > 0 and doc["spec"]["source"] == "per_request"
+    assert doc["spec_accept_length"] == doc["spec"]["job"] == round(spec_tokens / verify, 3)
+    assert doc["spec"]["verify_passes"] == verify
+    for name, w in workers.items():
+        mine = [spec_counts(r) for r in job.records if r["worker"].startswith(f"{name}@")]
+        assert w["spec_accept_source"] == "per_request"
+        assert w["spec_accept_length"] == round(sum(t for t, _ in mine) / sum(v for _, v in mine), 3)
     cost = doc["cost"]
     assert cost["gpu_hour_usd"] == PRICE and cost["gpus"] == 2 and cost["gpu_hours"] > 0
     assert cost["gpu_hours"] <= 2 * doc["elapsed_s"] / 3600 + 0.001
@@ -207,7 +216,12 @@ def test_worker_metrics_after_the_job(job: FinishedJob) -> None:
         )
         assert m["dflash_queue_depth"] == [({"queue": job.procs.queue}, 0.0)]
         assert total([m], "dflash_inflight_requests") == 0 and total([m], "dflash_waiting_requests") == 0
-        assert total([m], "dflash_server_healthy") == 1 and total([m], "dflash_spec_accept_length") == 3.6
+        assert total([m], "dflash_server_healthy") == 1
+        mine = [spec_counts(r) for r in job.records if r["worker"].startswith(f"{name}@")]
+        assert total([m], "dflash_spec_tokens_total", job=job.job_id) == sum(t for t, _ in mine)
+        assert total([m], "dflash_spec_verify_passes_total", job=job.job_id) == sum(v for _, v in mine)
+        [(labels, accept)] = m["dflash_spec_accept_length"]  # one series, named by its source
+        assert labels["source"] in ("per_request", "server_lifetime") and 1 < accept <= 4
         assert "dflash_chunks_requeued_total" not in m or total([m], "dflash_chunks_requeued_total") == 0
 
 

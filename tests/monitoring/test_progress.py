@@ -197,15 +197,70 @@ def test_paused_state_and_lost_counters() -> None:
 def test_per_worker_rows() -> None:
     per, beats = live_workers(2, NOW)
     beats["gpu1@h"]["last_seen"] = str(NOW - 120)  # gone
-    beats["gpu0@h"] |= {"inflight": "40", "max_inflight": "48", "spec_accept_length": "3.2"}
+    beats["gpu0@h"] |= {"inflight": "40", "max_inflight": "48", "server_accept_length": "3.2"}
     buckets = steady_buckets(NOW, 2.0, 4000.0, worker="gpu0@h")
     doc = summarize(snapshot(per_worker=per, workers=beats, buckets=buckets), NOW)
     gpu0, gpu1 = doc["workers"]
     assert gpu0["alive"] and not gpu1["alive"] and doc["cost"]["gpus"] == 1
     assert gpu0["samples_per_s"] == pytest.approx(2.0) and gpu0["tokens_per_s"] == pytest.approx(4000)
-    assert gpu0["inflight"] == 40 and gpu0["spec_accept_length"] == 3.2 and doc["spec_accept_length"] == 3.2
+    assert gpu0["inflight"] == 40
+    # no sample reported verify passes: the server's lifetime figure, labelled as such
+    assert (gpu0["spec_accept_length"], gpu0["spec_accept_source"]) == (3.2, "server_lifetime")
+    assert doc["spec_accept_length"] == 3.2 and doc["spec"]["source"] == "server_lifetime"
+    assert doc["spec"]["job"] is None and doc["spec"]["verify_passes"] == 0
     text = render(doc)
     assert "gpu0@h" in text and "40/48" in text and "gone" in text
+    assert "3.20*" in text and "lifetime average" in text
+
+
+def spec_buckets(now: float, rows: dict[str, tuple[float, float]]) -> dict[int, dict[str, float]]:
+    """A window of buckets in which each worker adds (spec tokens, verify passes) per bucket."""
+    start, end = window_bounds(now)
+    out: dict[int, dict[str, float]] = {}
+    for b in range(start, end, BUCKET_SECONDS):
+        row: dict[str, float] = {}
+        for worker, (tokens, verify) in rows.items():
+            row[f"{worker}|spec_tokens"], row[f"{worker}|verify"] = tokens, verify
+            row["spec_tokens"] = row.get("spec_tokens", 0.0) + tokens
+            row["verify"] = row.get("verify", 0.0) + verify
+        out[b] = row
+    return out
+
+
+def test_accept_length_is_tokens_over_verify_passes_of_the_samples() -> None:
+    """Known per-sample numbers: job, window and per GPU are ratios of sums, not means of ratios."""
+    samples = [(300, 100), (100, 50), (400, 100)]  # (tokens, verify): 3.0, 2.0 and 4.0 per pass
+    assert sum(t for t, _ in samples) / sum(v for _, v in samples) == 3.2  # the mean of ratios is 3.0
+    per, beats = live_workers(2, NOW)
+    per["gpu0@h"] |= {"spec_tokens": 400.0, "verify": 150.0}  # samples 1 and 2: 2.667
+    per["gpu1@h"] |= {"spec_tokens": 400.0, "verify": 100.0}  # sample 3: 4.0
+    beats["gpu0@h"]["server_accept_length"] = "3.6"  # the server's lifetime figure is not used
+    stats = {"samples_ok": 3.0, "completion_tokens": 800.0, "spec_tokens": 800.0, "spec_verify_ct": 250.0}
+    buckets = spec_buckets(NOW, {"gpu0@h": (30.0, 10.0), "gpu1@h": (50.0, 25.0)})  # last minute: 80/35
+    doc = summarize(snapshot(per_worker=per, workers=beats, stats=stats, buckets=buckets), NOW)
+    spec = doc["spec"]
+    assert spec["source"] == "per_request" and doc["spec_accept_length"] == spec["job"] == 3.2
+    assert (spec["tokens"], spec["verify_passes"]) == (800, 250)
+    assert spec["window"] == round(80 / 35, 3) and spec["server_lifetime"] == 3.6
+    gpu0, gpu1 = doc["workers"]
+    assert (gpu0["spec_accept_length"], gpu0["spec_accept_source"]) == (round(400 / 150, 3), "per_request")
+    assert gpu0["spec_accept_length_window"] == 3.0 and gpu0["server_accept_length"] == 3.6
+    assert (gpu1["spec_accept_length"], gpu1["spec_accept_length_window"]) == (4.0, 2.0)
+    assert "spec_tokens" not in doc["counters"] and "spec_verify_ct" not in doc["counters"]
+    text = render(doc)
+    assert "accept length 3.20 per request" in text and "250 passes" in text and "last minute 2.29" in text
+    assert "2.67" in text and "*" not in text
+    # before any chunk is stored, the job's figure comes from the workers' live totals
+    early = summarize(snapshot(per_worker=per, workers=beats), NOW)
+    assert early["spec"]["job"] == 3.2 and early["spec"]["source"] == "per_request"
+
+
+def test_no_accept_length_at_all() -> None:
+    per, beats = live_workers(1, NOW)
+    doc = summarize(snapshot(per_worker=per, workers=beats), NOW)
+    assert doc["spec_accept_length"] is None and doc["spec"]["source"] is None
+    assert doc["workers"][0]["spec_accept_source"] is None
+    assert "spec " not in render(doc)
 
 
 def test_accept_length_from_server_info() -> None:
@@ -256,14 +311,22 @@ def test_worker_counts_reach_progress_json(bk: Bookkeeping, tmp_path: Path) -> N
     t0 = NOW - 30
     stats.chunk_started(job.job_id, now=t0)
     for i in range(20):  # 20 samples over 20 s, 50 tokens each; two chunks stored
-        stats.sample_done(job.job_id, ok=i != 0, tokens=50, now=t0 + i)
+        ok = i != 0
+        verify = (10 if i % 2 else 25) if ok else 0  # accept lengths 5.0 and 2.0: 950 / 325 in all
+        stats.sample_done(
+            job.job_id, ok=ok, tokens=50, spec_tokens=50 if ok else 0, verify=verify, now=t0 + i
+        )
     stats.chunk_done(job.job_id)
     stats.chunk_done(job.job_id)
-    stats.flush({"endpoint": "http://e0", "inflight": 7, "healthy": True, "spec_accept_length": 3.1}, now=NOW)
+    stats.flush(
+        {"endpoint": "http://e0", "inflight": 7, "healthy": True, "server_accept_length": 3.1}, now=NOW
+    )
     for c in (0, 1):
         store.write(output_key(c), b"{}\n")
-    bk.complete(job.job_id, 0, {"samples_ok": 9, "samples_failed": 1, "completion_tokens": 450})
-    bk.complete(job.job_id, 1, {"samples_ok": 10, "completion_tokens": 500})
+    spec = {"spec_tokens": 450, "spec_verify_ct": 150}  # chunk 0: samples 1-9 (5 odd, 4 even)
+    bk.complete(job.job_id, 0, {"samples_ok": 9, "samples_failed": 1, "completion_tokens": 450, **spec})
+    spec = {"spec_tokens": 500, "spec_verify_ct": 175}  # chunk 1: samples 10-19
+    bk.complete(job.job_id, 1, {"samples_ok": 10, "completion_tokens": 500, **spec})
 
     writer = ProgressWriter(bk, "gpu0@h", period=5.0, default_gpu_hour_usd=3.6)
     assert writer.write_if_due(job.job_id, store, now=NOW) is not None
@@ -275,7 +338,15 @@ def test_worker_counts_reach_progress_json(bk: Bookkeeping, tmp_path: Path) -> N
     (w,) = doc["workers"]
     assert w["name"] == "gpu0@h" and w["samples"] == 20 and w["failed"] == 1 and w["chunks"] == 2
     assert w["tokens"] == 1000 and w["inflight"] == 7 and w["healthy"] and w["alive"]
-    assert w["spec_accept_length"] == 3.1
+    assert (w["spec_accept_length"], w["spec_accept_source"]) == (round(950 / 325, 3), "per_request")
+    assert w["server_accept_length"] == 3.1
+    # the 17 samples of the window (t0 + 3 .. t0 + 19) in 5-second buckets: Σ tokens / Σ verify
+    start, end = window_bounds(NOW)
+    in_window = [i for i in range(1, 20) if start <= (t0 + i) // BUCKET_SECONDS * BUCKET_SECONDS < end]
+    window_verify = sum(10 if i % 2 else 25 for i in in_window)
+    assert w["spec_accept_length_window"] == round(50 * len(in_window) / window_verify, 3)
+    assert doc["spec"]["job"] == doc["spec_accept_length"] == round(950 / 325, 3)
+    assert doc["spec"]["verify_passes"] == 325 and doc["spec"]["source"] == "per_request"
     # 20 samples finished in the 27.5 s between the first chunk and the window's end
     assert doc["rates"]["samples_per_s"] == pytest.approx(20 / (window_bounds(NOW)[1] - t0))
     assert doc["cost"]["gpus"] == 1 and doc["cost"]["gpu_hours"] == pytest.approx(30 / HOUR, rel=0.01)
@@ -324,7 +395,8 @@ def test_status_without_redis_uses_the_store_and_the_last_progress_json(
     bk.register_job(job.job_id, str(tmp_path))
     for c in (0, 1):
         store.write(output_key(c), b"{}\n")
-        bk.complete(job.job_id, c, {"samples_ok": 9, "samples_failed": 1, "completion_tokens": 900})
+        spec = {"spec_tokens": 900, "spec_verify_ct": 300 + 100 * c}
+        bk.complete(job.job_id, c, {"samples_ok": 9, "samples_failed": 1, "completion_tokens": 900, **spec})
     stats = WorkerStats(bk, "gpu0@h")
     stats.chunk_started(job.job_id, now=NOW - 100)
     stats.flush({}, now=NOW - 100)
@@ -338,3 +410,15 @@ def test_status_without_redis_uses_the_store_and_the_last_progress_json(
     assert doc["cost"]["gpu_hours"] == pytest.approx(50 / HOUR, rel=0.01)
     assert any("Redis unreachable" in w for w in doc["warnings"])
     assert any("from progress.json" in w for w in doc["warnings"])
+    assert doc["spec"]["job"] == round(1800 / 700, 3) and doc["spec"]["source"] == "per_request"
+
+
+def test_worker_recent_accept_length_covers_the_last_minute(bk: Bookkeeping) -> None:
+    stats = WorkerStats(bk, "gpu0@h")
+    assert stats.recent_accept_length(now=NOW) is None
+    stats.sample_done("j", ok=True, tokens=400, spec_tokens=400, verify=100, now=NOW - 90)  # too old
+    stats.sample_done("j", ok=True, tokens=300, spec_tokens=300, verify=150, now=NOW - 30)
+    stats.sample_done("j", ok=True, tokens=90, spec_tokens=90, verify=30, now=NOW - 5)
+    stats.sample_done("j", ok=True, tokens=70, now=NOW - 1)  # no speculative stats: not counted
+    assert stats.recent_accept_length(now=NOW) == pytest.approx(390 / 180)
+    assert stats.recent_accept_length(now=NOW + 60) is None

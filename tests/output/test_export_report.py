@@ -10,7 +10,9 @@ import pytest
 
 from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefinition, Manifest, output_key
 from dflash_tasks.core.quality import QualitySettings, check_record
+from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.output.export import ExportOptions, export
+from dflash_tasks.output.report import build_report, render_png, render_text
 from dflash_tasks.store import LocalStore
 from tests.e2e.test_pipeline_e2e import enqueue_args, verify_ok
 from tests.helpers import Processes, read_records, write_prompts
@@ -139,8 +141,51 @@ def test_real_job_exports_loadable_by_datasets_and_reports_with_a_picture(
     assert doc["samples"] == 147 and doc["failed"] == 1 and doc["checks"]["failed"] == 1
     assert doc["output_tokens"]["count"] == 146 and doc["output_tokens"]["p50"] > 500
     assert doc["reasoning_tokens"]["mean"] > 0 and doc["gates_passed"] is True
+    accept = doc["spec_accept_length"]
+    ok = [r for r in records if r["status"] == "ok"]
+    assert (
+        accept["count"] == 146 and 1 <= accept["min"] <= accept["p10"] <= accept["p50"] <= accept["max"] <= 4
+    )
+    assert accept["max"] - accept["min"] > 0.3  # a distribution: the simulator varies it per request
+    tokens, verify = (sum(spec_counts(r)[i] for r in ok) for i in (0, 1))
+    assert accept["overall"] == round(tokens / verify, 3)
     png = (out / "report.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
     text = procs.run("dflash_tasks.output.report", "--output", str(out), "--png", str(tmp_path / "r.png"))
     assert "output tokens" in text.stdout and "gates passed" in text.stdout
+    assert f"accept length     overall {accept['overall']:.2f}" in text.stdout
+    assert f"p10 {accept['p10']:.2f}" in text.stdout
     assert (tmp_path / "r.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_report_accept_length_distribution_from_known_samples() -> None:
+    job = JobDefinition.create("sha256:x", "in.jsonl", SPEC)
+    pairs = [(300, 100), (100, 50), (400, 100), (200, 50), (90, 90)]  # 3.0, 2.0, 4.0, 4.0, 1.0
+    records = [
+        rec(
+            i,
+            usage={"prompt_tokens": 5, "completion_tokens": t, "reasoning_tokens": t // 2},
+            meta_info={"spec_verify_ct": v, "spec_accept_length": t / v},
+        )
+        for i, (t, v) in enumerate(pairs)
+    ]
+    records.append(rec(9, meta_info=None))  # an old release: no per-request stats
+    records.append(rec(8, status="failed", error="x", meta_info={"spec_verify_ct": 5}))
+    report = build_report(job, records, 1, 1)
+    doc = report.as_dict()["spec_accept_length"]
+    assert doc["count"] == 5 and doc["overall"] == round(1090 / 390, 3)  # not the mean of ratios, 2.8
+    assert (doc["min"], doc["p10"], doc["p25"], doc["p50"], doc["p90"], doc["max"]) == (
+        1.0,
+        1.0,
+        2.0,
+        3.0,
+        4.0,
+        4.0,
+    )
+    assert doc["mean"] == 2.8
+    text = render_text(report)
+    assert "accept length     overall 2.79 (Σ tokens / Σ verify passes)  min 1.00  p10 1.00" in text
+    assert render_png(report).startswith(b"\x89PNG")
+    none = build_report(job, [rec(0)], 1, 1)
+    assert none.as_dict()["spec_accept_length"]["count"] == 0
+    assert "no per-request speculative stats" in render_text(none)

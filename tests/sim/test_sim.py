@@ -7,6 +7,7 @@ import json
 import math
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -24,7 +25,7 @@ from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
 REPO = Path(__file__).resolve().parents[2]
 QUESTION = [{"role": "user", "content": "What is 6*7? Explain."}]
 
-# §1.2 of /work/shared/reference/sglang-http-api.md (0.5.23, no meta_info / sglext requested).
+# The 0.5.23 response body without meta_info / sglext (docs/sglang.md).
 TOP_KEYS = {"id", "object", "created", "model", "choices", "usage", "metadata"}
 CHOICE_KEYS = {"index", "message", "logprobs", "finish_reason", "matched_stop"}
 MESSAGE_KEYS = {"role", "content", "reasoning_content"}
@@ -217,13 +218,61 @@ def test_output_length_is_deterministic_and_lognormal(start_sim: StartSim) -> No
 
 
 def test_meta_info_and_spec_details_follow_accept_length(start_sim: StartSim) -> None:
-    sim = start_sim(accept_length=3.0)
+    sim = start_sim(accept_length=3.0, accept_length_sd=0.0)
     body = chat_ok(sim.url, max_tokens=30000, return_meta_info=True, return_spec_tokens_details=True)
     meta, usage = body["choices"][0]["meta_info"], body["usage"]
     assert meta["completion_tokens"] == usage["completion_tokens"]
     assert meta["finish_reason"] == {"type": "stop", "matched": 151645}
     assert meta["spec_verify_ct"] == math.ceil(usage["completion_tokens"] / 3.0)
+    assert meta["spec_accept_length"] == usage["completion_tokens"] / meta["spec_verify_ct"]
+    correct, proposed = meta["spec_num_correct_drafts"], meta["spec_num_proposed_drafts"]
+    assert (
+        correct == usage["completion_tokens"] - meta["spec_verify_ct"]
+        and proposed == 3 * meta["spec_verify_ct"]
+    )
+    assert meta["spec_accept_rate"] == correct / proposed
+    assert (meta["num_retractions"], meta["cached_tokens"]) == (0, 0)
     assert body["sglext"]["spec_tokens_details"]["spec_accept_length"] == pytest.approx(3.0, abs=0.01)
+    assert "meta_info" not in chat_ok(sim.url, max_tokens=30000)["choices"][0]  # only when asked
+
+
+def per_request_accept(url: str, n: int, offset: int = 0) -> list[tuple[int, int, float]]:
+    """``(completion tokens, verify passes, accept length)`` of ``n`` distinct prompts."""
+    rows = []
+    for i in range(offset, offset + n):
+        body = chat_ok(url, messages=user(f"prompt {i}"), max_tokens=30000, return_meta_info=True)
+        meta = body["choices"][0]["meta_info"]
+        rows.append((meta["completion_tokens"], meta["spec_verify_ct"], meta["spec_accept_length"]))
+    return rows
+
+
+def test_accept_length_varies_by_request_deterministically_per_seed(start_sim: StartSim) -> None:
+    sim = start_sim(accept_length=3.0, accept_length_sd=0.4, mean_output_tokens=400, seed=3)
+    rows = per_request_accept(sim.url, 80)
+    lengths = [a for _, _, a in rows]
+    assert all(1.0 <= a <= 4.0 for a in lengths)
+    assert len({round(a, 3) for a in lengths}) > 40  # a distribution, not one value
+    assert 0.25 <= statistics.pstdev(lengths) <= 0.55
+    assert sum(t for t, _, _ in rows) / sum(v for _, v, _ in rows) == pytest.approx(3.0, abs=0.15)
+    assert per_request_accept(sim.url, 5) == rows[:5]  # the same prompt, the same numbers
+    same_seed = start_sim(accept_length=3.0, accept_length_sd=0.4, mean_output_tokens=400, seed=3)
+    assert per_request_accept(same_seed.url, 5) == rows[:5]
+    other_seed = start_sim(accept_length=3.0, accept_length_sd=0.4, mean_output_tokens=400, seed=4)
+    assert [a for _, _, a in per_request_accept(other_seed.url, 5)] != lengths[:5]
+
+
+def test_no_spec_keys_without_a_verify_pass(sim: RunningSimulator) -> None:
+    body = chat_ok(sim.url, max_tokens=0, return_meta_info=True)
+    meta = body["choices"][0]["meta_info"]
+    assert meta["completion_tokens"] == 0 and not any(k.startswith("spec_") for k in meta)
+
+
+def test_a_repeated_prompt_hits_the_prefix_cache(sim: RunningSimulator) -> None:
+    first = chat_ok(sim.url, messages=user("cache me"), max_tokens=100, return_meta_info=True)
+    again = chat_ok(sim.url, messages=user("cache me"), max_tokens=100, return_meta_info=True)
+    assert first["choices"][0]["meta_info"]["cached_tokens"] == 0
+    prompt_tokens = again["usage"]["prompt_tokens"]
+    assert again["choices"][0]["meta_info"]["cached_tokens"] == prompt_tokens - 1 > 0
 
 
 # --------------------------------------------------------------------------- validation errors
@@ -458,12 +507,36 @@ def test_bad_fault_requests_are_rejected(sim: RunningSimulator) -> None:
         assert requests.post(f"{sim.url}/sim/faults", json=fault, timeout=5).status_code == 400
 
 
-def test_startup_seconds_make_health_503(start_sim: StartSim) -> None:
-    sim = start_sim(startup_seconds=0.3)
+def refused(url: str) -> bool:
+    try:
+        requests.get(f"{url}/health", timeout=2)
+    except requests.ConnectionError:
+        return True
+    return False
+
+
+def test_loading_refuses_connections_then_health_is_503_until_warmed_up(start_sim: StartSim) -> None:
+    sim = start_sim(load_seconds=0.5, startup_seconds=0.5)
+    assert refused(sim.url) and not sim.listening.is_set()
+    assert sim.listening.wait(5)
     assert requests.get(f"{sim.url}/health", timeout=5).status_code == 503
-    assert requests.get(f"{sim.url}/get_server_info", timeout=5).json()["status"] == "starting"
-    time.sleep(0.35)
-    assert requests.get(f"{sim.url}/health", timeout=5).status_code == 200
+    assert requests.get(f"{sim.url}/health_generate", timeout=5).status_code == 503
+    assert requests.get(f"{sim.url}/ready", timeout=5).status_code == 503
+    # as in SGLang, only the probes wait for the warmup: everything else is served once HTTP is up
+    assert requests.get(f"{sim.url}/server_info", timeout=5).json()["status"] == "ready"
+    chat_ok(sim.url, max_tokens=100)
+    deadline = time.monotonic() + 5
+    while requests.get(f"{sim.url}/health", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "health never turned 200"
+        time.sleep(0.05)
+    assert requests.get(f"{sim.url}/ready", timeout=5).status_code == 200
+
+
+def test_stop_while_loading(start_sim: StartSim) -> None:
+    sim = start_sim(load_seconds=30)
+    started = time.monotonic()
+    sim.stop()
+    assert time.monotonic() - started < 5 and refused(sim.url)
 
 
 # --------------------------------------------------------------------------- info and metrics
@@ -471,7 +544,7 @@ def test_startup_seconds_make_health_503(start_sim: StartSim) -> None:
 
 def test_server_and_model_info(start_sim: StartSim) -> None:
     sim = start_sim(accept_length=2.5, max_running_requests=7, context_length=4096, model="org/qwen-sim")
-    info = requests.get(f"{sim.url}/get_server_info", timeout=5).json()
+    info = requests.get(f"{sim.url}/server_info", timeout=5).json()
     expected = {
         "model_path": "org/qwen-sim",
         "served_model_name": "org/qwen-sim",
@@ -483,20 +556,92 @@ def test_server_and_model_info(start_sim: StartSim) -> None:
         "reasoning_parser": "qwen3",
         "context_length": 4096,
         "status": "ready",
+        "version": "0.5.23",
+        "api_key": None,
     }
-    assert {k: info[k] for k in expected} == expected and isinstance(info["version"], str)
+    assert {k: info[k] for k in expected} == expected
     [state] = info["internal_states"]
-    assert state["avg_spec_accept_length"] == 2.5 and isinstance(state["last_gen_throughput"], float)
-    model = requests.get(f"{sim.url}/get_model_info", timeout=5).json()
+    assert "avg_spec_accept_length" not in state and isinstance(state["last_gen_throughput"], float)
+    model = requests.get(f"{sim.url}/model_info", timeout=5).json()
     assert model["model_path"] == "org/qwen-sim" and model["is_generation"] is True
+    assert model["served_model_name"] == "org/qwen-sim"
+    # the deprecated aliases answer the same body
+    assert requests.get(f"{sim.url}/get_model_info", timeout=5).json() == model
+    assert requests.get(f"{sim.url}/get_server_info", timeout=5).json() == info
     models = requests.get(f"{sim.url}/v1/models", timeout=5).json()
     assert models["object"] == "list"
     assert models["data"][0]["id"] == "org/qwen-sim" and models["data"][0]["max_model_len"] == 4096
 
 
+def test_served_model_name_and_model_path(start_sim: StartSim) -> None:
+    sim = start_sim(model="/models/Qwen3.6-27B", served_model_name="qwen36")
+    model = requests.get(f"{sim.url}/model_info", timeout=5).json()
+    info = requests.get(f"{sim.url}/server_info", timeout=5).json()
+    assert (model["model_path"], model["served_model_name"]) == ("/models/Qwen3.6-27B", "qwen36")
+    assert (info["model_path"], info["served_model_name"]) == ("/models/Qwen3.6-27B", "qwen36")
+    assert requests.get(f"{sim.url}/v1/models", timeout=5).json()["data"][0]["id"] == "qwen36"
+    with pytest.raises(ValueError, match="colon"):
+        SimConfig(model="org/model:v2")
+
+
+def test_internal_states_accept_length_is_absent_until_a_log_interval_then_cumulative(
+    start_sim: StartSim,
+) -> None:
+    sim = start_sim(decode_log_interval=100, accept_length=3.0, mean_output_tokens=600, output_tokens_sigma=0)
+
+    def reported() -> float | None:
+        [state] = requests.get(f"{sim.url}/server_info", timeout=5).json()["internal_states"]
+        value = state.get("avg_spec_accept_length")
+        return None if value is None else float(value)
+
+    def verify(**fields: Any) -> tuple[int, int]:
+        meta = chat_ok(sim.url, return_meta_info=True, **fields)["choices"][0]["meta_info"]
+        return meta["completion_tokens"], meta["spec_verify_ct"]
+
+    short = verify(max_tokens=30000, chat_template_kwargs={"enable_thinking": False})
+    assert 0 < short[1] < 100 and reported() is None  # the key is absent, not 0
+    first = verify(max_tokens=30000, messages=user("long one"))  # ~200 passes: the interval completes
+    assert reported() == pytest.approx((short[0] + first[0]) / (short[1] + first[1]))
+    tail = verify(max_tokens=60, messages=user("short tail"))  # < 100 passes: not logged yet
+    assert reported() == pytest.approx((short[0] + first[0]) / (short[1] + first[1]))
+    second = verify(max_tokens=30000, messages=user("another long one"))
+    done = [short, first, tail, second]
+    assert reported() == pytest.approx(sum(t for t, _ in done) / sum(v for _, v in done))
+
+
+# --------------------------------------------------------------------------- api key
+
+KEY = "sk-test-1234"
+PROTECTED = ["/server_info", "/get_server_info", "/model_info", "/get_model_info", "/v1/models"]
+
+
+def test_api_key_protects_everything_but_health_ready_and_metrics(start_sim: StartSim) -> None:
+    sim = start_sim(api_key=KEY)
+    for path in ("/health", "/health_generate", "/ready", "/metrics", "/sim/stats"):
+        assert requests.get(f"{sim.url}{path}", timeout=5).status_code == 200, path
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"X-Api-Key": KEY}):
+        for path in PROTECTED:
+            resp = requests.get(f"{sim.url}{path}", headers=headers, timeout=5)
+            assert (resp.status_code, resp.json()) == (401, {"error": "Unauthorized"}), (path, headers)
+        resp = requests.post(f"{sim.url}/v1/chat/completions", json={"messages": QUESTION}, headers=headers)
+        assert (resp.status_code, resp.json()) == (401, {"error": "Unauthorized"})
+    assert requests.get(f"{sim.url}/nope", timeout=5).status_code == 401  # before routing, as in SGLang
+    for scheme in ("Bearer", "bearer"):
+        auth = {"Authorization": f"{scheme} {KEY}"}
+        for path in PROTECTED:
+            assert requests.get(f"{sim.url}{path}", headers=auth, timeout=5).status_code == 200, path
+        resp = requests.post(
+            f"{sim.url}/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 50}, headers=auth
+        )
+        assert resp.status_code == 200
+    info = requests.get(f"{sim.url}/server_info", headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
+    assert info.json()["api_key"] == KEY  # SGLang shows it too: clients must never store server_info
+    assert stats(sim.url)["requests_total"] == 2  # refused requests never reach the engine
+
+
 def test_metrics_names_labels_and_counters(start_sim: StartSim) -> None:
-    sim = start_sim(served_model_name="served", accept_length=3.2)
-    bodies = [chat_ok(sim.url, max_tokens=30000, messages=user(i)) for i in range(3)]
+    sim = start_sim(served_model_name="served", accept_length=3.2, accept_length_sd=0.0)
+    bodies = [chat_ok(sim.url, max_tokens=30000, messages=user(i), return_meta_info=True) for i in range(3)]
     text = requests.get(f"{sim.url}/metrics", timeout=5).text
     values = metric_values(text, "served")
     for name in (
@@ -510,7 +655,8 @@ def test_metrics_names_labels_and_counters(start_sim: StartSim) -> None:
     ):
         assert f"sglang:{name}" in values, name
         assert f"# TYPE sglang:{name} " in text
-    assert values["sglang:spec_accept_length"] == 3.2
+    last = bodies[-1]["choices"][0]["meta_info"]  # each request completes a decode log interval
+    assert values["sglang:spec_accept_length"] == last["spec_accept_length"] == pytest.approx(3.2, abs=0.02)
     assert values["sglang:num_requests_total"] == 3
     assert values["sglang:generation_tokens_total"] == sum(b["usage"]["completion_tokens"] for b in bodies)
     assert values["sglang:prompt_tokens_total"] == sum(b["usage"]["prompt_tokens"] for b in bodies)
@@ -555,3 +701,27 @@ def test_cli_rejects_bad_flags() -> None:
     cmd = [sys.executable, "-m", "dflash_tasks.sim", "--fault", "meltdown:3"]
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=10)
     assert result.returncode == 2 and "unknown fault kind" in result.stderr
+
+
+def test_cli_loading_line_model_names_and_api_key() -> None:
+    cmd = [sys.executable, "-m", "dflash_tasks.sim", "--port", "0", "--time-scale", "0"]
+    cmd += ["--load-seconds", "0.5", "--api-key", KEY, "--model-path", "/m/Qwen3.6-27B"]
+    cmd += ["--served-model-name", "qwen36"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        loading = re.fullmatch(r"SIM LOADING (http://127\.0\.0\.1:\d+)", proc.stdout.readline().strip())
+        assert loading, "no LOADING line"
+        url = loading[1]
+        assert refused(url)
+        assert proc.stdout.readline().strip() == f"SIM READY {url}"
+        assert requests.get(f"{url}/health", timeout=5).status_code == 200
+        assert requests.get(f"{url}/model_info", timeout=5).status_code == 401
+        auth = {"Authorization": f"Bearer {KEY}"}
+        model = requests.get(f"{url}/model_info", headers=auth, timeout=5).json()
+        assert (model["model_path"], model["served_model_name"]) == ("/m/Qwen3.6-27B", "qwen36")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

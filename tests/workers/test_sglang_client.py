@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 import requests
 
-from dflash_tasks.core.errors import RetryableError, SampleRejected, ServerUnavailable
+from dflash_tasks.core.errors import ConfigError, RetryableError, SampleRejected, ServerUnavailable
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.sample import Sample
+from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
-from workers.generation import RetryPolicy, WorkerIdentity, build_request, generate_sample
-from workers.sglang_client import Completion, SGLangClient, error_message, parse_completion
+from workers.generation import RetryPolicy, WorkerIdentity, build_request, generate_sample, make_record
+from workers.sglang_client import (
+    Completion,
+    MetaInfo,
+    ServerIdentity,
+    SGLangClient,
+    error_message,
+    parse_completion,
+)
 
 SPEC = GenerationSpec(model="Qwen/Qwen3-8B", max_tokens=2000)
 SAMPLE = Sample(id="q7", messages=[{"role": "user", "content": "What is 6*7? Explain."}], line=8)
@@ -95,7 +106,8 @@ def test_build_request_follows_the_sglang_contract() -> None:
     assert body == {
         "model": "Qwen/Qwen3-32B",
         "messages": SAMPLE.messages,
-        "max_tokens": 1234,
+        "max_completion_tokens": 1234,  # what 0.5.23 reads first
+        "max_tokens": 1234,  # what releases before max_completion_tokens read
         "temperature": 0.7,
         "top_p": 0.8,
         "top_k": 5,
@@ -103,6 +115,7 @@ def test_build_request_follows_the_sglang_contract() -> None:
         "stream": False,
         "chat_template_kwargs": {"enable_thinking": True},
         "separate_reasoning": True,
+        "return_meta_info": True,
         "rid": "rid-1",
     }
     json.dumps(body)  # JSON-serialisable as sent
@@ -168,7 +181,11 @@ def test_generate_sample_ok_record(sim: RunningSimulator) -> None:
     assert record["model"] == SPEC.model
     assert record["sampling"] == SPEC.sampling()
     assert (record["worker"], record["endpoint"]) == (WHO.worker, WHO.endpoint)
+    assert record["server"] is None  # the worker did not learn its server's identity here
     assert record["latency_s"] >= 0
+    meta = record["meta_info"]
+    assert meta["spec_verify_ct"] > 0 and meta["cached_tokens"] == 0 and meta["num_retractions"] == 0
+    assert meta["spec_accept_length"] == record["usage"]["completion_tokens"] / meta["spec_verify_ct"]
     json.dumps(record)
 
 
@@ -189,7 +206,9 @@ def test_health_and_server_info_of_a_dead_server() -> None:
     sim.stop()
     client = SGLangClient(url)
     assert not client.healthy(timeout=2)
-    assert client.server_info(timeout=2) == {}
+    for call in (client.server_info, client.model_info, client.identity):
+        with pytest.raises(RetryableError, match=f"{url}/(server|model)_info: connection error"):
+            call(2)
 
 
 # -- rejected samples --------------------------------------------------------------------------------
@@ -446,8 +465,12 @@ def test_http_error_statuses_map_to_error_types(sim: RunningSimulator) -> None:
 # -- parse_completion --------------------------------------------------------------------------------
 
 
-def body(message: Any = None, usage: Any = None, finish: Any = "stop", **extra: Any) -> bytes:
+def body(
+    message: Any = None, usage: Any = None, finish: Any = "stop", meta_info: Any = None, **extra: Any
+) -> bytes:
     choice = {"index": 0, "message": message, "finish_reason": finish}
+    if meta_info is not None:
+        choice["meta_info"] = meta_info
     return json.dumps({"choices": [choice], "usage": usage, **extra}).encode()
 
 
@@ -504,3 +527,166 @@ def test_parse_completion_malformed_is_retryable(raw: bytes) -> None:
 def test_parse_completion_abort_is_retryable() -> None:
     with pytest.raises(RetryableError, match="abort"):
         parse_completion(body({"content": "partial", "reasoning_content": "half"}, finish="abort"))
+
+
+# -- server identity, the info endpoints and the API key -------------------------------------------
+
+KEY = "sk-" + "k3y" * 6
+
+
+def test_identity_from_model_info_and_server_info() -> None:
+    sim = start(model="/models/Qwen3.6-27B", served_model_name="qwen36")
+    try:
+        identity = SGLangClient(sim.url).identity()
+    finally:
+        sim.stop()
+    assert identity == ServerIdentity("/models/Qwen3.6-27B", "qwen36", "0.5.23")
+    assert identity.as_record() == {
+        "model_path": "/models/Qwen3.6-27B",
+        "served_model_name": "qwen36",
+        "version": "0.5.23",
+    }
+
+
+def test_every_call_but_health_carries_the_api_key() -> None:
+    sim = start(api_key=KEY, model="org/m")
+    try:
+        client = SGLangClient(sim.url, api_key=KEY)
+        assert client.healthy()
+        assert client.server_info()["model_path"] == "org/m"
+        assert client.model_info()["served_model_name"] == "org/m"
+        assert client.identity() == ServerIdentity("org/m", "org/m", "0.5.23")
+        completion = client.chat(build_request(SPEC, SAMPLE, "key-1"))
+        assert completion.completion_tokens > 0 and completion.meta is not None
+        assert KEY not in repr(client)
+
+        keyless = SGLangClient(sim.url)
+        assert keyless.healthy()  # /health* is open: probes need no secret
+        for call in (keyless.server_info, keyless.model_info, keyless.identity):
+            with pytest.raises(ConfigError, match=r"HTTP 401 Unauthorized; .*DFLASH_SGLANG_API_KEY"):
+                call()
+        with pytest.raises(RetryableError, match=r"^HTTP 401: Unauthorized \(.*DFLASH_SGLANG_API_KEY"):
+            keyless.chat(build_request(SPEC, SAMPLE, "nokey-1"))
+        wrong = SGLangClient(sim.url, api_key="sk-wrong")
+        with pytest.raises(ConfigError) as info:
+            wrong.server_info()
+        assert "sk-wrong" not in str(info.value)
+        assert sim_stats(sim)["requests_total"] == 1  # only the keyed chat reached the engine
+    finally:
+        sim.stop()
+
+
+class OldRelease(BaseHTTPRequestHandler):
+    """An SGLang release that has only ``/get_server_info`` and ``/get_model_info`` (no meta_info)."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[tuple[str, str | None]] = []
+
+    def do_GET(self) -> None:
+        self.seen.append((self.path, self.headers.get("Authorization")))
+        bodies: dict[str, dict[str, Any]] = {
+            "/get_server_info": {"model_path": "/m/old", "served_model_name": "old", "version": "0.4.6"},
+            "/get_model_info": {"model_path": "/m/old", "tokenizer_path": "/m/old", "is_generation": True},
+        }
+        if self.path == "/health_generate":
+            self._send(200, b"")
+        elif self.path in bodies:
+            self._send(200, json.dumps(bodies[self.path]).encode())
+        else:
+            self._send(404, b'{"detail":"Not Found"}')
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def old_release() -> Iterator[str]:
+    OldRelease.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OldRelease)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_old_release_falls_back_to_the_deprecated_info_endpoints(old_release: str) -> None:
+    client = SGLangClient(old_release, api_key=KEY)
+    assert client.identity() == ServerIdentity("/m/old", "old", "0.4.6")  # served name from server_info
+    assert client.server_info()["version"] == "0.4.6"  # straight to the alias once it is known
+    assert client.healthy()
+    bearer = f"Bearer {KEY}"
+    assert OldRelease.seen == [
+        ("/model_info", bearer),
+        ("/get_model_info", bearer),
+        ("/server_info", bearer),
+        ("/get_server_info", bearer),
+        ("/get_server_info", bearer),
+        ("/health_generate", None),  # the health probe goes without the key
+    ]
+
+
+def test_a_server_still_loading_has_no_identity_yet() -> None:
+    sim = start(load_seconds=30)
+    try:
+        with pytest.raises(RetryableError, match="connection error"):
+            SGLangClient(sim.url).identity(timeout=2)
+    finally:
+        sim.stop()
+
+
+# -- per-request meta_info ---------------------------------------------------------------------------
+
+
+def test_meta_info_is_parsed_from_the_first_choice(sim: RunningSimulator) -> None:
+    payload = build_request(SPEC, SAMPLE, "meta-1")
+    raw = requests.post(f"{sim.url}/v1/chat/completions", json=payload, timeout=10).json()
+    expected = raw["choices"][0]["meta_info"]
+    meta = SGLangClient(sim.url).chat({**payload, "rid": "meta-2"}).meta
+    assert meta == MetaInfo(
+        spec_verify_ct=expected["spec_verify_ct"],
+        spec_accept_length=expected["spec_accept_length"],
+        spec_accept_rate=expected["spec_accept_rate"],
+        spec_num_correct_drafts=expected["spec_num_correct_drafts"],
+        spec_num_proposed_drafts=expected["spec_num_proposed_drafts"],
+        cached_tokens=raw["usage"]["prompt_tokens"] - 1,  # the same prompt again: a cache hit
+        num_retractions=0,
+    )
+    assert expected["cached_tokens"] == 0 < raw["usage"]["prompt_tokens"] - 1
+
+
+def test_meta_info_absent_or_partial() -> None:
+    assert parse_completion(body({"content": "a"})).meta is None  # an old release: no meta_info
+    partial = {"id": "x", "completion_tokens": 3, "cached_tokens": 2, "num_retractions": 1}
+    assert parse_completion(body({"content": "a"}, meta_info=partial)).meta == MetaInfo(
+        cached_tokens=2, num_retractions=1
+    )  # no speculative decoding: no spec_* keys
+    odd = {"spec_verify_ct": "7", "spec_accept_length": -1.0, "cached_tokens": 2.5, "num_retractions": True}
+    assert parse_completion(body({"content": "a"}, meta_info=odd)).meta == MetaInfo()
+
+
+def test_records_store_meta_info_and_the_server_identity(sim: RunningSimulator) -> None:
+    client = SGLangClient(sim.url)
+    who = WorkerIdentity("gpu0@test", sim.url, client.identity())
+    record = generate_sample(client, SPEC, SAMPLE, who, fast_policy(), PREFIX, sleep=Sleeps())
+    assert record["server"] == {
+        "model_path": "Qwen/Qwen3-8B",
+        "served_model_name": "Qwen/Qwen3-8B",
+        "version": "0.5.23",
+    }
+    meta = record["meta_info"]
+    assert set(meta) == {f.name for f in dataclasses.fields(MetaInfo)}
+    tokens = record["usage"]["completion_tokens"]
+    assert meta["spec_verify_ct"] == math.ceil(tokens / meta["spec_accept_length"] - 1e-9)
+    assert spec_counts(record) == (tokens, meta["spec_verify_ct"])
+    json.dumps(record)
+    failed = make_record(SPEC, SAMPLE, who, None, "HTTP 400: no", 0.1, 1)
+    assert failed["meta_info"] is None and spec_counts(failed) == (0, 0)
+    assert failed["server"] == record["server"]
