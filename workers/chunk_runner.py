@@ -18,6 +18,7 @@ from dflash_tasks.core.sample import decode_chunk
 from dflash_tasks.monitoring import metrics
 from workers.flow.request_pool import RequestPool
 from workers.generation import RetryPolicy, WorkerIdentity, generate_sample
+from workers.identity import ServerModel
 from workers.live_gate import record_chunk_and_judge
 from workers.recovery.leases import LeaseKeeper
 from workers.sglang_client import SGLangClient
@@ -59,13 +60,16 @@ class ChunkContext:
     policy: RetryPolicy
     identity: WorkerIdentity
     lease_seconds: float
+    server: ServerModel  # what the server serves: a chunk of another model is never generated
 
 
 def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOutcome:
     """Generate and store ``chunk`` of ``job_id`` unless it is done or running elsewhere.
 
-    Raises :class:`ServerUnavailable` (nothing stored, lease released) when the server dies, and
-    :class:`UnknownChunk` for a chunk number outside the job.
+    Raises :class:`ServerUnavailable` (nothing stored, lease released) when the server dies,
+    :class:`WrongModel` (nothing generated or stored) when the server does not serve the job's
+    model, before the first request or after the last one, and :class:`UnknownChunk` for a chunk
+    number outside the job.
     """
     job = ctx.jobs.get(job_id)
     if not 0 <= chunk < job.manifest.chunks:  # retrying a chunk that does not exist never ends
@@ -73,6 +77,8 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
     out_key = output_key(chunk)
     if job.store.exists(out_key):
         return ChunkOutcome("skipped", "already done")
+    model = job.definition.spec.model
+    ctx.server.check(model)
     if not ctx.bookkeeping.acquire(job_id, chunk, owner, ctx.lease_seconds):
         return ChunkOutcome("skipped", "running elsewhere (live lease)")
     started = time.monotonic()
@@ -92,6 +98,7 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
         for fut in futures:
             fut.add_done_callback(metrics.on_sample_future(job_id))
         records = _collect(futures)
+        ctx.server.confirm(model)  # the server may have restarted with another model meanwhile
         outcome = _store_chunk(ctx, job, job_id, chunk, records, started)
         metrics.chunk_stored(job_id, outcome.seconds)
         return outcome

@@ -11,7 +11,10 @@ Keys (``P`` the prefix, ``J`` a job id, ``W`` a worker's hostname, ``T`` a unix 
     P:job:J:rate:T          hash per 5-second bucket starting at T: samples, failed, tokens,
                             "W|samples", "W|tokens"; expires after 15 minutes
     P:worker:W              hash: endpoint, last_seen, beat_s, inflight, waiting, max_inflight,
-                            held_chunks, healthy, spec_accept_length
+                            held_chunks, healthy, spec_accept_length, model (served model
+                            name), model_path, sglang_version, queues (comma-separated)
+    P:workers               set of worker hostnames that sent a heartbeat (expired ones are
+                            dropped by readers)
     P:lock:progress:J       the writer lock (one writer per period)
 
 Losing these keys loses only history: rates rebuild within a minute; ``started_at`` and the
@@ -67,6 +70,9 @@ class Keys:
 
     def worker(self, name: str) -> str:
         return f"{self.prefix}:worker:{name}"
+
+    def workers(self) -> str:
+        return f"{self.prefix}:workers"
 
 
 def bucket_start(t: float) -> int:
