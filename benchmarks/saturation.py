@@ -214,7 +214,7 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         out = work / "out"
         broker = redis_server.client()
         reset_sim_stats(urls)
-        sampler = Sampler(urls, extra=lambda: int(broker.llen(procs.queue))).start()
+        sampler = Sampler(urls, extra=lambda: int(broker.llen(procs.model_queue()))).start()
         start = time.time()
         res = subprocess.run(
             [sys.executable, "-m", "dflash_tasks.enqueue", *enqueue_args(inp, out, "--wait", "--json")],

@@ -64,20 +64,21 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         )
         summary = last_json(stdout)
         chunks = int(summary["chunks"])
+        queue = procs.model_queue()
         figures.update(
             stage_enqueue_s=seconds,
             chunks=float(chunks),
             redis_job_mb=(redis_used_memory(r) - base) / 2**20,
-            queue_mb=int(r.memory_usage(procs.queue, samples=0) or 0) / 2**20,
-            queue_bytes_per_chunk=int(r.memory_usage(procs.queue, samples=0) or 0) / chunks,
+            queue_mb=int(r.memory_usage(queue, samples=0) or 0) / 2**20,
+            queue_bytes_per_chunk=int(r.memory_usage(queue, samples=0) or 0) / chunks,
         )
-        check(summary["chunks_enqueued"] == chunks == r.llen(procs.queue), f"not all queued: {summary}")
+        check(summary["chunks_enqueued"] == chunks == r.llen(queue), f"not all queued: {summary}")
         say(f"staged and queued {chunks:,} chunks in {seconds:.1f}s")
 
         half = chunks // 2
         fabricate_outputs(out, range(half))
         # Messages are LPUSHed and consumed from the right: the oldest (lowest chunks) go first.
-        r.ltrim(procs.queue, 0, chunks - half - 1)
+        r.ltrim(procs.model_queue(), 0, chunks - half - 1)
         seconds, stdout, _ = run_module(
             procs, "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--json")
         )
@@ -97,7 +98,7 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         figures["replan_half_done_redis_lost_s"] = seconds
 
         fabricate_outputs(out, range(half, chunks))
-        r.delete(procs.queue)
+        r.delete(procs.model_queue())
         seconds, stdout, _ = run_module(
             procs, "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--json")
         )

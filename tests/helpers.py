@@ -16,6 +16,8 @@ from typing import Any
 
 import redis
 
+from dflash_tasks.coord.routing import model_queue
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Short leases and backoffs so fault tests finish in seconds.
@@ -125,6 +127,10 @@ class Processes:
             "DFLASH_REDIS_PREFIX": f"t-{queue}",
             "PYTHONUNBUFFERED": "1",
         }
+
+    def model_queue(self, model: str = "Qwen/Qwen3-8B") -> str:
+        """The queue of ``model``'s chunks (default: the simulator's model, every test job's)."""
+        return model_queue(self.queue, model)
 
     def spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
         log = open(self.tmp / log_name, "wb")  # noqa: SIM115 - closed with the process

@@ -1,6 +1,7 @@
 """``python -m workers --endpoint URL --name NAME``: one Celery worker bound to one SGLang server.
 
-The worker consumes the shared queue (a faster GPU simply takes more chunks) and keeps
+The worker asks its server which model it serves and consumes that model's queue (shared by
+every worker of that model: a faster GPU simply takes more chunks; docs/routing.md). It keeps
 ``--max-inflight`` requests in flight against its server, across chunk boundaries.
 """
 
@@ -28,7 +29,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--max-chunks", type=int, help="most chunks held at once (default 8) [DFLASH_MAX_CHUNKS]")
     p.add_argument("--broker-url", help="Redis URL (default redis://127.0.0.1:6379/0) [DFLASH_BROKER_URL]")
-    p.add_argument("--queue", help="queue name (default dflash) [DFLASH_QUEUE]")
+    p.add_argument("--queue", help="base queue name (default dflash) [DFLASH_QUEUE]")
     p.add_argument(
         "--s3-endpoint-url", help="S3-compatible endpoint for s3:// outputs [DFLASH_S3_ENDPOINT_URL]"
     )
@@ -81,16 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     configure(app, settings)
     runtime = worker_runtime.WorkerRuntime.build(settings, app)
+    runtime.ctx.server.try_refresh()  # its model decides the queues; else learnt once the server answers
     worker_runtime.install(runtime)
     signals.worker_ready.connect(lambda **_: runtime.start_background(), weak=False)
     app.steps["consumer"].add(prefetch_step(runtime))
     concurrency = settings.max_chunks
+    queues = runtime.switch.starting()
     logging.getLogger("workers").info(
-        "worker %s: endpoint %s, broker %s, queue %s, %d in flight, up to %d chunks",
+        "worker %s: endpoint %s, broker %s, queues %s, %d in flight, up to %d chunks",
         runtime.hostname,
         settings.endpoint,
         redact_url(settings.broker_url),
-        settings.queue,
+        ",".join(queues),
         settings.max_inflight,
         concurrency,
     )
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             "--pool=threads",
             f"--concurrency={concurrency}",
             f"--hostname={runtime.hostname}",
-            f"--queues={settings.queue}",
+            f"--queues={','.join(queues)}",
             f"--loglevel={settings.log_level.upper()}",
             "--events",
             "--without-gossip",

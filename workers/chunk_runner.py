@@ -13,7 +13,6 @@ from typing import Any
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.jobs_cache import JobCache, JobHandle, UnknownChunk
-from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.job import input_key, output_key
 from dflash_tasks.core.quality import check_record
 from dflash_tasks.core.sample import decode_chunk
@@ -21,6 +20,7 @@ from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.monitoring import metrics
 from workers.flow.request_pool import RequestPool
 from workers.generation import RetryPolicy, WorkerIdentity, generate_sample
+from workers.identity import ServerModel
 from workers.live_gate import record_chunk_and_judge
 from workers.recovery.leases import LeaseKeeper
 from workers.sglang_client import SGLangClient
@@ -62,40 +62,16 @@ class ChunkContext:
     policy: RetryPolicy
     identity: WorkerIdentity
     lease_seconds: float
-    _identity_warned: bool = False
-
-    def learn_server(self) -> None:
-        """Ask the server what it serves (``/model_info`` + ``/server_info``) unless already known.
-
-        Called once at worker start and again before each chunk while the answer is missing (a
-        server still loading when its worker started); the records then carry it.
-        """
-        if self.identity.server is not None:
-            return
-        try:
-            server = self.client.identity(timeout=10.0)
-        except DflashError as exc:
-            if not self._identity_warned:
-                log.warning(
-                    "%s did not say which model it serves (will ask again): %s", self.client.endpoint, exc
-                )
-                self._identity_warned = True
-            return
-        self.identity = dataclasses.replace(self.identity, server=server)
-        log.info(
-            "server %s serves %s (model path %s), SGLang %s",
-            self.client.endpoint,
-            server.served_model_name,
-            server.model_path,
-            server.version or "of unknown version",
-        )
+    server: ServerModel  # what the server serves: a chunk of another model is never generated
 
 
 def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOutcome:
     """Generate and store ``chunk`` of ``job_id`` unless it is done or running elsewhere.
 
-    Raises :class:`ServerUnavailable` (nothing stored, lease released) when the server dies, and
-    :class:`UnknownChunk` for a chunk number outside the job.
+    Raises :class:`ServerUnavailable` (nothing stored, lease released) when the server dies,
+    :class:`WrongModel` (nothing generated or stored) when the server does not serve the job's
+    model, before the first request or after the last one, and :class:`UnknownChunk` for a chunk
+    number outside the job.
     """
     job = ctx.jobs.get(job_id)
     if not 0 <= chunk < job.manifest.chunks:  # retrying a chunk that does not exist never ends
@@ -103,6 +79,8 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
     out_key = output_key(chunk)
     if job.store.exists(out_key):
         return ChunkOutcome("skipped", "already done")
+    model = job.definition.spec.model
+    ctx.server.check(model)
     if not ctx.bookkeeping.acquire(job_id, chunk, owner, ctx.lease_seconds):
         return ChunkOutcome("skipped", "running elsewhere (live lease)")
     started = time.monotonic()
@@ -112,17 +90,18 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
         if job.store.exists(out_key):  # finished by another worker between the check and the lease
             ctx.bookkeeping.release(job_id, chunk, owner)
             return ChunkOutcome("skipped", "already done")
-        ctx.learn_server()
         samples = decode_chunk(job.store.read(input_key(chunk)))
         spec = job.definition.spec
         rid_prefix = f"{job_id}-{chunk}-{owner.rsplit('/', 1)[-1]}"
+        who = dataclasses.replace(ctx.identity, server=ctx.server.current)  # what the records name
         futures = [
-            ctx.pool.submit(generate_sample, ctx.client, spec, s, ctx.identity, ctx.policy, rid_prefix)
+            ctx.pool.submit(generate_sample, ctx.client, spec, s, who, ctx.policy, rid_prefix)
             for s in samples
         ]
         for fut in futures:
             fut.add_done_callback(metrics.on_sample_future(job_id))
         records = _collect(futures)
+        ctx.server.confirm(model)  # the server may have restarted with another model meanwhile
         outcome = _store_chunk(ctx, job, job_id, chunk, records, started)
         metrics.chunk_stored(job_id, outcome.seconds)
         return outcome

@@ -18,7 +18,14 @@ from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.jobs_cache import JobCache, UnknownJob
 from dflash_tasks.coord.planner import plan_job
 from dflash_tasks.coord.publish import publish_chunks
-from dflash_tasks.core.errors import DflashError, PermanentError, RetryableError, ServerUnavailable
+from dflash_tasks.coord.routing import model_queue, server_queues
+from dflash_tasks.core.errors import (
+    DflashError,
+    PermanentError,
+    RetryableError,
+    ServerUnavailable,
+    WrongModel,
+)
 from dflash_tasks.core.settings import Settings
 from workers.chunk_runner import ChunkContext, run_chunk
 from workers.flow.consumer_switch import ConsumerSwitch
@@ -26,8 +33,9 @@ from workers.flow.health import HealthGate
 from workers.flow.prefetch import PrefetchController
 from workers.flow.request_pool import RequestPool
 from workers.generation import RetryPolicy, WorkerIdentity
+from workers.identity import ServerModel
 from workers.recovery.leases import LeaseKeeper, Reconciler
-from workers.sglang_client import SGLangClient
+from workers.sglang_client import ServerIdentity, SGLangClient
 from workers.stats import WorkerMonitor
 
 log = logging.getLogger(__name__)
@@ -59,6 +67,13 @@ class WorkerRuntime:
         bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
         client = SGLangClient(settings.endpoint, settings.request_timeout, settings.sglang_api_key)
         jobs = JobCache(bk, settings)
+        # Until the server says which model it serves, only the base queue (strays are forwarded).
+        switch = ConsumerSwitch([settings.queue])
+
+        def on_model(old: ServerIdentity | None, new: ServerIdentity) -> None:
+            switch.set_queues(server_queues(settings.queue, new.served_model_name, new.model_path))
+
+        server = ServerModel(client.identity, on_change=on_model)
         ctx = ChunkContext(
             client=client,
             pool=RequestPool(settings.max_inflight),
@@ -68,12 +83,13 @@ class WorkerRuntime:
             policy=RetryPolicy(settings.request_attempts, settings.retry_backoff, settings.retry_backoff_max),
             identity=WorkerIdentity(worker=hostname, endpoint=settings.endpoint),
             lease_seconds=settings.lease_seconds,
+            server=server,
         )
 
-        switch = ConsumerSwitch(settings.queue)
-        health = HealthGate(
-            client.healthy, settings.health_poll_seconds, on_down=switch.pause, on_up=switch.resume
-        )
+        def probe() -> bool:  # healthy, and its model known (read again: it may have restarted)
+            return client.healthy() and server.try_refresh() is not None
+
+        health = HealthGate(probe, settings.health_poll_seconds, on_down=switch.pause, on_up=switch.resume)
         runtime = cls(settings, app, hostname, ctx, health, None, None, switch)  # type: ignore[arg-type]
         runtime.prefetch = PrefetchController(
             held=lambda: runtime.held_chunks,
@@ -103,11 +119,12 @@ class WorkerRuntime:
         job = self.ctx.jobs.get(job_id)
         if self.ctx.bookkeeping.job_state(job_id)[0] != "running":  # paused, or in its preflight
             return []
+        queue = model_queue(self.settings.queue, job.definition.spec.model)
         plan = plan_job(
             job.store,
             self.ctx.bookkeeping,
             self.ctx.bookkeeping.client,
-            self.settings.queue,
+            queue,
             job_id,
             job.manifest.chunks,
             self.settings.lease_seconds,
@@ -118,7 +135,7 @@ class WorkerRuntime:
         parked = self.ctx.bookkeeping.parked(job_id)
         missing = [c for c in plan.to_enqueue if c not in parked]
         if missing:
-            publish_chunks(self.app, job_id, missing)
+            publish_chunks(self.app, job_id, missing, queue=queue)
         return missing
 
     def attach_consumer(self, consumer: Any) -> None:
@@ -132,7 +149,7 @@ class WorkerRuntime:
         self.reconciler.start()
         self.prefetch.start()
         self.health.check_now()
-        self.ctx.learn_server()  # what the records say generated them (asked again per chunk if unknown)
+        self.ctx.server.start(self.settings.identity_seconds, lambda: self.health.healthy)
         if self.monitor is not None:
             self.monitor.start()
 
@@ -141,6 +158,7 @@ class WorkerRuntime:
         self.reconciler.stop()
         self.prefetch.stop()
         self.health.stop()
+        self.ctx.server.stop()
         if self.monitor is not None:
             self.monitor.stop()
 
@@ -149,17 +167,29 @@ class WorkerRuntime:
         """Chunks this worker is running now."""
         return self._held
 
-    def requeue(self, job_id: str, chunk: int, countdown: float | None = None) -> None:
-        """Queue the chunk again; if even that fails, reject the delivery so the broker keeps it."""
+    def job_queue(self, job_id: str, fallback: str = "") -> str:
+        """The job's model queue; ``fallback`` (the queue a delivery came from) if the job cannot be read."""
         try:
-            publish_chunks(self.app, job_id, [chunk], countdown=countdown)
+            return model_queue(self.settings.queue, self.ctx.jobs.get(job_id).definition.spec.model)
+        except DflashError:
+            if not fallback:
+                raise
+            return fallback
+
+    def requeue(self, job_id: str, chunk: int, countdown: float | None = None, fallback: str = "") -> str:
+        """Queue the chunk again on its model's queue (returned); if even that fails, reject the
+        delivery so the broker keeps it."""
+        try:
+            queue = self.job_queue(job_id, fallback)
+            publish_chunks(self.app, job_id, [chunk], queue=queue, countdown=countdown)
+            return queue
         except Exception as exc:
             log.error(
                 "could not re-queue chunk %d of job %s (%s): returning it to the broker", chunk, job_id, exc
             )
             raise Reject(f"could not re-queue: {exc}", requeue=True) from exc
 
-    def _after_failure(self, job_id: str, chunk: int, exc: Exception) -> dict[str, Any]:
+    def _after_failure(self, job_id: str, chunk: int, exc: Exception, queue: str = "") -> dict[str, Any]:
         """Re-queue a chunk that failed on store or Redis trouble (or a bug), with a growing delay.
 
         A chunk failing with a permanent error ``max_chunk_failures`` times is parked instead:
@@ -178,7 +208,7 @@ class WorkerRuntime:
             except DflashError:
                 pass  # cannot park without Redis: keep retrying
         delay = float(min(600.0, self.settings.requeue_backoff * 2 ** (failures - 1)))
-        self.requeue(job_id, chunk, countdown=delay)
+        self.requeue(job_id, chunk, countdown=delay, fallback=queue)
         log.log(
             logging.WARNING if isinstance(exc, RetryableError) else logging.ERROR,
             "chunk %d of job %s re-queued in %.0fs: %s",
@@ -190,10 +220,10 @@ class WorkerRuntime:
         )
         return {"status": "requeued", "reason": reason}
 
-    def handle_delivery(self, job_id: str, chunk: int, task_id: str) -> dict[str, Any]:
-        """Run one delivered chunk message; never raises for expected failures."""
+    def handle_delivery(self, job_id: str, chunk: int, task_id: str, queue: str = "") -> dict[str, Any]:
+        """Run one delivered chunk message (taken from ``queue``); never raises for expected failures."""
         if not self.health.healthy:  # not consuming any more; don't bounce it straight back here
-            self.requeue(job_id, chunk, countdown=self.settings.health_poll_seconds)
+            self.requeue(job_id, chunk, countdown=self.settings.health_poll_seconds, fallback=queue)
             return {"status": "requeued", "reason": "server unhealthy"}
         owner = f"{self.hostname}/{task_id}/{uuid.uuid4().hex[:6]}"
         with self._held_lock:
@@ -203,8 +233,14 @@ class WorkerRuntime:
             if state == "paused":  # resume (or a re-run of enqueue) queues the chunk again
                 return {"status": "paused", "reason": reason}
             outcome = run_chunk(self.ctx, job_id, chunk, owner)
+        except WrongModel as exc:  # never generate another model's chunk: back to its model's queue
+            target = self.requeue(job_id, chunk, fallback=queue)
+            log.warning(
+                "chunk %d of job %s (from queue %s) put on queue %s: %s", chunk, job_id, queue, target, exc
+            )
+            return {"status": "rerouted", "reason": str(exc)}
         except ServerUnavailable as exc:
-            self.requeue(job_id, chunk)  # first: the chunk must not depend on the pause succeeding
+            self.requeue(job_id, chunk, fallback=queue)  # first: the chunk must not depend on the pause
             self.health.mark_down(str(exc))
             log.warning("chunk %d of job %s re-queued: %s", chunk, job_id, exc)
             return {"status": "requeued", "reason": str(exc)}
@@ -212,7 +248,7 @@ class WorkerRuntime:
             log.error("dropping chunk %d: %s", chunk, exc)
             return {"status": "dropped", "reason": str(exc)}
         except Exception as exc:  # store or Redis trouble, or a bug: never drop the chunk
-            return self._after_failure(job_id, chunk, exc)
+            return self._after_failure(job_id, chunk, exc, queue)
         finally:
             with self._held_lock:
                 self._held -= 1

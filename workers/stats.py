@@ -32,8 +32,8 @@ from dflash_tasks.coord.progress_keys import (
     WORKER_TTL,
     Keys,
     bucket_start,
-    queue_keys,
 )
+from dflash_tasks.coord.routing import server_queues
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.settings import Settings
 from dflash_tasks.core.spec_stats import accept_length as ratio
@@ -155,6 +155,8 @@ class WorkerStats:
             beat.update({name: _field(v) for name, v in state.items()})
             pipe.hset(k.worker(w), mapping=cast(Any, beat))
             pipe.expire(k.worker(w), WORKER_TTL)
+            pipe.sadd(k.workers(), w)
+            pipe.expire(k.workers(), WORKER_TTL)
             pipe.execute()
         except redis.RedisError:
             with self._lock:
@@ -228,9 +230,20 @@ class WorkerMonitor:
         """Wire a monitor to a worker runtime's pool, health gate and chunk count."""
         ctx, settings = runtime.ctx, runtime.settings
 
+        def queues() -> list[str]:
+            served = ctx.server.current
+            if served is None:
+                return [settings.queue]
+            return server_queues(settings.queue, served.served_model_name, served.model_path)
+
         def state() -> dict[str, Any]:
+            served = ctx.server.current
             return {
                 "endpoint": ctx.identity.endpoint,
+                "model": served.served_model_name if served else "",
+                "model_path": served.model_path if served else "",
+                "sglang_version": served.version if served else "",
+                "queues": ",".join(queues()),
                 "inflight": ctx.pool.running,
                 "waiting": ctx.pool.waiting,
                 "max_inflight": ctx.pool.max_inflight,
@@ -247,7 +260,7 @@ class WorkerMonitor:
             lambda: runtime.held_chunks,
             lambda: runtime.health.healthy,
         )
-        metrics.watch_queue(ctx.bookkeeping.client, settings.queue, queue_keys(settings.queue))
+        metrics.watch_queue(ctx.bookkeeping.client, queues)
         metrics.set_sink(monitor.stats)
         metrics.watch_accept_length(monitor.stats.recent_accept_length)
         return monitor
@@ -294,8 +307,11 @@ class WorkerMonitor:
 
     def _flush_loop(self) -> None:
         failing = False
+        first = True
         while not self._stop.is_set():
-            self.stats.wake.wait(self._beat)
+            if not first:  # the first heartbeat goes out at once: enqueue looks for this worker
+                self.stats.wake.wait(self._beat)
+            first = False
             self.stats.wake.clear()
             try:
                 self.flush_now()

@@ -22,6 +22,7 @@ def run_chunk_task(self: Task, job_id: str, chunk: int) -> dict[str, Any]:
         log.error("dropping a message: %s", reason)
         result: dict[str, Any] = {"status": "dropped", "reason": reason}
     else:
-        result = worker_runtime.current().handle_delivery(job_id, chunk, str(self.request.id))
+        queue = str((self.request.delivery_info or {}).get("routing_key") or "")
+        result = worker_runtime.current().handle_delivery(job_id, chunk, str(self.request.id), queue)
     metrics.delivery(result, redelivered=bool((self.request.delivery_info or {}).get("redelivered")))
     return result

@@ -45,9 +45,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Results live in the store, never in Redis.
         "task_ignore_result": True,
         "task_store_errors_even_if_ignored": False,
-        # Routing and monitoring.
+        # Routing: every chunk is published to its model's queue (coord/routing.py); the base
+        # queue is only the default, which workers also consume to forward strays.
         "task_default_queue": settings.queue,
-        "task_routes": {TASK_NAME: {"queue": settings.queue}},
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_track_started": True,

@@ -17,7 +17,9 @@ Ours (``P`` the prefix, ``J`` a job id, ``W`` a worker's hostname, ``N`` a chunk
     P:job:J:rate:T          hash per 5-second bucket: samples, failed, tokens, spec_tokens, verify,
                             "W|samples", "W|tokens", "W|spec_tokens", "W|verify"
     P:worker:W              hash: the worker's heartbeat (endpoint, last_seen, beat_s, inflight,
-                            waiting, max_inflight, held_chunks, healthy, server_accept_length)
+                            waiting, max_inflight, held_chunks, healthy, server_accept_length,
+                            model, model_path, sglang_version, queues)
+    P:workers               set of worker hostnames that sent a heartbeat (readers drop stale ones)
     P:lock:NAME             a short lock (e.g. ``progress:J``: one progress.json writer per period)
 
 kombu's (Celery's Redis transport; read, never written, by the planner and the rescue of
@@ -60,6 +62,9 @@ class Keys:
 
     def worker(self, name: str) -> str:
         return f"{self.prefix}:worker:{name}"
+
+    def workers(self) -> str:
+        return f"{self.prefix}:workers"
 
     def lock(self, name: str) -> str:
         return f"{self.prefix}:lock:{name}"

@@ -16,6 +16,7 @@ from celery import Celery
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.publish import held_chunks, publish_chunks, queued_chunks
+from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.settings import Settings
 from dflash_tasks.store import Store
 from dflash_tasks.store.jobfiles import done_chunks
@@ -46,6 +47,7 @@ def plan_job(
 ) -> Plan:
     """Plan ``job_id``; with ``bookkeeping=None`` (a dry run) Redis is not consulted.
 
+    ``queue``: the job's model queue (:func:`~dflash_tasks.coord.routing.model_queue`).
     ``lease_grace``: how long a live worker may hold a delivery before leasing it (the lease time).
     """
     done = frozenset(c for c in done_chunks(store) if c < chunks)
@@ -70,24 +72,24 @@ def queue_missing(
     settings: Settings,
     job_id: str,
     chunks: int,
+    model: str,
     only: Iterable[int] | None = None,
     exclude: Iterable[int] = (),
 ) -> tuple[Plan, int]:
-    """Register the job, plan it and queue what is missing (only chunks in ``only``, if given,
-    never those in ``exclude``, e.g. parked chunks).
+    """Register the job, plan it and queue what is missing on ``model``'s queue (only chunks in
+    ``only``, if given, never those in ``exclude``, e.g. parked chunks).
 
     Returns the plan and how many messages were sent. Used by enqueue, its ``--wait`` loop,
     the preflight and resume, so they all agree on what "missing" means.
     """
+    queue = model_queue(settings.queue, model)
     bookkeeping.register_job(job_id, registered_location(store))
-    plan = plan_job(
-        store, bookkeeping, bookkeeping.client, settings.queue, job_id, chunks, settings.lease_seconds
-    )
+    plan = plan_job(store, bookkeeping, bookkeeping.client, queue, job_id, chunks, settings.lease_seconds)
     bookkeeping.mark_done(job_id, plan.done)
     keep = set(plan.to_enqueue) - set(exclude)
     if only is not None:
         keep &= set(only)
-    return plan, publish_chunks(app, job_id, [c for c in plan.to_enqueue if c in keep])
+    return plan, publish_chunks(app, job_id, [c for c in plan.to_enqueue if c in keep], queue=queue)
 
 
 def registered_location(store: Store) -> str:

@@ -103,8 +103,12 @@ def _timestamp(value: object) -> float | None:
 PUBLISH_BATCH = 500
 
 
-def publish_chunks(app: Celery, job_id: str, chunks: Iterable[int], countdown: float | None = None) -> int:
-    """Queue one message per chunk over one producer connection; returns how many were sent.
+def publish_chunks(
+    app: Celery, job_id: str, chunks: Iterable[int], *, queue: str, countdown: float | None = None
+) -> int:
+    """Queue one message per chunk on ``queue`` (the job's model queue, see
+    :func:`dflash_tasks.coord.routing.model_queue`) over one producer connection; returns how many
+    were sent.
 
     Many chunks go out in pipelined batches of :data:`PUBLISH_BATCH` (kombu's ``Producer.batch``),
     one round trip each, the queue declared once; a single chunk (a worker's re-queue) is published
@@ -117,15 +121,14 @@ def publish_chunks(app: Celery, job_id: str, chunks: Iterable[int], countdown: f
     try:
         with app.producer_or_acquire() as producer:
             if len(todo) == 1:
-                _send(app, producer, job_id, todo[0], countdown)
+                _send(app, producer, job_id, todo[0], queue, countdown)
                 return 1
-            queue = app.amqp.queues[app.conf.task_default_queue]
-            producer.maybe_declare(queue)
+            producer.maybe_declare(app.amqp.queues[queue])
             for start in range(0, len(todo), PUBLISH_BATCH):
                 batch = todo[start : start + PUBLISH_BATCH]
                 with producer.batch(max_size=2 * len(batch) + 2):  # each message and its sent event
                     for chunk in batch:
-                        _send(app, producer, job_id, chunk, countdown, declare=[], retry=False)
+                        _send(app, producer, job_id, chunk, queue, countdown, declare=[], retry=False)
                 sent += len(batch)
     except (OSError, redis.RedisError) as exc:
         raise RetryableError(f"cannot publish to the broker after {sent} chunks: {exc}") from exc
@@ -137,13 +140,14 @@ def publish_chunks(app: Celery, job_id: str, chunks: Iterable[int], countdown: f
 
 
 def _send(
-    app: Celery, producer: Any, job_id: str, chunk: int, countdown: float | None, **options: Any
+    app: Celery, producer: Any, job_id: str, chunk: int, queue: str, countdown: float | None, **options: Any
 ) -> None:
     app.send_task(
         TASK_NAME,
         args=(job_id, chunk),
         task_id=task_id(job_id, chunk),
         producer=producer,
+        queue=queue,
         countdown=countdown,
         **options,
     )

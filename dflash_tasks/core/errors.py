@@ -2,7 +2,8 @@
 
 DflashError
 ├── RetryableError          transient: try again later (connection reset, 5xx, 503, S3 SlowDown)
-│   └── ServerUnavailable   the SGLang server is down; the chunk goes back to the queue
+│   ├── ServerUnavailable   the SGLang server is down; the chunk goes back to the queue
+│   └── WrongModel          the chunk's job is for a model this worker's server does not serve
 └── PermanentError          retrying cannot help
     ├── SampleRejected      the server refused one sample (HTTP 400); recorded, never retried
     ├── ConfigError         bad settings or arguments
@@ -25,6 +26,10 @@ class RetryableError(DflashError):
 
 class ServerUnavailable(RetryableError):
     """The inference server cannot be reached or is unhealthy."""
+
+
+class WrongModel(RetryableError):
+    """A chunk reached a worker whose server serves another model; it goes to its model's queue."""
 
 
 class PermanentError(DflashError):

@@ -27,7 +27,7 @@ class Settings:
     # --- Redis, the queue and recovery (every process) ---
     #: Celery broker and bookkeeping Redis (one Redis holds both).
     broker_url: str = dataclasses.field(default="redis://127.0.0.1:6379/0", repr=False)
-    #: The shared Celery queue every GPU worker consumes.
+    #: The base queue name: each model's chunks go to ``<queue>.<model key>`` (docs/routing.md).
     queue: str = "dflash"
     #: Key prefix of the bookkeeping keys in Redis (leases, counters, job registry).
     redis_prefix: str = "dflash"
@@ -52,6 +52,9 @@ class Settings:
     retry_backoff_max: float = 60.0
     #: How often a worker whose server is down polls its health endpoint (s).
     health_poll_seconds: float = 5.0
+    #: How often a worker re-reads which model its server serves (s); also read at start and
+    #: whenever the server recovers. A changed model moves the worker to that model's queue.
+    identity_seconds: float = 30.0
     #: Delay before a chunk that failed on store or Redis trouble runs again (s); doubles per
     #: failure of that chunk, up to 10 minutes.
     requeue_backoff: float = 30.0
@@ -126,13 +129,16 @@ class Settings:
                 f"lease_seconds ({self.lease_seconds}) must exceed "
                 f"heartbeat_seconds ({self.heartbeat_seconds})"
             )
-        for name in ("request_timeout", "reconcile_seconds", "replan_seconds", "health_poll_seconds"):
+        positive = ("request_timeout", "reconcile_seconds", "replan_seconds", "health_poll_seconds")
+        for name in (*positive, "identity_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if not (self.retry_backoff >= 0 and self.retry_backoff_max >= 0):
             raise ConfigError("retry_backoff and retry_backoff_max must be >= 0")
         if not self.requeue_backoff >= 0:
             raise ConfigError(f"requeue_backoff must be >= 0, got {self.requeue_backoff}")
+        if not self.queue or any(c in self.queue for c in ", \t\n"):
+            raise ConfigError(f"queue must be a name without commas or spaces, got {self.queue!r}")
         if self.visibility_timeout <= self.lease_seconds:
             raise ConfigError("visibility_timeout must exceed lease_seconds")
         if not 1 <= self.port_base <= 65535:

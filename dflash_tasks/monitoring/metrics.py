@@ -21,8 +21,9 @@ Series (every one has a ``worker`` label):
                                               bad_response, abort, other
     dflash_request_retries_total{kind}        attempts retried after a retryable error
     dflash_chunks_total{outcome}              deliveries: done, skipped_done, skipped_leased,
-                                              requeued, paused, dropped
+                                              requeued, rerouted, paused, dropped
     dflash_chunks_requeued_total{reason}      server_unhealthy, error (store/Redis trouble),
+                                              wrong_model (put on its model's queue),
                                               lease_expired, unleased_delivery (reconciler)
     dflash_redeliveries_total                 deliveries the broker flagged as redelivered
     dflash_chunk_seconds                      histogram: lease taken → chunk stored
@@ -34,7 +35,7 @@ Series (every one has a ``worker`` label):
                                               this worker's samples of the last minute; else
                                               source="server_lifetime": the server's own
                                               avg_spec_accept_length (/server_info)
-    dflash_queue_depth{queue}                 messages waiting in the broker queue (LLEN)
+    dflash_queue_depth{queue}                 messages waiting in each queue the worker consumes
     dflash_worker_info{endpoint}              1, with the worker's endpoint
 """
 
@@ -43,7 +44,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, ParamSpec, Protocol
 
@@ -52,6 +53,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from dflash_tasks.coord.progress_keys import queue_keys
 from dflash_tasks.core.errors import SampleRejected
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, spec_counts
 
@@ -234,6 +236,8 @@ def delivery(result: Mapping[str, Any], redelivered: bool = False) -> None:
     CHUNKS.labels(_worker, outcome).inc()
     if status == "requeued":
         REQUEUED.labels(_worker, "server_unhealthy" if "unhealthy" in reason else "error").inc()
+    elif status == "rerouted":
+        REQUEUED.labels(_worker, "wrong_model").inc()
 
 
 @_safe
@@ -319,22 +323,26 @@ def error_kind(exc: BaseException) -> str:
 
 
 class QueueDepth(Collector):
-    """``dflash_queue_depth{queue}``: LLEN of the broker queue, read at scrape time."""
+    """``dflash_queue_depth{queue}``: LLEN of each queue the worker consumes, read at scrape time."""
 
-    def __init__(self, client: redis.Redis, queue: str, keys: list[str]) -> None:
+    def __init__(self, client: redis.Redis, queues: Callable[[], Sequence[str]]) -> None:
         self._client = client
-        self._queue = queue
-        self._keys = keys
+        self._queues = queues
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
             "dflash_queue_depth", "Messages waiting in the broker queue.", labels=["queue"]
         )
         try:
+            queues = list(self._queues())
             pipe = self._client.pipeline(transaction=False)
-            for key in self._keys:
-                pipe.llen(key)
-            family.add_metric([self._queue], float(sum(int(n) for n in pipe.execute())))
+            for queue in queues:
+                for key in queue_keys(queue):
+                    pipe.llen(key)
+            lengths = [int(n) for n in pipe.execute()]
+            per = len(lengths) // len(queues) if queues else 0
+            for i, queue in enumerate(queues):
+                family.add_metric([queue], float(sum(lengths[i * per : (i + 1) * per])))
         except redis.RedisError as exc:
             log.debug("queue depth unavailable: %s", exc)
             return
@@ -357,11 +365,11 @@ def watch_worker(
 _queue_collector: QueueDepth | None = None
 
 
-def watch_queue(client: redis.Redis, queue: str, keys: list[str]) -> None:
-    """Export the broker queue's depth (once per process)."""
+def watch_queue(client: redis.Redis, queues: Callable[[], Sequence[str]]) -> None:
+    """Export the depth of the queues ``queues()`` names at scrape time (once per process)."""
     global _queue_collector
     if _queue_collector is None:
-        _queue_collector = QueueDepth(client, queue, keys)
+        _queue_collector = QueueDepth(client, queues)
         REGISTRY.register(_queue_collector)
 
 

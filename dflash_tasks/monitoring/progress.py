@@ -24,13 +24,12 @@ from typing import Any
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, WINDOW_SECONDS, window_bounds
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, accept_length
+from dflash_tasks.monitoring.fleet import alive, live_fleet, serving_warning
 from dflash_tasks.monitoring.snapshot import Snapshot, num, read_progress, read_snapshot
 from dflash_tasks.store import Store
 
 #: The ``version`` of the progress document.
 FORMAT_VERSION = 1
-#: A worker is alive while its last heartbeat is younger than max(ALIVE_MIN, 4 heartbeats) (s).
-ALIVE_MIN = 15.0
 #: The longest gap between two GPU-time ticks that is still billed (s): a gap longer than this
 #: means nobody was watching (every process down), and is not counted.
 GPU_GAP_CAP = 60.0
@@ -99,12 +98,6 @@ def spec_summary(snap: Snapshot, workers: list[dict[str, Any]], now: float) -> d
     }
 
 
-def alive(worker: Mapping[str, str], now: float) -> bool:
-    """Whether a worker's last heartbeat is recent."""
-    beat = num(worker.get("beat_s")) or 2.0
-    return now - num(worker.get("last_seen")) <= max(ALIVE_MIN, 4 * beat)
-
-
 def gpu_seconds(job: Mapping[str, str], live_gpus: int, now: float, started_at: float | None) -> float:
     """GPU time spent: the ticks written so far, plus the live GPUs since the last tick.
 
@@ -166,8 +159,12 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
     warnings: list[str] = []
     if not snap.redis_ok:
         warnings.append("Redis unreachable: rates, running chunks and workers are unknown")
-    elif not done_all and live == 0:
-        warnings.append("no live worker has touched this job in the last minute")
+    elif not done_all:
+        serving = serving_warning(snap.model, live_fleet({**snap.workers, **snap.fleet}, now))
+        if serving:
+            warnings.append(serving + f"; the job's chunks wait in queue {snap.queue or '?'}")
+        elif live == 0:
+            warnings.append("no live worker has touched this job in the last minute")
     counted = counted_ok + failed
     warnings += snap.notes
     if snap.redis_ok and counted < snap.done_samples:
@@ -207,6 +204,7 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
             "running": snap.running_chunks,
             "pending": max(0, snap.total_chunks - snap.done_chunks - snap.running_chunks),
         },
+        "queue": snap.queue or None,
         "queue_depth": snap.queue_depth,
         "tokens": {
             "generated": int(tokens),

@@ -16,7 +16,8 @@ from dflash_tasks.coord.lua import load_script
 from dflash_tasks.coord.progress_keys import FLUSH_LAG, PROGRESS_KEY, Keys
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.job import JobDefinition, Manifest
-from dflash_tasks.monitoring.progress import GPU_GAP_CAP, alive, summarize
+from dflash_tasks.monitoring.fleet import alive
+from dflash_tasks.monitoring.progress import GPU_GAP_CAP, summarize
 from dflash_tasks.monitoring.snapshot import Snapshot, decode_hash, num, read_progress, read_snapshot
 from dflash_tasks.store import Store
 

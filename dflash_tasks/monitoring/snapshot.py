@@ -22,8 +22,10 @@ import redis
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, PROGRESS_KEY, Keys, queue_keys, window_bounds
-from dflash_tasks.core.errors import DflashError, StoreError
+from dflash_tasks.coord.routing import model_queue
+from dflash_tasks.core.errors import ConfigError, DflashError, StoreError
 from dflash_tasks.core.job import JobDefinition, Manifest
+from dflash_tasks.monitoring.fleet import read_beats
 from dflash_tasks.store import Store
 from dflash_tasks.store.jobfiles import done_chunks, load_job, load_manifest
 
@@ -43,11 +45,13 @@ class Snapshot:
     done_chunks: int
     done_samples: int
     running_chunks: int = 0
+    queue: str = ""  # the job's model queue
     queue_depth: int | None = None
     job: Mapping[str, str] = field(default_factory=dict)  # the job hash
     stats: Mapping[str, float] = field(default_factory=dict)  # exactly-once counters of stored chunks
     per_worker: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # W -> cumulative counts
     workers: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # W -> heartbeat hash
+    fleet: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # every worker: W -> beat
     buckets: Mapping[int, Mapping[str, float]] = field(default_factory=dict)  # window bucket -> counts
     gpu_hour_usd: float = 0.0
     redis_ok: bool = True
@@ -68,6 +72,7 @@ def read_snapshot(
 ) -> Snapshot:
     """Read the store (done chunks) and, if reachable, Redis (everything else).
 
+    ``queue`` is the base queue: the depth shown is that of the job's model queue.
     ``gpu_hour_usd`` (a flag) wins over the price the job recorded, which wins over
     ``default_gpu_hour_usd`` (a setting). Raises :class:`StoreError` if the job is not staged.
     """
@@ -76,6 +81,10 @@ def read_snapshot(
     if definition is None or manifest is None:
         raise StoreError(f"{store.uri} holds no staged job (no job.json / manifest.json yet)")
     done = {c for c in done_chunks(store) if c < manifest.chunks}
+    try:
+        job_queue = model_queue(queue, definition.spec.model) if queue else ""
+    except ConfigError:  # a hand-written job.json with an unroutable model
+        job_queue = ""
     snap = Snapshot(
         job_id=job_id,
         output=store.uri,
@@ -85,13 +94,14 @@ def read_snapshot(
         invalid_lines=manifest.invalid,
         done_chunks=len(done),
         done_samples=sum(manifest.chunk_samples(c) for c in done),
+        queue=job_queue,
         redis_ok=False,
         gpu_hour_usd=gpu_hour_usd if gpu_hour_usd is not None else default_gpu_hour_usd,
     )
     if bookkeeping is None:
         return snap
     try:
-        snap = _read_redis(snap, bookkeeping.client, Keys(bookkeeping.prefix), done, now, queue)
+        snap = _read_redis(snap, bookkeeping.client, Keys(bookkeeping.prefix), done, now, job_queue)
     except redis.RedisError as exc:
         log.warning("progress of job %s without Redis: %s", job_id, exc)
         return snap
@@ -130,6 +140,7 @@ def _read_redis(
     for name in names:
         pipe.hgetall(keys.worker(name))
     workers = {name: decode_hash(row) for name, row in zip(names, pipe.execute(), strict=True) if row}
+    fleet = read_beats(r, keys)
     running = {int(m) for m in cast(list[bytes], leased)} - done
     return replace(
         snap,
@@ -139,6 +150,7 @@ def _read_redis(
         stats={k: num(v) for k, v in decode_hash(stats).items()},
         per_worker=per_worker,
         workers=workers,
+        fleet=fleet,
         buckets={
             b: {k: num(v) for k, v in decode_hash(row).items()}
             for b, row in zip(starts, bucket_rows, strict=True)

@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-hour-usd", type=float, help="price of one GPU-hour (overrides the job's) [DFLASH_GPU_HOUR_USD]"
     )
     p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
-    p.add_argument("--queue", help="queue name, for its depth [DFLASH_QUEUE]")
+    p.add_argument("--queue", help="base queue name, for the depth of the job's model queue [DFLASH_QUEUE]")
     return p
 
 
@@ -90,7 +90,11 @@ def render(doc: dict[str, Any]) -> str:
         f"  samples   {s['done']:,} done ({s['failed']:,} failed) | {s['remaining']:,} left"
         f" | {s['invalid_lines']:,} invalid input lines",
         f"  chunks    {c['done']:,} done | {c['running']:,} running | {c['pending']:,} pending"
-        + (f" | queue depth {doc['queue_depth']:,}" if doc.get("queue_depth") is not None else ""),
+        + (
+            f" | queue depth {doc['queue_depth']:,} ({doc.get('queue') or '?'})"
+            if doc.get("queue_depth") is not None
+            else ""
+        ),
         f"  rate      last {r['window_s']}s: {r['samples_per_s']:,.2f} samples/s"
         f"  {r['tokens_per_s']:,.0f} tok/s"
         f"  | since start: {r['since_start']['samples_per_s']:,.2f} samples/s"

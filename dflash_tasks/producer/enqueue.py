@@ -22,8 +22,10 @@ from celery import Celery
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.planner import Plan, plan_job, queue_missing
+from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import ConfigError, DflashError
 from dflash_tasks.core.job import JOB_KEY, GenerationSpec, JobDefinition, Manifest, check_same_job, output_key
+from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.quality import CHECKS, QualitySettings
 from dflash_tasks.core.settings import Settings
 from dflash_tasks.monitoring.progress_bar import ProgressBar, RateWindow
@@ -36,6 +38,7 @@ from dflash_tasks.producer.preflight import (
     print_progress,
     wait_for_chunks,
 )
+from dflash_tasks.producer.serving import ServingWatch
 from dflash_tasks.producer.staging import stage_input
 from dflash_tasks.store import Store, open_store
 from dflash_tasks.store.jobfiles import done_chunks, load_job, load_manifest
@@ -52,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--s3-endpoint-url", help="S3-compatible endpoint for s3:// outputs [DFLASH_S3_ENDPOINT_URL]"
     )
-    p.add_argument("--model", help="model name sent to SGLang (required for a new job)")
+    p.add_argument(
+        "--model", help="the model's served name or the last part of its path, e.g. Qwen3-8B (required)"
+    )
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-p", type=float, default=0.95)
@@ -60,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-thinking", action="store_true", help="generate without thinking mode")
     p.add_argument("--chunk-size", type=int, default=64, help="prompts per task (default 64)")
     p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
-    p.add_argument("--queue", help="queue name [DFLASH_QUEUE]")
+    p.add_argument("--queue", help="base queue name; chunks go to <base>.<model key> [DFLASH_QUEUE]")
     p.add_argument("--wait", action="store_true", help="show a progress bar until the job is finished")
     p.add_argument("--replan-seconds", type=float, default=60.0, help="with --wait: re-plan this often")
     p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
@@ -88,8 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def spec_from_args(args: argparse.Namespace) -> GenerationSpec:
-    if not args.model:
-        raise ConfigError("--model is required (the model name the SGLang servers serve)")
+    check_model_name(args.model or "")
     checks = [
         (args.max_tokens >= 1, f"--max-tokens must be >= 1, got {args.max_tokens}"),
         (args.temperature >= 0, f"--temperature must be >= 0, got {args.temperature}"),
@@ -186,7 +190,8 @@ def enqueue(args: argparse.Namespace, settings: Settings) -> EnqueueResult:
             manifest = report.manifest
             if report.invalid:
                 print(summarize_invalid(report.invalid), file=sys.stderr)
-        plan = plan_job(store, None, None, settings.queue, job.job_id, manifest.chunks)
+        queue = model_queue(settings.queue, job.spec.model)
+        plan = plan_job(store, None, None, queue, job.job_id, manifest.chunks)
         return EnqueueResult(job, manifest, plan, 0, args.output)
     bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
     bk.ping()  # fail before writing anything when the broker is unreachable
@@ -205,7 +210,9 @@ def enqueue(args: argparse.Namespace, settings: Settings) -> EnqueueResult:
     app = celery_app(settings)
     if not args.no_preflight and args.preflight > 0 and not store.exists(PREFLIGHT_KEY):
         run_preflight(args, settings, job, manifest, store, bk, app)
-    plan, sent = queue_missing(store, bk, app, settings, job.job_id, manifest.chunks)
+    plan, sent = queue_missing(store, bk, app, settings, job.job_id, manifest.chunks, job.spec.model)
+    if not args.wait:  # --wait watches this itself
+        ServingWatch(bk, job.spec.model).poll()
     return EnqueueResult(job, manifest, plan, sent, args.output)
 
 
@@ -222,20 +229,27 @@ def run_preflight(
     chunks = preflight_chunks(manifest, args.preflight)
     started = time.monotonic()
     bk.set_preflight(job.job_id, True)
-    queue_missing(store, bk, app, settings, job.job_id, manifest.chunks, only=chunks)
+    queue_missing(store, bk, app, settings, job.job_id, manifest.chunks, job.spec.model, only=chunks)
     print(f"preflight: {len(chunks)} chunks spread over the input; waiting for workers ...", file=sys.stderr)
+    watch, progress = ServingWatch(bk, job.spec.model), print_progress(len(chunks))
+
+    def show(done: int) -> None:
+        progress(done)
+        watch.poll()
+
     # The live gate may pause the job before the whole sample is in: judge what is done then.
     done_sample = wait_for_chunks(
         store,
         chunks,
         args.preflight_timeout,
-        print_progress(len(chunks)),
+        show,
         stop=lambda: bk.job_state(job.job_id)[0] == "paused",
     )
     if done_sample is None:
         raise PreflightFailed(
             f"the preflight did not finish within {args.preflight_timeout:.0f}s: are workers running "
-            f"(python -m workers --endpoint URL --name NAME) on queue {settings.queue!r}?"
+            f"(python -m workers --endpoint URL --name NAME) against servers of model {job.spec.model!r}, "
+            f"with queue {settings.queue!r}?"
         )
     workers = len(app.control.inspect(timeout=1.0).ping() or {}) or 1
     done = sum(manifest.chunk_samples(c) for c in done_chunks(store) if c < manifest.chunks)
@@ -279,6 +293,7 @@ def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Sett
     progress = ProgressWriter(
         bk, f"enqueue@{socket.gethostname()}/{os.getpid()}", settings.progress_seconds, settings.queue
     )
+    watch = ServingWatch(bk, result.job.spec.model, newline=True)
     done: set[int] = set()
     listed = float("-inf")
     try:
@@ -309,6 +324,7 @@ def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Sett
             _write_progress(progress, job_id, store, result, final=len(done) >= manifest.chunks)
             if len(done) >= manifest.chunks:
                 return True
+            watch.poll()
             if state == "paused":
                 bar.close()
                 print(f"job paused: {reason}", file=sys.stderr)
@@ -330,7 +346,10 @@ def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Sett
             if time.monotonic() - last_replan >= args.replan_seconds:
                 last_replan = time.monotonic()
                 try:
-                    _, sent = queue_missing(store, bk, app, settings, job_id, manifest.chunks, exclude=parked)
+                    model = result.job.spec.model
+                    _, sent = queue_missing(
+                        store, bk, app, settings, job_id, manifest.chunks, model, exclude=parked
+                    )
                     if sent:
                         print(
                             f"\nre-queued {sent} chunks that were neither queued nor running", file=sys.stderr

@@ -15,6 +15,7 @@ from dflash_tasks.coord.celery_app import app, configure
 from dflash_tasks.coord.planner import queue_missing
 from dflash_tasks.core.errors import DflashError, StoreError
 from dflash_tasks.core.settings import Settings
+from dflash_tasks.producer.serving import ServingWatch
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
 
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dflash_tasks.resume", description=__doc__.splitlines()[0])
     p.add_argument("--output", required=True, help="the job's output root")
     p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
-    p.add_argument("--queue", help="queue name [DFLASH_QUEUE]")
+    p.add_argument("--queue", help="base queue name [DFLASH_QUEUE]")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     args = p.parse_args(argv)
     try:
@@ -37,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
         state, reason = bk.job_state(job.job_id)
         bk.resume_job(job.job_id)
-        plan, sent = queue_missing(store, bk, configure(app, settings), settings, job.job_id, manifest.chunks)
+        configure(app, settings)
+        plan, sent = queue_missing(store, bk, app, settings, job.job_id, manifest.chunks, job.spec.model)
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{sent:,} queued",
         file=sys.stderr,
     )
+    ServingWatch(bk, job.spec.model).poll()
     if args.json:
         print(json.dumps({"job_id": job.job_id, "was_paused": state == "paused", "chunks_enqueued": sent}))
     return 0

@@ -116,7 +116,7 @@ def test_queued_chunks_sees_messages_published_by_celery(rclient: redis.Redis, q
     app = Celery("ut-planner", set_as_current=False)
     configure(app, Settings.load({}, broker_url=redis_url(rclient), queue=queue))
     try:
-        assert publish_chunks(app, JOB, [0, 5, 12]) == 3
+        assert publish_chunks(app, JOB, [0, 5, 12], queue=queue) == 3
     finally:
         app.close()
     assert rclient.llen(queue) == 3

@@ -215,8 +215,8 @@ def test_job_against_a_loading_server_with_an_api_key(procs: Processes, tmp_path
     assert all(r["meta_info"]["spec_verify_ct"] > 0 for r in records)
     assert all(r["meta_info"]["spec_accept_length"] >= 1 for r in records)
     log = (tmp_path / "gpu0.log").read_text()
-    assert "did not say which model it serves" in log  # asked at start, while the port refused
-    assert "serves qwen3-8b (model path /models/Qwen3-8B), SGLang 0.5.23" in log
+    assert "cannot read the server's model" in log  # asked at start, while the port refused
+    assert "server serves model 'qwen3-8b' (/models/Qwen3-8B) (SGLang 0.5.23)" in log
     stored = [p.read_bytes() for p in out.rglob("*") if p.is_file()]
     assert stored and not any(key.encode() in data for data in stored)
     assert key not in log and key not in res.stdout + res.stderr

@@ -53,7 +53,9 @@ def test_no_thinking_server_fails_preflight_then_fixed_server_completes(
     assert not (out / "preflight.json").exists()
     job_id = json.loads((out / "job.json").read_text())["job_id"]
     assert job_state(procs, job_id)[b"state"] == b"paused"
-    assert redis.Redis.from_url(procs.broker_url).llen(procs.queue) == 0  # the full job was never queued
+    assert (
+        redis.Redis.from_url(procs.broker_url).llen(procs.model_queue()) == 0
+    )  # the full job was never queued
 
     os.killpg(bad.pid, signal.SIGKILL)
     procs.worker(procs.simulator("--time-scale", "0.001", name="goodsim"), "fixed")

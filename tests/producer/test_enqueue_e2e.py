@@ -29,8 +29,8 @@ def test_queued_job_holds_ids_not_prompts_and_is_not_queued_twice(procs: Process
     assert summary["chunks_enqueued"] == 0 and summary["chunks_queued_before"] == 10
 
     r = redis.Redis.from_url(procs.broker_url)
-    assert r.llen(procs.queue) == 10
-    per_chunk = int(r.memory_usage(procs.queue) or 0) / 10
+    assert r.llen(procs.model_queue()) == 10
+    per_chunk = int(r.memory_usage(procs.model_queue()) or 0) / 10
     assert per_chunk < 4096, f"{per_chunk:.0f} bytes per queued chunk"
     for key in r.scan_iter(count=1000):
         kind = r.type(key)
@@ -49,7 +49,7 @@ def test_dry_run_writes_and_queues_nothing(procs: Processes, tmp_path: Path) -> 
     assert (summary["samples"], summary["invalid"], summary["chunks"]) == (120, 10, 2)
     assert summary["chunks_enqueued"] == 0 and "would queue 2" in res.stderr
     assert not out.exists()
-    assert redis.Redis.from_url(procs.broker_url).llen(procs.queue) == 0
+    assert redis.Redis.from_url(procs.broker_url).llen(procs.model_queue()) == 0
 
 
 def test_server_stays_busy_across_chunk_boundaries(procs: Processes, tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ def test_server_stays_busy_across_chunk_boundaries(procs: Processes, tmp_path: P
     samples: list[tuple[int, int]] = []  # (running requests, chunks still in the queue)
     while producer.poll() is None:
         stats = requests.get(f"{sim}/sim/stats", timeout=5).json()
-        samples.append((stats["running"], r.llen(procs.queue)))
+        samples.append((stats["running"], r.llen(procs.model_queue())))
         time.sleep(0.02)
     assert producer.returncode == 0 and done_chunk_count(out) == 20
     # From the first full batch until the last chunk left the queue (before the final drain),

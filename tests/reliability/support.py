@@ -312,7 +312,7 @@ def wait_recovered(
 
     def recovered() -> bool:
         done, own = outputs(out), owners(procs, job_id, r)
-        queued = queued_chunks(r, procs.queue, job_id) if queued_counts else set()
+        queued = queued_chunks(r, procs.model_queue(), job_id) if queued_counts else set()
         return all(c in done or (c in own and own[c] != dead) or c in queued for c, dead in chunks.items())
 
     wait_until(recovered, timeout, f"chunks {sorted(chunks)} to be back in circulation", interval=0.05)

@@ -77,21 +77,21 @@ def test_enqueue_killed_while_staging_then_while_queuing_converges(
         if not (out / "manifest.json").exists():
             break
         shutil.rmtree(out)
-        r.delete(procs.queue)
+        r.delete(procs.model_queue())
     assert not (out / "manifest.json").exists(), "staging always finished before the kill"
-    assert r.llen(procs.queue) == 0
+    assert r.llen(procs.model_queue()) == 0
 
     for _ in range(5):  # kill while publishing (one pipelined batch): retry until it lands mid-way
         queuing = _enqueue_process(procs, inp, out)
         deadline = time.monotonic() + 60
-        while r.llen(procs.queue) == 0 and queuing.poll() is None and time.monotonic() < deadline:
+        while r.llen(procs.model_queue()) == 0 and queuing.poll() is None and time.monotonic() < deadline:
             pass  # a tight loop: the batch takes milliseconds
         queuing.send_signal(signal.SIGKILL)
         queuing.wait(10)
-        queued_at_kill = int(r.llen(procs.queue))
+        queued_at_kill = int(r.llen(procs.model_queue()))
         if 0 < queued_at_kill < chunks:
             break
-        r.delete(procs.queue)
+        r.delete(procs.model_queue())
     assert (out / "manifest.json").exists()
     assert 0 < queued_at_kill < chunks, f"{queued_at_kill} of {chunks} queued: not killed mid-publish"
 
@@ -100,7 +100,7 @@ def test_enqueue_killed_while_staging_then_while_queuing_converges(
     converged = time.monotonic() - started
     assert rerun["chunks_queued_before"] == queued_at_kill
     assert rerun["chunks_enqueued"] == chunks - queued_at_kill
-    raw = cast(list[bytes], r.lrange(procs.queue, 0, -1))
+    raw = cast(list[bytes], r.lrange(procs.model_queue(), 0, -1))
     parsed = [parse_task_id(json.loads(m)["headers"]["id"]) for m in raw]
     per_chunk = Counter(p[1] for p in parsed if p is not None and p[0] == rerun["job_id"])
     assert len(raw) == chunks and set(per_chunk.values()) == {1}, "a chunk is queued twice"

@@ -55,7 +55,7 @@ def test_redis_restart_with_aof_mid_run_needs_no_reenqueue(
     redis_server.start()
     restarted = time.monotonic()
     before = set(owners(procs, job_id).values())  # leases restored from the AOF
-    assert redis_client(procs).llen(procs.queue) > 0, "the queue did not survive the restart"
+    assert redis_client(procs).llen(procs.model_queue()) > 0, "the queue did not survive the restart"
     wait_until(lambda: set(owners(procs, job_id).values()) - before, 60, "a chunk leased after the restart")
     back = time.monotonic() - restarted
     wait_done(out, chunks, 120)
@@ -119,7 +119,9 @@ def test_redis_without_aof_killed_and_restarted_then_rerun_enqueue(
             lost_at = time.monotonic()
             # Workers reconnect at once and write fresh heartbeats, so check what was lost instead.
             r = redis_client(procs)
-            assert r.llen(procs.queue) == 0, "a Redis without AOF or RDB restarts empty: the queue is gone"
+            assert r.llen(procs.model_queue()) == 0, (
+                "a Redis without AOF or RDB restarts empty: the queue is gone"
+            )
             assert not r.hget(f"t-{procs.queue}:job:{summary['job_id']}", "output"), (
                 "the job registry is gone"
             )

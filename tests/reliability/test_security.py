@@ -128,7 +128,9 @@ def test_hostile_messages_and_credentials(
         local = enqueue_ok(procs, local_in, local_out, "--chunk-size", "8")
         job_id = str(local["job_id"])
 
-        # Hostile messages, then a second job (on S3) queued after them.
+        # Hostile messages on the job model's queue (where workers listen), then a second job (on
+        # S3) queued after them.
+        queue = procs.model_queue()
         publish_raw(secure_redis.url, queue, "pickled-0001", (Canary(canary), 0), serializer="pickle")
         hostile = {"../x": "chunk-dotdot", -1: "chunk-negative", 1_000_000: "chunk-huge"}
         for chunk, tid in hostile.items():

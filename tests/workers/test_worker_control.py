@@ -34,7 +34,7 @@ class FakeConsumer:
 
 
 def test_switch_applies_a_pause_requested_before_the_consumer_exists() -> None:
-    switch = ConsumerSwitch("dflash")
+    switch = ConsumerSwitch(["dflash"])
     switch.pause()
     consumer = FakeConsumer()
     switch.attach(consumer)

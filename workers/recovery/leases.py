@@ -76,7 +76,7 @@ class Reconciler:
         self,
         bookkeeping: Bookkeeping,
         open_job_store: Callable[[str], Store],
-        requeue: Callable[[str, int], None],
+        requeue: Callable[[str, int], object],
         owner: str,
         interval: float,
         lease_seconds: float = 60.0,
