@@ -64,12 +64,15 @@ class WorkerStats:
         self.wake = threading.Event()
 
     # The metrics hooks call these (see metrics.StatsSink).
-    def sample_done(self, job_id: str, ok: bool, tokens: int, now: float | None = None) -> None:
+    def sample_done(
+        self, job_id: str, ok: bool, tokens: int, now: float | None = None, *, turns: int = 1
+    ) -> None:
+        """Count one finished sample; ``turns`` is how many turns (generations) it settles."""
         now = time.time() if now is None else now
         w = self._worker
         with self._lock:
             bucket = self._buckets[(job_id, bucket_start(now))]
-            bucket.update({"samples": 1, "failed": 0 if ok else 1, "tokens": tokens})
+            bucket.update({"samples": 1, "failed": 0 if ok else 1, "tokens": tokens, "turns": turns})
             bucket.update({f"{w}|samples": 1, f"{w}|tokens": tokens})
             self._totals[job_id].update({"samples": 1, "failed": 0 if ok else 1, "tokens": tokens})
 

@@ -115,7 +115,7 @@ INFO = Gauge(
 class StatsSink(Protocol):
     """Receives the per-sample and per-chunk events (the worker's live-progress counters)."""
 
-    def sample_done(self, job_id: str, ok: bool, tokens: int) -> None: ...
+    def sample_done(self, job_id: str, ok: bool, tokens: int, *, turns: int = 1) -> None: ...
 
     def chunk_started(self, job_id: str) -> None: ...
 
@@ -165,7 +165,7 @@ def sample_done(job_id: str, record: Mapping[str, Any]) -> None:
     TOKENS.labels(_worker, job_id).inc(tokens)
     PROMPT_TOKENS.labels(_worker, job_id).inc(int(usage.get("prompt_tokens") or 0))
     if _sink is not None:
-        _sink.sample_done(job_id, ok, tokens)
+        _sink.sample_done(job_id, ok, tokens, turns=int(record.get("user_turns") or 1))
 
 
 def on_sample_future(job_id: str) -> Callable[[Future[dict[str, Any]]], None]:

@@ -1,8 +1,9 @@
 """``python -m dflash_tasks.report --output URI``: the quality summary of a job, and a picture.
 
 Prints the share of samples failing each check, the output-token and reasoning-token
-distributions and the gate verdict; writes ``report.png`` (histograms of output and reasoning
-lengths) into the output root, or to ``--png PATH``.
+distributions (per generated turn: a three-turn conversation adds three) and the gate verdict;
+writes ``report.png`` (histograms of output and reasoning lengths) into the output root, or to
+``--png PATH``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_tasks.core.conversation import record_turns
 from dflash_tasks.core.distribution import describe
 from dflash_tasks.core.errors import DflashError, StoreError
 from dflash_tasks.core.job import JobDefinition
@@ -35,6 +37,7 @@ class QualityReport:
     samples: int = 0
     ok: int = 0
     failed: int = 0
+    turns: int = 0  # generated turns of the ok samples
     chunks_done: int = 0
     chunks: int = 0
     checks: Counter[str] = field(default_factory=Counter)
@@ -50,6 +53,7 @@ class QualityReport:
             "samples": self.samples,
             "ok": self.ok,
             "failed": self.failed,
+            "turns": self.turns,
             "chunks_done": self.chunks_done,
             "chunks": self.chunks,
             "checks": {c: self.checks[c] for c in CHECKS},
@@ -71,10 +75,12 @@ def build_report(job: JobDefinition, records: Any, chunks_done: int, chunks: int
             report.failed += 1
             continue
         report.ok += 1
-        report.finish_reasons[str(record.get("finish_reason"))] += 1
-        usage = record.get("usage") or {}
-        report.output_tokens.append(int(usage.get("completion_tokens") or 0))
-        report.reasoning_tokens.append(int(usage.get("reasoning_tokens") or 0))
+        for turn in record_turns(record):
+            report.turns += 1
+            report.finish_reasons[str(turn.get("finish_reason"))] += 1
+            usage = turn.get("usage") or {}
+            report.output_tokens.append(int(usage.get("completion_tokens") or 0))
+            report.reasoning_tokens.append(int(usage.get("reasoning_tokens") or 0))
     failures = evaluate_gates(report.samples, report.checks, job.quality)
     report.gate_failures = [f.message for f in failures]
     return report
@@ -84,7 +90,9 @@ def render_text(report: QualityReport) -> str:
     doc = report.as_dict()
     out, rsn = doc["output_tokens"], doc["reasoning_tokens"]
     lines = [
-        f"job {report.job_id}: {report.samples:,} samples ({report.ok:,} ok, {report.failed:,} failed), "
+        f"job {report.job_id}: {report.samples:,} samples ({report.ok:,} ok, {report.failed:,} failed"
+        + (f"; {report.turns:,} turns" if report.turns != report.ok else "")
+        + "), "
         f"chunks {report.chunks_done:,}/{report.chunks:,}, thinking {'on' if report.thinking else 'off'}",
         f"  output tokens     mean {out['mean']:,.0f}  p10 {out['p10']:,}  p50 {out['p50']:,}  "
         f"p90 {out['p90']:,}  max {out['max']:,}",
@@ -111,8 +119,8 @@ def render_png(report: QualityReport) -> bytes:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
     panels = [
-        (axes[0], report.output_tokens, "output tokens per sample", "tab:blue"),
-        (axes[1], report.reasoning_tokens, "reasoning tokens per sample", "tab:orange"),
+        (axes[0], report.output_tokens, "output tokens per turn", "tab:blue"),
+        (axes[1], report.reasoning_tokens, "reasoning tokens per turn", "tab:orange"),
     ]
     for ax, values, title, color in panels:
         if values:
@@ -123,7 +131,7 @@ def render_png(report: QualityReport) -> bytes:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title)
         ax.set_xlabel("tokens")
-        ax.set_ylabel("samples")
+        ax.set_ylabel("turns")
     verdict = "gates passed" if not report.gate_failures else "gates FAILED"
     fig.suptitle(f"job {report.job_id}: {report.ok:,} ok samples, {verdict}")
     fig.tight_layout()

@@ -84,6 +84,8 @@ class SimConfig:
     startup_seconds: float = 0.0
     faults: tuple[FaultSpec, ...] = field(default_factory=tuple)
     verbose: bool = False
+    #: Append every chat request body to this JSONL file (see :mod:`dflash_tasks.sim.recorder`).
+    record_requests: str | None = None
 
     def __post_init__(self) -> None:
         checks = (

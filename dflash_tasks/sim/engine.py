@@ -22,6 +22,7 @@ from dflash_tasks.sim.protocol import (
     parse_chat_request,
     queue_full_error,
 )
+from dflash_tasks.sim.recorder import RequestRecorder
 from dflash_tasks.sim.scheduler import QueueFull, SlotScheduler, Stopped
 from dflash_tasks.sim.textgen import Plan, plan_output, prompt_rng, render_raw, split_reasoning, truncate
 
@@ -59,12 +60,15 @@ class SimEngine:
         self._rids: set[str] = set()
         self._counters: Counter[str] = Counter()
         self._totals: Counter[str] = Counter()
+        self.recorder = RequestRecorder(config.record_requests) if config.record_requests else None
 
     # ----------------------------------------------------------------- lifecycle and health
     def stop(self) -> None:
         """Wake every sleeping or waiting request; they end without an answer."""
         self._stopping.set()
         self.scheduler.stop()
+        if self.recorder is not None:
+            self.recorder.close()
 
     def is_starting(self) -> bool:
         """True during the simulated startup (``--startup-seconds``)."""
@@ -117,6 +121,8 @@ class SimEngine:
         ``rid`` check → a running slot (FIFO; 503 when the queue is full) → sleep for the generation.
         """
         self._count(requests_total=1)
+        if self.recorder is not None:
+            self.recorder.record(raw)
         fault = self.faults.take_chat()
         if fault is not None:
             self._count(faults_injected=1)
