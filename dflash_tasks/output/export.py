@@ -103,8 +103,8 @@ def to_row(
         counts.failed_kept += 1
         return {"id": sample_id, "status": "failed", "conversations": turns, "error": record.get("error")}
     row: dict[str, Any] = {"id": sample_id, "status": "success", "conversations": turns}
-    generated = sum(1 for t in record_turns(record) if t.get("status") == "ok")
-    copied = sum(1 for m in turns if m["role"] == "assistant") - generated
+    copied = _copied_answers(record)
+    generated = sum(1 for m in turns if m["role"] == "assistant") - len(copied)
     kept: list[str] = []
     for reason, detail in _reasons(record, row, options, thinking, copied):
         if reason not in options.keep:
@@ -112,15 +112,32 @@ def to_row(
         kept.append(reason)
     counts.kept.update(kept)
     counts.exported += 1
-    counts.assistant_turns += generated + copied
-    counts.multi_turn += generated + copied > 1
+    counts.assistant_turns += generated + len(copied)
+    counts.multi_turn += generated + len(copied) > 1
     if options.keep_failed:
         row["error"] = None
     return row
 
 
+def _copied_answers(record: dict[str, Any]) -> frozenset[int]:
+    """Indexes (in the exported conversation) of assistant messages copied from the input."""
+    copied: set[int] = set()
+    index = 0
+    for turn in record_turns(record):
+        for message in turn["input"]:
+            if message["role"] == "assistant":
+                copied.add(index)
+            index += 1
+        index += turn.get("status") == "ok"
+    return frozenset(copied)
+
+
 def _reasons(
-    record: dict[str, Any], row: dict[str, Any], options: ExportOptions, thinking: bool, copied: int
+    record: dict[str, Any],
+    row: dict[str, Any],
+    options: ExportOptions,
+    thinking: bool,
+    copied: frozenset[int],
 ) -> Iterator[tuple[str, str]]:
     """Why the trainer would reject ``row`` (or ``--drop-check`` leaves it out), most telling first."""
     checks = set(record.get("checks") or check_record(record, thinking, QualitySettings()))
@@ -128,8 +145,10 @@ def _reasons(
         if check in checks:
             yield check, ""
     if thinking and copied:
-        yield "source_answers", f"{copied} assistant turns copied from the input"
-    problem = row_problem(row, expect_reasoning=thinking)
+        yield "source_answers", f"{len(copied)} assistant turns copied from the input"
+    # Kept source answers are kept as they are: without reasoning.
+    exempt = copied if "source_answers" in options.keep else frozenset()
+    problem = row_problem(row, expect_reasoning=thinking, exempt=exempt)
     if problem is not None:
         yield problem.reason, problem.detail
 

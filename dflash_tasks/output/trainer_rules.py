@@ -47,10 +47,13 @@ def has_think_marker(text: str) -> bool:
     return "<think>" in lowered or "</think>" in lowered
 
 
-def row_problem(row: Mapping[str, Any], expect_reasoning: bool) -> RowProblem | None:
+def row_problem(
+    row: Mapping[str, Any], expect_reasoning: bool, exempt: frozenset[int] = frozenset()
+) -> RowProblem | None:
     """The first rule ``row`` breaks, or None when the trainer accepts it.
 
-    ``expect_reasoning`` True requires reasoning on every assistant message, False forbids it.
+    ``expect_reasoning`` True requires reasoning on every assistant message, False forbids it;
+    assistant messages at the indexes in ``exempt`` are not held to it.
     """
     ident = row.get("id")
     if not isinstance(ident, str) or not ident.strip():
@@ -64,7 +67,7 @@ def row_problem(row: Mapping[str, Any], expect_reasoning: bool) -> RowProblem | 
     assert isinstance(messages, list)
     for index, message in enumerate(messages):
         if message.get("role") == "assistant":
-            problem = _assistant(index, message, expect_reasoning)
+            problem = _assistant(index, message, expect_reasoning, index in exempt)
             if problem is not None:
                 return problem
     if messages[-1].get("role") != "assistant":
@@ -96,15 +99,17 @@ def _structure(messages: Any) -> RowProblem | None:
     return None
 
 
-def _assistant(index: int, message: Mapping[str, Any], expect_reasoning: bool) -> RowProblem | None:
+def _assistant(
+    index: int, message: Mapping[str, Any], expect_reasoning: bool, exempt: bool
+) -> RowProblem | None:
     reasoning = message.get("reasoning_content")
     where = f"assistant message {index}"
     if reasoning is not None and not isinstance(reasoning, str):
         return RowProblem("no_reasoning", f"{where} reasoning_content must be a string or null")
     has_reasoning = isinstance(reasoning, str) and bool(reasoning.strip())
-    if expect_reasoning and not has_reasoning:
+    if expect_reasoning and not has_reasoning and not exempt:
         return RowProblem("no_reasoning", f"{where} has empty reasoning_content")
-    if not expect_reasoning and has_reasoning:
+    if not expect_reasoning and has_reasoning and not exempt:
         return RowProblem("unexpected_reasoning", f"{where} has non-empty reasoning_content")
     if has_think_marker(message["content"]):
         return RowProblem("think_marker", f"{where} contains a thinking marker")

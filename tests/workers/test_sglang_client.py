@@ -16,7 +16,8 @@ from dflash_tasks.core.errors import RetryableError, SampleRejected, ServerUnava
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
-from workers.generation import RetryPolicy, WorkerIdentity, build_request, generate_sample
+from workers.conversation import generate_sample
+from workers.generation import RetryPolicy, WorkerIdentity, build_request
 from workers.sglang_client import Completion, SGLangClient, error_message, parse_completion
 
 SPEC = GenerationSpec(model="Qwen/Qwen3-8B", max_tokens=2000)
@@ -91,7 +92,7 @@ def test_build_request_follows_the_sglang_contract() -> None:
     spec = GenerationSpec(
         "Qwen/Qwen3-32B", max_tokens=1234, temperature=0.7, top_p=0.8, top_k=5, thinking=True
     )
-    body = build_request(spec, SAMPLE, "rid-1")
+    body = build_request(spec, SAMPLE.messages, "rid-1")
     assert body == {
         "model": "Qwen/Qwen3-32B",
         "messages": SAMPLE.messages,
@@ -109,7 +110,7 @@ def test_build_request_follows_the_sglang_contract() -> None:
 
 
 def test_build_request_thinking_off() -> None:
-    body = build_request(GenerationSpec("m", thinking=False), SAMPLE, "r")
+    body = build_request(GenerationSpec("m", thinking=False), SAMPLE.messages, "r")
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
 
 
@@ -118,14 +119,14 @@ def test_build_request_thinking_off() -> None:
 
 def test_completion_splits_and_strips_reasoning_and_content(sim: RunningSimulator) -> None:
     raw = requests.post(
-        f"{sim.url}/v1/chat/completions", json=build_request(SPEC, SAMPLE, "raw-1"), timeout=10
+        f"{sim.url}/v1/chat/completions", json=build_request(SPEC, SAMPLE.messages, "raw-1"), timeout=10
     ).json()
     message = raw["choices"][0]["message"]
     # SGLang 0.5.23 does not strip: the answer starts with blank lines, the reasoning with "\n".
     assert message["content"] != message["content"].strip()
     assert message["reasoning_content"] != message["reasoning_content"].strip()
 
-    completion = SGLangClient(sim.url).chat(build_request(SPEC, SAMPLE, "client-1"))
+    completion = SGLangClient(sim.url).chat(build_request(SPEC, SAMPLE.messages, "client-1"))
     assert completion.reasoning == message["reasoning_content"].strip()
     assert completion.content == message["content"].strip()
     assert completion.reasoning and completion.content
@@ -141,7 +142,7 @@ def test_completion_splits_and_strips_reasoning_and_content(sim: RunningSimulato
 
 def test_thinking_off_gives_empty_reasoning(sim: RunningSimulator) -> None:
     spec = GenerationSpec("m", max_tokens=100, thinking=False)
-    completion = SGLangClient(sim.url).chat(build_request(spec, SAMPLE, "off-1"))
+    completion = SGLangClient(sim.url).chat(build_request(spec, SAMPLE.messages, "off-1"))
     assert completion.reasoning == ""
     assert completion.content and completion.content == completion.content.strip()
     assert completion.reasoning_tokens == 0
@@ -150,7 +151,7 @@ def test_thinking_off_gives_empty_reasoning(sim: RunningSimulator) -> None:
 
 def test_length_limit_reports_finish_reason(sim: RunningSimulator) -> None:
     spec = GenerationSpec("m", max_tokens=10)
-    completion = SGLangClient(sim.url).chat(build_request(spec, SAMPLE, "len-1"))
+    completion = SGLangClient(sim.url).chat(build_request(spec, SAMPLE.messages, "len-1"))
     assert completion.finish_reason == "length"
     assert completion.completion_tokens == 10
     assert completion.content == "" and completion.reasoning
@@ -161,8 +162,10 @@ def test_generate_sample_ok_record(sim: RunningSimulator) -> None:
     assert sleeps.calls == []
     assert record["status"] == "ok" and record["error"] is None
     assert record["attempts"] == 1
-    assert (record["id"], record["line"], record["messages"]) == (SAMPLE.id, SAMPLE.line, SAMPLE.messages)
-    assert record["reasoning"] and record["content"]
+    (turn,) = record["turns"]
+    assert (record["id"], record["line"], turn["input"]) == (SAMPLE.id, SAMPLE.line, SAMPLE.messages)
+    assert turn["reasoning"] and turn["content"] and turn["status"] == "ok"
+    assert (record["user_turns"], record["outcome"], record["failed_turn"]) == (1, "complete", None)
     assert record["finish_reason"] == "stop"
     assert record["usage"]["completion_tokens"] > record["usage"]["reasoning_tokens"] > 0
     assert record["model"] == SPEC.model
@@ -202,7 +205,7 @@ def test_too_long_prompt_is_rejected_with_the_server_message() -> None:
         spec = GenerationSpec("m", max_tokens=16)
         client = SGLangClient(sim.url)
         with pytest.raises(SampleRejected) as info:
-            client.chat(build_request(spec, long_sample, "long-1"))
+            client.chat(build_request(spec, long_sample.messages, "long-1"))
         assert str(info.value) == (
             "HTTP 400: The input (254 tokens) is longer than the model's context length (64 tokens)."
         )
@@ -211,8 +214,10 @@ def test_too_long_prompt_is_rejected_with_the_server_message() -> None:
         assert record["attempts"] == 1
         assert sleeps.calls == []
         assert record["error"] == str(info.value)
-        assert record["reasoning"] == record["content"] == ""
-        assert record["finish_reason"] is None
+        assert record["turns"][0]["reasoning"] == record["turns"][0]["content"] == ""
+        assert (
+            record["finish_reason"] is None and record["outcome"] == "failed" and record["failed_turn"] == 1
+        )
         assert record["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0}
         assert sim_stats(sim)["requests_total"] == 2  # one request per rejected sample: no retries
     finally:
@@ -238,7 +243,7 @@ def test_two_500s_then_success(sim: RunningSimulator) -> None:
     assert len(sleeps.calls) == 2 and all(0 <= s <= 0.002 for s in sleeps.calls)
     assert sim_stats(sim)["requests_total"] == 3
     rids = [p["rid"] for p in client.payloads]
-    assert rids == [f"{PREFIX}-L{SAMPLE.line}-{n}" for n in (1, 2, 3)]
+    assert rids == [f"{PREFIX}-L{SAMPLE.line}-T1-{n}" for n in (1, 2, 3)]
 
 
 @pytest.mark.parametrize(
@@ -255,7 +260,7 @@ def test_transient_faults_are_retried(sim: RunningSimulator, kind: str, error: s
     client = SGLangClient(sim.url)
     fault(sim, kind=kind, count=1)
     with pytest.raises(RetryableError) as info:
-        client.chat(build_request(SPEC, SAMPLE, f"{kind}-direct"))
+        client.chat(build_request(SPEC, SAMPLE.messages, f"{kind}-direct"))
     assert not isinstance(info.value, ServerUnavailable)
     assert error in str(info.value)
 
@@ -270,7 +275,7 @@ def test_client_timeout_is_retried(sim: RunningSimulator) -> None:
     fault(sim, kind="hang", count=1, hang_seconds=5)
     client = SGLangClient(sim.url, timeout=0.15)
     with pytest.raises(RetryableError, match="timed out"):
-        client.chat(build_request(SPEC, SAMPLE, "hang-1"))
+        client.chat(build_request(SPEC, SAMPLE.messages, "hang-1"))
     fault(sim, kind="hang", count=1, hang_seconds=5)
     record, _ = generate(client)
     assert record["status"] == "ok" and record["attempts"] == 2
@@ -283,7 +288,7 @@ def test_500s_forever_with_a_healthy_server_fail_the_sample(sim: RunningSimulato
     assert record["attempts"] == 4
     assert record["error"] == "gave up after 4 attempts: HTTP 500: Internal server error (simulated fault)."
     assert len(sleeps.calls) == 3
-    assert record["reasoning"] == "" and record["usage"]["completion_tokens"] == 0
+    assert record["turns"][0]["reasoning"] == "" and record["usage"]["completion_tokens"] == 0
     assert sim_stats(sim)["requests_total"] == 4
 
 
@@ -294,7 +299,7 @@ def test_stopped_server_raises_server_unavailable() -> None:
     assert generate(client)[0]["status"] == "ok"  # keep-alive connection open, then the server dies
     sim.stop()
     with pytest.raises(RetryableError, match="connection error"):
-        client.chat(build_request(SPEC, SAMPLE, "dead-1"))
+        client.chat(build_request(SPEC, SAMPLE.messages, "dead-1"))
     sleeps = Sleeps()
     with pytest.raises(ServerUnavailable) as info:
         generate_sample(client, SPEC, SAMPLE, WHO, fast_policy(attempts=3), PREFIX, sleep=sleeps)
@@ -439,7 +444,7 @@ def test_http_error_statuses_map_to_error_types(sim: RunningSimulator) -> None:
     # 404 is not a sample problem: retryable.
     bad = SGLangClient(sim.url + "/nope")
     with pytest.raises(RetryableError, match="HTTP 404") as info:
-        bad.chat(build_request(SPEC, SAMPLE, "r404"))
+        bad.chat(build_request(SPEC, SAMPLE.messages, "r404"))
     assert not isinstance(info.value, SampleRejected)
 
 
