@@ -54,11 +54,14 @@ def test_multi_worker_job_with_bad_lines_then_rerun_enqueues_nothing(
     assert len({r["id"] for r in records}) == len(records) == 1100 - bad
     assert {r["worker"].split("@")[0] for r in records} == {"gpu0", "gpu1", "gpu2"}
     first = next(r for r in records if r["finish_reason"] == "stop")
-    assert first["reasoning"] and first["content"] and first["status"] == "ok"
-    assert first["reasoning"] == first["reasoning"].strip() and first["content"] == first["content"].strip()
+    (turn,) = first["turns"]
+    assert turn["reasoning"] and turn["content"] and first["status"] == turn["status"] == "ok"
+    assert turn["reasoning"] == turn["reasoning"].strip() and turn["content"] == turn["content"].strip()
     assert first["usage"]["completion_tokens"] > 0 and first["sampling"]["enable_thinking"] is True
     shared = next(r for r in records if r["id"] == "1")  # ShareGPT with an old assistant turn
-    assert shared["messages"] == [{"role": "user", "content": "Question 1: what is 1 * 7?"}]
+    assert [t["input"] for t in shared["turns"]] == [
+        [{"role": "user", "content": "Question 1: what is 1 * 7?"}]
+    ]
 
     again = procs.run(
         "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--chunk-size", "32", "--json")
