@@ -105,7 +105,7 @@ class PreflightReport:
         dist = doc["output_tokens"]
         share = {check: self.counts.get(check, 0) / self.samples for check in CHECKS} if self.samples else {}
         turns = (
-            f" ({self.turns} turns, {self.multi_turn} multi-turn conversations)"
+            f" ({self.turns} turns generated, {self.multi_turn} multi-turn conversations)"
             if self.turns != self.samples
             else ""
         )

@@ -47,5 +47,5 @@ def test_projections_are_per_turn_and_cover_the_turns_left(tmp_path: Path) -> No
     assert doc["projected_eta_s"] == round(1000 / (8 / 3.5))  # the turns left, at the turn rate
     assert doc["projected_cost_usd"] == round(1000 / (8 / 3.5) / 3600 * 2 * 3.6, 2)
     text = report.render()
-    assert "preflight: 2 samples (4 turns, 1 multi-turn conversations)" in text
+    assert "preflight: 2 samples (4 turns generated, 1 multi-turn conversations)" in text
     assert "2.29 turns/s with 2 workers x 4 in flight" in text and "for 1,000 turns (500 samples)" in text
