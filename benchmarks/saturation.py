@@ -52,7 +52,7 @@ from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.producer.inputs import read_input
 from tests.helpers import REPO
-from workers.generation import WorkerIdentity, build_request, make_record
+from workers.generation import WorkerIdentity, build_request, make_record, make_turn
 from workers.sglang_client import SGLangClient
 
 SLOTS = 48
@@ -116,12 +116,13 @@ def direct_client(urls: list[str], inp: Path, out: Path) -> tuple[float, float, 
                 return
             started = time.monotonic()
             try:
-                completion = client.chat(build_request(spec, sample, f"direct-L{sample.line}"))
+                completion = client.chat(build_request(spec, sample.messages, f"direct-L{sample.line}"))
             except Exception as exc:
                 failures[0] += 1
-                record = make_record(spec, sample, who, None, str(exc), time.monotonic() - started, 1)
+                turn = make_turn(sample.messages, None, str(exc), time.monotonic() - started, 1)
             else:
-                record = make_record(spec, sample, who, completion, None, time.monotonic() - started, 1)
+                turn = make_turn(sample.messages, completion, None, time.monotonic() - started, 1)
+            record = make_record(spec, sample, who, [turn], 1, time.monotonic() - started)
             line = json.dumps(record, ensure_ascii=False).encode() + b"\n"
             with lock:
                 fh.write(line)

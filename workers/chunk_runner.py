@@ -14,12 +14,13 @@ from typing import Any
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.jobs_cache import JobCache, JobHandle, UnknownChunk
 from dflash_tasks.core.job import input_key, output_key
-from dflash_tasks.core.quality import check_record
+from dflash_tasks.core.quality import check_turns
 from dflash_tasks.core.sample import decode_chunk
 from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.monitoring import metrics
+from workers.conversation import start_conversation
 from workers.flow.request_pool import RequestPool
-from workers.generation import RetryPolicy, WorkerIdentity, generate_sample
+from workers.generation import RetryPolicy, WorkerIdentity
 from workers.identity import ServerModel
 from workers.live_gate import record_chunk_and_judge
 from workers.recovery.leases import LeaseKeeper
@@ -93,10 +94,11 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
         samples = decode_chunk(job.store.read(input_key(chunk)))
         spec = job.definition.spec
         rid_prefix = f"{job_id}-{chunk}-{owner.rsplit('/', 1)[-1]}"
+        # Each sample's turns go through the shared pool one after the other; the chunk is stored
+        # (and counted, exactly once) when every turn of every sample is done.
         who = dataclasses.replace(ctx.identity, server=ctx.server.current)  # what the records name
         futures = [
-            ctx.pool.submit(generate_sample, ctx.client, spec, s, who, ctx.policy, rid_prefix)
-            for s in samples
+            start_conversation(ctx.pool, ctx.client, spec, s, who, ctx.policy, rid_prefix) for s in samples
         ]
         for fut in futures:
             fut.add_done_callback(metrics.on_sample_future(job_id))
@@ -118,11 +120,11 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
 def _store_chunk(
     ctx: ChunkContext, job: JobHandle, job_id: str, chunk: int, records: list[dict[str, Any]], started: float
 ) -> ChunkOutcome:
-    """Check each record, write the chunk atomically, count it once, and feed the live gate."""
+    """Check each turn, write the chunk atomically, count it once, and feed the live gate."""
     quality = job.definition.quality
     checks: Counter[str] = Counter()
     for record in records:
-        record["checks"] = check_record(record, job.definition.spec.thinking, quality)
+        record["checks"] = check_turns(record, job.definition.spec.thinking, quality)
         checks.update(record["checks"])
     job.store.write(
         output_key(chunk), b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
@@ -137,6 +139,8 @@ def _store_chunk(
         "prompt_tokens": sum(int(r["usage"]["prompt_tokens"]) for r in records),
         "spec_tokens": sum(t for t, _ in spec_pairs),
         "spec_verify_ct": sum(v for _, v in spec_pairs),
+        "turns": sum(int(r["user_turns"]) for r in records),
+        "generations": sum(len(r["turns"]) for r in records),
         "chunk_seconds": time.monotonic() - started,
         **{f"check_{name}": n for name, n in checks.items()},
     }

@@ -1,4 +1,4 @@
-"""Generating one sample: the request body, retries with backoff, and the output record."""
+"""Generating one turn: the request body, retries with backoff; and the turn and sample records."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ class WorkerIdentity:
     server: ServerIdentity | None = None
 
 
-def build_request(spec: GenerationSpec, sample: Sample, rid: str) -> dict[str, Any]:
-    """The ``/v1/chat/completions`` body for one sample (``docs/sglang.md``).
+def build_request(spec: GenerationSpec, messages: list[dict[str, str]], rid: str) -> dict[str, Any]:
+    """The ``/v1/chat/completions`` body for one turn (``docs/sglang.md``).
 
     The limit goes out under both names: SGLang 0.5.23 reads ``max_completion_tokens`` first (and
     marks ``max_tokens`` deprecated), releases that predate it ignore the unknown field and read
@@ -50,7 +50,7 @@ def build_request(spec: GenerationSpec, sample: Sample, rid: str) -> dict[str, A
     """
     return {
         "model": spec.model,
-        "messages": sample.messages,
+        "messages": messages,
         "max_completion_tokens": spec.max_tokens,
         "max_tokens": spec.max_tokens,
         "temperature": spec.temperature,
@@ -65,31 +65,31 @@ def build_request(spec: GenerationSpec, sample: Sample, rid: str) -> dict[str, A
     }
 
 
-def generate_sample(
+def generate_turn(
     client: SGLangClient,
     spec: GenerationSpec,
-    sample: Sample,
-    who: WorkerIdentity,
+    messages: list[dict[str, str]],
+    added: list[dict[str, str]],
     policy: RetryPolicy,
     rid_prefix: str,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
-    """Generate ``sample`` and return its output record.
+    """Send one turn (``messages``, of which ``added`` are new this turn) and return its turn record.
 
-    Retryable failures are retried per ``policy``. A 400 fails only this sample. When retries
-    run out, the sample is recorded as failed if the server is healthy, and
-    :class:`ServerUnavailable` is raised if it is not (the chunk then goes back to the queue).
+    Retryable failures are retried per ``policy``. A 400 fails only this turn. When retries run
+    out, the turn is recorded as failed if the server is healthy, and :class:`ServerUnavailable`
+    is raised if it is not (the chunk then goes back to the queue).
     """
     started = time.monotonic()
     last_error = ""
     for attempt in range(1, policy.attempts + 1):
-        rid = f"{rid_prefix}-L{sample.line}-{attempt}"  # unique per delivery, sample and attempt
+        rid = f"{rid_prefix}-{attempt}"  # unique per delivery, sample, turn and attempt
         try:
-            completion = client.chat(build_request(spec, sample, rid))
-            return make_record(spec, sample, who, completion, None, time.monotonic() - started, attempt)
+            completion = client.chat(build_request(spec, messages, rid))
+            return make_turn(added, completion, None, time.monotonic() - started, attempt)
         except SampleRejected as exc:
             metrics.request_error(exc, will_retry=False)
-            return make_record(spec, sample, who, None, str(exc), time.monotonic() - started, attempt)
+            return make_turn(added, None, str(exc), time.monotonic() - started, attempt)
         except RetryableError as exc:
             last_error = str(exc)
             metrics.request_error(exc, will_retry=attempt < policy.attempts)
@@ -97,10 +97,8 @@ def generate_sample(
                 sleep(policy.delay(attempt))
     if not client.healthy():
         raise ServerUnavailable(f"{client.endpoint} is unhealthy; last error: {last_error}")
-    return make_record(
-        spec,
-        sample,
-        who,
+    return make_turn(
+        added,
         None,
         f"gave up after {policy.attempts} attempts: {last_error}",
         time.monotonic() - started,
@@ -108,23 +106,18 @@ def generate_sample(
     )
 
 
-def make_record(
-    spec: GenerationSpec,
-    sample: Sample,
-    who: WorkerIdentity,
+def make_turn(
+    added: list[dict[str, str]],
     completion: Completion | None,
     error: str | None,
     latency: float,
     attempts: int,
 ) -> dict[str, Any]:
-    """One output line: the prompt, the split completion, usage, per-request server numbers
-    (``meta_info``, None when the server sent none) and provenance (``server``: what the server
-    said it serves, None when unknown)."""
+    """One turn of a record: the messages it added to the conversation, the model's answer, usage
+    and the per-request server numbers (``meta_info``, None when the server sent none)."""
     c = completion or _EMPTY
     return {
-        "id": sample.id,
-        "line": sample.line,
-        "messages": sample.messages,
+        "input": added,
         "reasoning": c.reasoning,
         "content": c.content,
         "finish_reason": c.finish_reason or None,
@@ -136,11 +129,55 @@ def make_record(
         "meta_info": c.meta.as_record() if c.meta is not None else None,
         "status": "ok" if completion is not None else "failed",
         "error": error,
+        "latency_s": round(latency, 3),
+        "attempts": attempts,
+    }
+
+
+def make_record(
+    spec: GenerationSpec,
+    sample: Sample,
+    who: WorkerIdentity,
+    turns: list[dict[str, Any]],
+    user_turns: int,
+    latency: float,
+) -> dict[str, Any]:
+    """One output line: every turn of the sample's conversation, totals and provenance.
+
+    ``outcome`` is ``complete`` (every turn answered), ``truncated`` (the last turn hit
+    ``max_tokens`` or has no answer, so the conversation stopped there) or ``failed`` (the last
+    turn failed: ``failed_turn`` names it). The turns before the last one are always complete.
+    """
+    last = turns[-1]
+    failed = last["status"] != "ok"
+    if failed:
+        outcome = "failed"
+    elif len(turns) < user_turns or last["finish_reason"] == "length" or not last["content"]:
+        outcome = "truncated"
+    else:
+        outcome = "complete"
+    error = last["error"]
+    if failed and user_turns > 1:
+        error = f"turn {len(turns)} of {user_turns}: {error}"
+    return {
+        "id": sample.id,
+        "line": sample.line,
+        "user_turns": user_turns,
+        "turns": turns,
+        "outcome": outcome,
+        "status": "failed" if failed else "ok",
+        "error": error,
+        "failed_turn": len(turns) if failed else None,
+        "finish_reason": last["finish_reason"],
+        "usage": {
+            key: sum(int(t["usage"][key]) for t in turns)
+            for key in ("prompt_tokens", "completion_tokens", "reasoning_tokens")
+        },
         "model": spec.model,
         "server": who.server.as_record() if who.server is not None else None,
         "sampling": spec.sampling(),
         "endpoint": who.endpoint,
         "worker": who.worker,
         "latency_s": round(latency, 3),
-        "attempts": attempts,
+        "attempts": sum(int(t["attempts"]) for t in turns),
     }

@@ -92,14 +92,17 @@ class WorkerStats:
         spec_tokens: int = 0,
         verify: int = 0,
         now: float | None = None,
+        *,
+        turns: int = 1,
     ) -> None:
         """Count a finished sample; ``spec_tokens``/``verify``: its tokens and verify passes when it
-        reported speculative stats (see :func:`dflash_tasks.core.spec_stats.spec_counts`)."""
+        reported speculative stats (see :func:`dflash_tasks.core.spec_stats.spec_counts`);
+        ``turns``: how many turns (generations) it settles."""
         now = time.time() if now is None else now
         w = self._worker
         with self._lock:
             bucket = self._buckets[(job_id, bucket_start(now))]
-            bucket.update({"samples": 1, "failed": 0 if ok else 1, "tokens": tokens})
+            bucket.update({"samples": 1, "failed": 0 if ok else 1, "tokens": tokens, "turns": turns})
             bucket.update({f"{w}|samples": 1, f"{w}|tokens": tokens})
             self._totals[job_id].update({"samples": 1, "failed": 0 if ok else 1, "tokens": tokens})
             if verify > 0:

@@ -5,7 +5,7 @@ Layout of the output root::
     job.json                      the spec and input fingerprint, written once
     manifest.json                 written when staging finished: counts and chunk sizes
     invalid.jsonl                 every input line kept out of the job, with its reason
-    inputs/chunk-000000.jsonl     staged prompts of chunk 0 (id, line, messages)
+    inputs/chunk-000000.jsonl     staged prompts of chunk 0 (id, line, messages; see core/sample.py)
     outputs/chunk-000000.jsonl    completions of chunk 0; its existence means the chunk is done
 """
 
@@ -25,6 +25,9 @@ INVALID_KEY = "invalid.jsonl"
 INPUTS_PREFIX = "inputs/"
 OUTPUTS_PREFIX = "outputs/"
 SPEC_VERSION = 1
+#: How a conversation is generated: ``all`` regenerates every assistant turn in order from the
+#: model's own history; ``last`` sends the source's history as is and regenerates the last turn.
+TURNS_MODES = ("all", "last")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,19 @@ class GenerationSpec:
     top_k: int = 20
     thinking: bool = True
     chunk_size: int = 64
+    turns: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.turns not in TURNS_MODES:
+            raise ValueError(f"turns must be one of {', '.join(TURNS_MODES)}, got {self.turns!r}")
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that name the job. ``turns: last`` is left out: jobs made before the field
+        existed generated the last turn only, and keep their ids."""
+        doc = asdict(self)
+        if doc["turns"] == "last":
+            del doc["turns"]
+        return doc
 
     def sampling(self) -> dict[str, Any]:
         """Sampling parameters as recorded on every output record."""
@@ -69,7 +85,7 @@ class JobDefinition:
         spec: GenerationSpec,
         quality: QualitySettings | None = None,
     ) -> JobDefinition:
-        identity = json.dumps({"input": input_fingerprint, "spec": asdict(spec)}, sort_keys=True)
+        identity = json.dumps({"input": input_fingerprint, "spec": spec.identity()}, sort_keys=True)
         job_id = hashlib.sha256(identity.encode()).hexdigest()[:16]
         return cls(job_id, input_fingerprint, input_name, spec, quality or QualitySettings())
 
@@ -88,11 +104,13 @@ class JobDefinition:
     def from_json(cls, data: bytes, where: str) -> JobDefinition:
         try:
             doc = json.loads(data)
+            # A job.json without "turns" predates multi-turn generation: it regenerated the last turn.
+            spec = {"turns": "last", **doc["spec"]}
             return cls(
                 job_id=str(doc["job_id"]),
                 input_fingerprint=str(doc["input_fingerprint"]),
                 input_name=str(doc.get("input_name", "")),
-                spec=GenerationSpec(**doc["spec"]),
+                spec=GenerationSpec(**spec),
                 quality=QualitySettings.from_dict(doc.get("quality")),
             )
         except (ValueError, KeyError, TypeError) as exc:
@@ -101,7 +119,11 @@ class JobDefinition:
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    """The staged job: counts and chunk sizes, written once staging completed."""
+    """The staged job: counts and chunk sizes, written once staging completed.
+
+    ``turns`` and ``chunk_turns`` count the requests (one per user turn) the job and each chunk
+    send when no conversation ends early; both are None when every sample has one turn.
+    """
 
     job_id: str
     lines: int
@@ -109,6 +131,8 @@ class Manifest:
     invalid: int
     chunk_size: int
     chunks: int
+    turns: int | None = None
+    chunk_turns: list[int] | None = None
 
     def chunk_samples(self, chunk: int) -> int:
         """How many samples chunk ``chunk`` holds."""
@@ -116,15 +140,35 @@ class Manifest:
             return self.chunk_size
         return self.samples - self.chunk_size * (self.chunks - 1)
 
+    @property
+    def total_turns(self) -> int:
+        """Generations the whole job sends (a three-turn conversation counts three)."""
+        return self.samples if self.turns is None else self.turns
+
+    def turns_of(self, chunk: int) -> int:
+        """Generations chunk ``chunk`` sends."""
+        if self.chunk_turns is None:
+            return self.chunk_samples(chunk)
+        return self.chunk_turns[chunk]
+
     def to_json(self) -> bytes:
-        return (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode()
+        doc = {k: v for k, v in asdict(self).items() if v is not None}
+        per_chunk = doc.pop("chunk_turns", None)
+        text = json.dumps(doc, indent=2, sort_keys=True)
+        if per_chunk is not None:  # one line, not one line per chunk
+            text = text[: text.rindex("}")].rstrip() + f',\n  "chunk_turns": {json.dumps(per_chunk)}\n}}'
+        return (text + "\n").encode()
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> Manifest:
         try:
-            return cls(**json.loads(data))
+            manifest = cls(**json.loads(data))
         except (ValueError, TypeError) as exc:
             raise StoreError(f"{where} is not a valid dflash manifest: {exc}") from None
+        if manifest.chunk_turns is not None and len(manifest.chunk_turns) != manifest.chunks:
+            problem = "chunk_turns must have one entry per chunk"
+            raise StoreError(f"{where} is not a valid dflash manifest: {problem}")
+        return manifest
 
 
 def chunk_name(chunk: int) -> str:

@@ -1,8 +1,9 @@
-"""Per-sample quality checks and the gates that stop a useless run early.
+"""Per-turn quality checks and the gates that stop a useless run early.
 
 The seed's first dataset was generated without thinking mode: 87% of its samples had six loss
-tokens, and nobody noticed until after tokenization. Every record now carries the checks it
-failed, and the same gates judge the preflight sample and the live run.
+tokens, and nobody noticed until after tokenization. Every generated turn now carries the checks
+it failed, and its record (one per sample) the union of them; the gates judge the share of samples
+failing each check, for the preflight sample and the live run alike.
 """
 
 from __future__ import annotations
@@ -71,26 +72,42 @@ class QualitySettings:
         )
 
 
-def check_record(record: Mapping[str, Any], thinking: bool, settings: QualitySettings) -> list[str]:
-    """The checks ``record`` fails (empty when it is a good sample)."""
-    if record.get("status") != "ok":
+def check_turn(turn: Mapping[str, Any], thinking: bool, settings: QualitySettings) -> list[str]:
+    """The checks one generated turn fails (empty when it is good)."""
+    if turn.get("status") != "ok":
         return ["failed"]
-    reasoning = (record.get("reasoning") or "").strip()
-    content = (record.get("content") or "").strip()
+    reasoning = (turn.get("reasoning") or "").strip()
+    content = (turn.get("content") or "").strip()
     found: list[str] = []
     if thinking and not reasoning:
         found.append("no_reasoning")
     if not thinking and reasoning:
         found.append("unexpected_reasoning")
-    if any(m in content or m in reasoning for m in THINK_MARKERS):
+    if any(m in content.lower() or m in reasoning.lower() for m in THINK_MARKERS):
         found.append("think_marker")
     if not content:
         found.append("empty_answer")
-    if record.get("finish_reason") == "length":
+    if turn.get("finish_reason") == "length":
         found.append("truncated")
-    if int((record.get("usage") or {}).get("completion_tokens") or 0) < settings.min_completion_tokens:
+    if int((turn.get("usage") or {}).get("completion_tokens") or 0) < settings.min_completion_tokens:
         found.append("short")
     return found
+
+
+def check_record(record: Mapping[str, Any], thinking: bool, settings: QualitySettings) -> list[str]:
+    """The checks a sample fails: those any of its turns fails (a record without ``turns`` is one turn)."""
+    turns = record.get("turns")
+    if not isinstance(turns, list):
+        return check_turn(record, thinking, settings)
+    found = {check for turn in turns for check in check_turn(turn, thinking, settings)}
+    return [check for check in CHECKS if check in found]
+
+
+def check_turns(record: dict[str, Any], thinking: bool, settings: QualitySettings) -> list[str]:
+    """:func:`check_record`, also writing each turn's own checks into it (``turn["checks"]``)."""
+    for turn in record.get("turns") or []:
+        turn["checks"] = check_turn(turn, thinking, settings)
+    return check_record(record, thinking, settings)
 
 
 def count_checks(records: Iterable[Mapping[str, Any]]) -> tuple[int, Counter[str]]:

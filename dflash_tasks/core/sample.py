@@ -1,4 +1,11 @@
-"""A sample (one prompt: a chat ending in a user or tool turn) and the staged chunk file format."""
+"""A sample (one prompt: a chat ending in a user or tool turn) and the staged chunk file format.
+
+A staged line is ``{"id", "line", "messages"}``: the source conversation up to its last user (or
+tool) turn. Its assistant messages mark where each turn ends (:mod:`dflash_tasks.core.conversation`);
+a job generating every turn (``turns: all``) stages them with empty text, since the source's old
+answers are never sent, while ``turns: last`` stages them as they are. Chunk files staged before
+multi-turn support have the same shape and stay readable.
+"""
 
 from __future__ import annotations
 

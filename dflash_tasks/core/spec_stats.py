@@ -17,14 +17,26 @@ SOURCE_SERVER = "server_lifetime"  # the server's own internal_states average (f
 
 
 def spec_counts(record: Mapping[str, Any]) -> tuple[int, int]:
-    """``(completion tokens, verify passes)`` of an ok record with speculative stats, else ``(0, 0)``."""
-    meta = record.get("meta_info")
-    if record.get("status") != "ok" or not isinstance(meta, Mapping):
+    """``(completion tokens, verify passes)`` over the answered turns of a record that report
+    speculative stats (``(0, 0)`` when none does). Each turn keeps its own ``meta_info``; a record
+    without ``turns`` (written before conversations were regenerated turn by turn) is one turn."""
+    turns = record.get("turns")
+    parts = turns if isinstance(turns, list) else [record]
+    tokens = verify = 0
+    for part in parts:
+        t, v = _turn_counts(part)
+        tokens, verify = tokens + t, verify + v
+    return tokens, verify
+
+
+def _turn_counts(turn: Mapping[str, Any]) -> tuple[int, int]:
+    meta = turn.get("meta_info")
+    if turn.get("status") != "ok" or not isinstance(meta, Mapping):
         return 0, 0
     verify = meta.get("spec_verify_ct")
     if isinstance(verify, bool) or not isinstance(verify, int) or verify <= 0:
         return 0, 0
-    usage = record.get("usage") or {}
+    usage = turn.get("usage") or {}
     return int(usage.get("completion_tokens") or 0), verify
 
 

@@ -131,7 +131,9 @@ INFO = Gauge(
 class StatsSink(Protocol):
     """Receives the per-sample and per-chunk events (the worker's live-progress counters)."""
 
-    def sample_done(self, job_id: str, ok: bool, tokens: int, spec_tokens: int, verify: int) -> None: ...
+    def sample_done(
+        self, job_id: str, ok: bool, tokens: int, spec_tokens: int, verify: int, *, turns: int = 1
+    ) -> None: ...
 
     def chunk_started(self, job_id: str) -> None: ...
 
@@ -185,7 +187,7 @@ def sample_done(job_id: str, record: Mapping[str, Any]) -> None:
         SPEC_TOKENS.labels(_worker, job_id).inc(spec_tokens)
         SPEC_VERIFY.labels(_worker, job_id).inc(verify)
     if _sink is not None:
-        _sink.sample_done(job_id, ok, tokens, spec_tokens, verify)
+        _sink.sample_done(job_id, ok, tokens, spec_tokens, verify, turns=int(record.get("user_turns") or 1))
 
 
 def on_sample_future(job_id: str) -> Callable[[Future[dict[str, Any]]], None]:

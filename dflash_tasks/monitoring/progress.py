@@ -142,8 +142,22 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
     win_tokens = window_rate(snap.buckets, "tokens", now, started) if not done_all else 0.0
     start_samples = snap.done_samples / elapsed if elapsed else 0.0
     start_tokens = tokens / elapsed if elapsed else 0.0
-    basis, rate = ("last_minute", win_samples) if win_samples > 0 else ("since_start", start_samples)
-    eta = eta_seconds(remaining, rate)
+    # A job with multi-turn conversations is measured in turns (a three-turn conversation costs
+    # three generations): its ETA is the remaining turns at the turn rate.
+    multi_turn = snap.total_turns is not None and snap.total_turns != snap.total_samples
+    total_turns = snap.total_samples if snap.total_turns is None else snap.total_turns
+    done_turns = snap.done_samples if snap.done_turns is None else snap.done_turns
+    remaining_turns = max(0, total_turns - done_turns)
+    win_turns = win_samples
+    if multi_turn and not done_all:
+        win_turns = window_rate(snap.buckets, "turns", now, started)
+    start_turns = done_turns / elapsed if elapsed else 0.0
+    if multi_turn:
+        basis, rate = ("last_minute", win_turns) if win_turns > 0 else ("since_start", start_turns)
+        eta = eta_seconds(remaining_turns, rate)
+    else:
+        basis, rate = ("last_minute", win_samples) if win_samples > 0 else ("since_start", start_samples)
+        eta = eta_seconds(remaining, rate)
     tok_rate = win_tokens if win_tokens > 0 else start_tokens
     eta_tokens = eta_seconds(remaining * avg_tokens, tok_rate) if avg_tokens is not None else None
     if remaining == 0:
@@ -176,6 +190,7 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
         k: v
         for k, v in snap.stats.items()
         if not k.startswith(("samples_", "completion_", "prompt_", "spec_"))
+        and k not in ("turns", "generations")
     }
     return {
         "version": FORMAT_VERSION,
@@ -198,6 +213,12 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
             "remaining": remaining,
             "invalid_lines": snap.invalid_lines,
         },
+        "turns": {
+            "total": total_turns,
+            "done": done_turns,
+            "remaining": remaining_turns,
+            "generated": int(snap.stats.get("generations", 0.0)) or None,
+        },
         "chunks": {
             "total": snap.total_chunks,
             "done": snap.done_chunks,
@@ -215,12 +236,18 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
         "rates": {
             "window_s": WINDOW_SECONDS,
             "samples_per_s": round(win_samples, 3),
+            "turns_per_s": round(win_turns, 3),
             "tokens_per_s": round(win_tokens, 1),
-            "since_start": {"samples_per_s": round(start_samples, 3), "tokens_per_s": round(start_tokens, 1)},
+            "since_start": {
+                "samples_per_s": round(start_samples, 3),
+                "turns_per_s": round(start_turns, 3),
+                "tokens_per_s": round(start_tokens, 1),
+            },
         },
         "eta_s": _round(eta, 0),
         "eta_at_iso": _iso(now + eta) if eta else None,
         "eta_basis": basis if eta else None,
+        "eta_unit": "turns" if multi_turn else "samples",
         "eta_by_tokens_s": _round(eta_tokens, 0),
         "cost": {
             "gpu_hour_usd": snap.gpu_hour_usd or None,

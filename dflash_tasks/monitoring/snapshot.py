@@ -2,7 +2,7 @@
 
 Sources, by trust:
 
-* the store: done chunks (one listing of ``outputs/``) and so done samples; always the truth;
+* the store: done chunks (one listing of ``outputs/``) and so done samples and turns; always the truth;
 * Redis, ``bookkeeping``: live leases (running chunks), the exactly-once counters of stored
   chunks (failed samples, tokens), the job's state and pause reason;
 * Redis, written by workers (:mod:`dflash_tasks.coord.progress_keys`): windowed rates, per-worker
@@ -44,6 +44,8 @@ class Snapshot:
     invalid_lines: int
     done_chunks: int
     done_samples: int
+    total_turns: int | None = None  # generations the job sends; None: one per sample
+    done_turns: int | None = None  # of done chunks; None: one per sample
     running_chunks: int = 0
     queue: str = ""  # the job's model queue
     queue_depth: int | None = None
@@ -95,6 +97,8 @@ def read_snapshot(
         done_chunks=len(done),
         done_samples=sum(manifest.chunk_samples(c) for c in done),
         queue=job_queue,
+        total_turns=manifest.turns,
+        done_turns=None if manifest.turns is None else sum(manifest.turns_of(c) for c in done),
         redis_ok=False,
         gpu_hour_usd=gpu_hour_usd if gpu_hour_usd is not None else default_gpu_hour_usd,
     )

@@ -89,6 +89,15 @@ def render(doc: dict[str, Any]) -> str:
         "",
         f"  samples   {s['done']:,} done ({s['failed']:,} failed) | {s['remaining']:,} left"
         f" | {s['invalid_lines']:,} invalid input lines",
+    ]
+    turns = doc.get("turns") or {}
+    if doc.get("eta_unit") == "turns":
+        generated = f" | {turns['generated']:,} generated" if turns.get("generated") else ""
+        out.append(
+            f"  turns     {turns['done']:,} / {turns['total']:,} done{generated}"
+            f" | {turns['remaining']:,} left (a conversation costs one generation per turn)"
+        )
+    out += [
         f"  chunks    {c['done']:,} done | {c['running']:,} running | {c['pending']:,} pending"
         + (
             f" | queue depth {doc['queue_depth']:,} ({doc.get('queue') or '?'})"
@@ -96,7 +105,8 @@ def render(doc: dict[str, Any]) -> str:
             else ""
         ),
         f"  rate      last {r['window_s']}s: {r['samples_per_s']:,.2f} samples/s"
-        f"  {r['tokens_per_s']:,.0f} tok/s"
+        + (f"  {r['turns_per_s']:,.2f} turns/s" if doc.get("eta_unit") == "turns" else "")
+        + f"  {r['tokens_per_s']:,.0f} tok/s"
         f"  | since start: {r['since_start']['samples_per_s']:,.2f} samples/s"
         f"  {r['since_start']['tokens_per_s']:,.0f} tok/s",
     ]
@@ -108,7 +118,8 @@ def render(doc: dict[str, Any]) -> str:
         )
         eta = f"  ETA       {format_duration(doc['eta_s'])}"
         if doc.get("eta_at_iso"):
-            eta += f" (at {doc['eta_at_iso']}, from the {basis} sample rate)"
+            unit = "turn" if doc.get("eta_unit") == "turns" else "sample"
+            eta += f" (at {doc['eta_at_iso']}, from the {basis} {unit} rate)"
         if doc.get("eta_by_tokens_s") is not None:
             eta += f" | by tokens {format_duration(doc['eta_by_tokens_s'])}"
         out.append(eta)

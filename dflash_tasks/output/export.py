@@ -1,14 +1,21 @@
 """``python -m dflash_tasks.export --output URI --to PATH``: the training set for a drafter trainer.
 
 One row per sample, in input order, each sample once, in the ShareGPT-style layout that
-SpecForge-style EAGLE3/DFlash pipelines read::
+SpecForge-style EAGLE3/DFlash pipelines read; every generated assistant turn carries its reasoning::
 
     {"id": "...", "status": "success",
-     "conversations": [...prompt turns...,
-                       {"role": "assistant", "content": ANSWER, "reasoning_content": REASONING}]}
+     "conversations": [{"role": "system", "content": ..., "reasoning_content": null},
+                       {"role": "user", "content": ..., "reasoning_content": null},
+                       {"role": "assistant", "content": ANSWER_1, "reasoning_content": REASONING_1},
+                       {"role": "user", "content": ..., "reasoning_content": null},
+                       {"role": "assistant", "content": ANSWER_2, "reasoning_content": REASONING_2}]}
 
-Rows whose text leaks ``<think>`` markers are always dropped (their split is unreliable). A
-manifest (``PATH.manifest.json``) records counts, filters, the job spec and checksums.
+By default the file is one the trainer accepts: every row it would reject is left out (failed,
+truncated, empty answer, think markers, missing reasoning where reasoning is expected, and any
+row breaking SpecForge's validator rules, see :mod:`dflash_tasks.output.trainer_rules`). The
+count per reason is printed; ``--keep REASON`` keeps such rows, ``--keep-failed`` failed ones. A
+manifest (``PATH.manifest.json``) records counts, what was left out and why, filters, the job
+spec and checksums; ``PATH.dropped.jsonl`` lists every row left out, with its reason.
 """
 
 from __future__ import annotations
@@ -24,58 +31,133 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_tasks.core.conversation import record_turns
 from dflash_tasks.core.errors import ConfigError, DflashError, StoreError
-from dflash_tasks.core.quality import CHECKS
+from dflash_tasks.core.quality import CHECKS, QualitySettings, check_record
 from dflash_tasks.core.settings import Settings
+from dflash_tasks.output.trainer_rules import REASONS, row_problem
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
 from dflash_tasks.store.records import iter_records
 
 _PARQUET_BATCH = 10_000
 
+#: Quality checks whose rows the trainer rejects (or should never see): left out by default.
+DEFAULT_DROPS = ("think_marker", "truncated", "empty_answer", "no_reasoning", "unexpected_reasoning")
+
+#: Every reason a row can be left out, with what it means (the manifest repeats the ones used).
+WHY: dict[str, str] = {
+    "failed": "generation failed (the record's error says why); keep with --keep-failed",
+    "truncated": "a turn hit max_tokens",
+    "empty_answer": "a turn has no answer after its reasoning",
+    "short": "a turn is shorter than min_completion_tokens (--drop-check short)",
+    "source_answers": "assistant turns copied from the input (turns: last) carry no reasoning",
+    "duplicate": "the sample was seen before (impossible with a sound store)",
+    **REASONS,
+}
+#: Reasons ``--keep`` accepts.
+KEEPABLE = tuple(sorted(set(WHY) - {"failed", "duplicate"}))
+
 
 @dataclass(frozen=True, slots=True)
 class ExportOptions:
-    drop_checks: frozenset[str] = frozenset()
+    drop_checks: frozenset[str] = frozenset()  # checks left out on top of the default ones
     keep_failed: bool = False
+    keep: frozenset[str] = frozenset()  # reasons whose rows are written anyway
 
 
 @dataclass(slots=True)
 class ExportCounts:
     exported: int = 0
     failed_kept: int = 0
+    assistant_turns: int = 0
+    multi_turn: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
+    kept: Counter[str] = field(default_factory=Counter)  # rows written despite a reason, by --keep
+    left_out: list[dict[str, str]] = field(default_factory=list)
 
 
-def to_row(record: dict[str, Any], options: ExportOptions, counts: ExportCounts) -> dict[str, Any] | None:
-    """The export row of one output record, or None when a filter drops it."""
-    checks = set(record.get("checks") or [])
-    turns = [
-        {"role": m["role"], "content": m["content"], "reasoning_content": None} for m in record["messages"]
-    ]
+def conversation(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's conversation: each turn's input, then the model's answer when it has one."""
+    messages: list[dict[str, Any]] = []
+    for turn in record_turns(record):
+        messages += [
+            {"role": m["role"], "content": m["content"], "reasoning_content": None} for m in turn["input"]
+        ]
+        if turn.get("status") == "ok":
+            messages.append(
+                {"role": "assistant", "content": turn["content"], "reasoning_content": turn["reasoning"]}
+            )
+    return messages
+
+
+def to_row(
+    record: dict[str, Any], options: ExportOptions, counts: ExportCounts, thinking: bool = True
+) -> dict[str, Any] | None:
+    """The export row of one output record, or None when it is left out (counted in ``counts``)."""
+    sample_id = str(record["id"])
+    turns = conversation(record)
     if record.get("status") != "ok":
         if not options.keep_failed:
-            counts.dropped["failed"] += 1
-            return None
+            return _leave_out(counts, sample_id, "failed", str(record.get("error") or ""))
         counts.failed_kept += 1
-        return {
-            "id": str(record["id"]),
-            "status": "failed",
-            "conversations": turns,
-            "error": record.get("error"),
-        }
-    for check in ("think_marker", *sorted(options.drop_checks)):
-        if check in checks:
-            counts.dropped[check] += 1
-            return None
-    turns.append(
-        {"role": "assistant", "content": record["content"], "reasoning_content": record["reasoning"]}
-    )
+        return {"id": sample_id, "status": "failed", "conversations": turns, "error": record.get("error")}
+    row: dict[str, Any] = {"id": sample_id, "status": "success", "conversations": turns}
+    copied = _copied_answers(record)
+    generated = sum(1 for m in turns if m["role"] == "assistant") - len(copied)
+    kept: list[str] = []
+    for reason, detail in _reasons(record, row, options, thinking, copied):
+        if reason not in options.keep:
+            return _leave_out(counts, sample_id, reason, detail)
+        kept.append(reason)
+    counts.kept.update(kept)
     counts.exported += 1
-    row: dict[str, Any] = {"id": str(record["id"]), "status": "success", "conversations": turns}
+    counts.assistant_turns += generated + len(copied)
+    counts.multi_turn += generated + len(copied) > 1
     if options.keep_failed:
         row["error"] = None
     return row
+
+
+def _copied_answers(record: dict[str, Any]) -> frozenset[int]:
+    """Indexes (in the exported conversation) of assistant messages copied from the input."""
+    copied: set[int] = set()
+    index = 0
+    for turn in record_turns(record):
+        for message in turn["input"]:
+            if message["role"] == "assistant":
+                copied.add(index)
+            index += 1
+        index += turn.get("status") == "ok"
+    return frozenset(copied)
+
+
+def _reasons(
+    record: dict[str, Any],
+    row: dict[str, Any],
+    options: ExportOptions,
+    thinking: bool,
+    copied: frozenset[int],
+) -> Iterator[tuple[str, str]]:
+    """Why the trainer would reject ``row`` (or ``--drop-check`` leaves it out), most telling first."""
+    checks = set(record.get("checks") or check_record(record, thinking, QualitySettings()))
+    for check in (*DEFAULT_DROPS, *sorted(options.drop_checks)):
+        if check in checks:
+            yield check, ""
+    if thinking and copied:
+        yield "source_answers", f"{len(copied)} assistant turns copied from the input"
+    # Kept source answers are kept as they are: without reasoning.
+    exempt = copied if "source_answers" in options.keep else frozenset()
+    problem = row_problem(row, expect_reasoning=thinking, exempt=exempt)
+    if problem is not None:
+        yield problem.reason, problem.detail
+
+
+def _leave_out(counts: ExportCounts, sample_id: str, reason: str, detail: str) -> dict[str, Any] | None:
+    """Count a row left out; returns None (no row)."""
+    counts.dropped[reason] += 1
+    counts.left_out.append({"id": sample_id, "reason": reason, "detail": detail})
+    return None
 
 
 def write_jsonl(rows: Iterable[dict[str, Any]], path: Path) -> None:
@@ -113,14 +195,15 @@ def export(output: str, to: Path, fmt: str, options: ExportOptions) -> dict[str,
     counts = ExportCounts()
     missing: list[int] = []
     seen: set[str] = set()
+    thinking = job.spec.thinking
 
     def rows() -> Iterator[dict[str, Any]]:
         for record in iter_records(store, manifest, missing):
             if record["id"] in seen:  # impossible with a sound store; never export a sample twice
-                counts.dropped["duplicate"] += 1
+                _leave_out(counts, str(record["id"]), "duplicate", "")
                 continue
             seen.add(record["id"])
-            row = to_row(record, options, counts)
+            row = to_row(record, options, counts, thinking)
             if row is not None:
                 yield row
 
@@ -130,6 +213,11 @@ def export(output: str, to: Path, fmt: str, options: ExportOptions) -> dict[str,
     else:
         write_jsonl(rows(), tmp)
     os.replace(tmp, to)
+    dropped_path = to.with_name(to.name + ".dropped.jsonl")
+    if counts.left_out:
+        write_jsonl(counts.left_out, dropped_path)
+    elif dropped_path.exists():
+        dropped_path.unlink()  # from an earlier export to the same path
     doc = {
         "job_id": job.job_id,
         "source": output,
@@ -139,10 +227,18 @@ def export(output: str, to: Path, fmt: str, options: ExportOptions) -> dict[str,
         "rows": counts.exported + counts.failed_kept,
         "success": counts.exported,
         "failed_kept": counts.failed_kept,
+        "assistant_turns": counts.assistant_turns,
+        "multi_turn_rows": counts.multi_turn,
         "dropped": dict(counts.dropped),
+        "dropped_why": {reason: WHY[reason] for reason in counts.dropped},
+        "dropped_file": dropped_path.name if counts.left_out else None,
+        "kept_despite": dict(counts.kept),
         "filters": {
-            "drop_checks": sorted({"think_marker", *options.drop_checks}),
+            "drop_checks": sorted({*DEFAULT_DROPS, *options.drop_checks} - options.keep),
+            "keep": sorted(options.keep),
             "keep_failed": options.keep_failed,
+            "expect_reasoning": thinking,
+            "strict_think_markers": True,
         },
         "complete": not missing,
         "chunks_missing": len(missing),
@@ -167,33 +263,56 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", required=True, help="the job's output root")
     p.add_argument("--to", required=True, help="the file to write")
     p.add_argument("--format", choices=["jsonl", "parquet"], help="default: from the file name, else jsonl")
-    p.add_argument("--drop-truncated", action="store_true", help="leave out samples that hit max_tokens")
     p.add_argument(
-        "--drop-check", action="append", default=[], metavar="CHECK", help=f"also drop: {', '.join(CHECKS)}"
+        "--drop-check",
+        action="append",
+        default=[],
+        metavar="CHECK",
+        help=f"also leave out rows failing CHECK (e.g. short); one of {', '.join(CHECKS)}",
+    )
+    p.add_argument(
+        "--keep",
+        action="append",
+        default=[],
+        metavar="REASON",
+        help=f"write rows the trainer would reject for REASON anyway; one of {', '.join(KEEPABLE)}",
     )
     p.add_argument(
         "--keep-failed", action="store_true", help="keep failed samples (status 'failed', no answer)"
     )
+    p.add_argument("--drop-truncated", action="store_true", help="(the default now; kept for old scripts)")
     args = p.parse_args(argv)
     to = Path(args.to)
     fmt = args.format or ("parquet" if to.suffix == ".parquet" else "jsonl")
-    drops = set(args.drop_check) | ({"truncated"} if args.drop_truncated else set())
     try:
-        unknown = drops - set(CHECKS)
+        unknown = set(args.drop_check) - set(CHECKS)
         if unknown:
             raise ConfigError(
                 f"--drop-check {sorted(unknown)[0]!r}: not a check (one of {', '.join(CHECKS)})"
             )
-        doc = export(args.output, to, fmt, ExportOptions(frozenset(drops), args.keep_failed))
+        bad_keep = set(args.keep) - set(KEEPABLE)
+        if bad_keep:
+            raise ConfigError(f"--keep {sorted(bad_keep)[0]!r}: not a reason (one of {', '.join(KEEPABLE)})")
+        options = ExportOptions(frozenset(args.drop_check), args.keep_failed, frozenset(args.keep))
+        doc = export(args.output, to, fmt, options)
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    dropped = ", ".join(f"{k} {v:,}" for k, v in doc["dropped"].items()) or "none"
+    multi = f", {doc['multi_turn_rows']:,} multi-turn" if doc["multi_turn_rows"] else ""
     print(
-        f"exported {doc['rows']:,} rows to {to} ({fmt}); dropped: {dropped}"
+        f"exported {doc['rows']:,} rows{multi} ({doc['assistant_turns']:,} assistant turns) to {to} ({fmt})"
         + ("" if doc["complete"] else f"; WARNING: {doc['chunks_missing']} chunks not done yet"),
         file=sys.stderr,
     )
+    if doc["dropped"]:
+        total = sum(doc["dropped"].values())
+        where = doc["dropped_file"]
+        print(f"left out {total:,} rows the trainer would reject (listed in {where}):", file=sys.stderr)
+        for reason, n in sorted(doc["dropped"].items(), key=lambda kv: -kv[1]):
+            print(f"  {reason:<22} {n:>8,}  {WHY[reason]}", file=sys.stderr)
+        print("keep them anyway with --keep REASON (--keep-failed for failed samples)", file=sys.stderr)
+    for reason, n in doc["kept_despite"].items():
+        print(f"kept {n:,} rows despite {reason} (--keep {reason})", file=sys.stderr)
     return 0
 
 

@@ -1,9 +1,10 @@
 """``python -m dflash_tasks.report --output URI``: the quality summary of a job, and a picture.
 
 Prints the share of samples failing each check, the output-token and reasoning-token
-distributions, the per-sample speculative-decoding accept length (where the server reported it)
-and the gate verdict; writes ``report.png`` (histograms of output and reasoning lengths and of the
-per-sample accept length) into the output root, or to ``--png PATH``.
+distributions (per generated turn: a three-turn conversation adds three), the per-sample
+speculative-decoding accept length (where the server reported it) and the gate verdict; writes
+``report.png`` (histograms of output and reasoning lengths per turn and of the per-sample accept
+length) into the output root, or to ``--png PATH``.
 
 Low-acceptance samples are where a drafter has the most to learn: the accept-length histogram and
 its low percentiles show how many there are.
@@ -20,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_tasks.core.conversation import record_turns
 from dflash_tasks.core.distribution import describe, describe_floats
 from dflash_tasks.core.errors import DflashError, StoreError
 from dflash_tasks.core.job import JobDefinition
@@ -40,6 +42,7 @@ class QualityReport:
     samples: int = 0
     ok: int = 0
     failed: int = 0
+    turns: int = 0  # generated turns of the ok samples
     chunks_done: int = 0
     chunks: int = 0
     checks: Counter[str] = field(default_factory=Counter)
@@ -63,6 +66,7 @@ class QualityReport:
             "samples": self.samples,
             "ok": self.ok,
             "failed": self.failed,
+            "turns": self.turns,
             "chunks_done": self.chunks_done,
             "chunks": self.chunks,
             "checks": {c: self.checks[c] for c in CHECKS},
@@ -88,10 +92,12 @@ def build_report(job: JobDefinition, records: Any, chunks_done: int, chunks: int
             report.failed += 1
             continue
         report.ok += 1
-        report.finish_reasons[str(record.get("finish_reason"))] += 1
-        usage = record.get("usage") or {}
-        report.output_tokens.append(int(usage.get("completion_tokens") or 0))
-        report.reasoning_tokens.append(int(usage.get("reasoning_tokens") or 0))
+        for turn in record_turns(record):
+            report.turns += 1
+            report.finish_reasons[str(turn.get("finish_reason"))] += 1
+            usage = turn.get("usage") or {}
+            report.output_tokens.append(int(usage.get("completion_tokens") or 0))
+            report.reasoning_tokens.append(int(usage.get("reasoning_tokens") or 0))
         tokens, verify = spec_counts(record)
         if verify:
             report.accept_lengths.append(tokens / verify)
@@ -106,7 +112,9 @@ def render_text(report: QualityReport) -> str:
     doc = report.as_dict()
     out, rsn = doc["output_tokens"], doc["reasoning_tokens"]
     lines = [
-        f"job {report.job_id}: {report.samples:,} samples ({report.ok:,} ok, {report.failed:,} failed), "
+        f"job {report.job_id}: {report.samples:,} samples ({report.ok:,} ok, {report.failed:,} failed"
+        + (f"; {report.turns:,} turns" if report.turns != report.ok else "")
+        + "), "
         f"chunks {report.chunks_done:,}/{report.chunks:,}, thinking {'on' if report.thinking else 'off'}",
         f"  output tokens     mean {out['mean']:,.0f}  p10 {out['p10']:,}  p50 {out['p50']:,}  "
         f"p90 {out['p90']:,}  max {out['max']:,}",
@@ -144,8 +152,8 @@ def render_png(report: QualityReport) -> bytes:
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4), dpi=100)
     panels: list[tuple[Any, list[int] | list[float], str, str, str]] = [
-        (axes[0], report.output_tokens, "output tokens per sample", "tokens", "tab:blue"),
-        (axes[1], report.reasoning_tokens, "reasoning tokens per sample", "tokens", "tab:orange"),
+        (axes[0], report.output_tokens, "output tokens per turn", "tokens", "tab:blue"),
+        (axes[1], report.reasoning_tokens, "reasoning tokens per turn", "tokens", "tab:orange"),
         (
             axes[2],
             report.accept_lengths,
@@ -163,7 +171,7 @@ def render_png(report: QualityReport) -> bytes:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("samples")
+        ax.set_ylabel("turns" if ax is not axes[2] else "samples")
     overall = report.overall_accept_length
     if overall is not None:
         axes[2].axvline(overall, color="tab:red", linewidth=1, label="Σ tokens / Σ verify passes")

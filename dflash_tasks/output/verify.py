@@ -2,6 +2,9 @@
 
 Exit status 0 only when every valid input sample appears exactly once (ok or failed), nothing
 else is in the output, and every invalid line is reported: ``ok + failed + invalid == lines``.
+Turns are accounted too: each record holds one answered turn per request sent for its sample,
+as many as its user turns (fewer only when its last turn failed or was truncated, which ended the
+conversation), and never a hole.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dflash_tasks.core.conversation import can_continue, count_turns, record_turns
 from dflash_tasks.core.errors import CorruptObject, DflashError
 from dflash_tasks.core.job import OUTPUTS_PREFIX, parse_chunk_key
 from dflash_tasks.core.settings import Settings
@@ -36,6 +40,10 @@ class Verification:
     duplicated: int = 0
     unexpected: int = 0
     corrupted: int = 0
+    turns_expected: int = 0  # user turns of the valid input samples (requests a full run sends)
+    turns_generated: int = 0  # turns recorded: one request each
+    turns_not_sent: int = 0  # turns of conversations that ended early (a failed or truncated turn)
+    turn_mismatches: int = 0  # records whose turns do not match their input sample
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -51,15 +59,17 @@ class Verification:
 def verify(input_path: str, store: Store) -> Verification:
     """Account for every line of ``input_path`` in ``store``."""
     result = Verification()
-    expected: dict[str, int] = {}
+    job, manifest = load_job(store), load_manifest(store)
+    mode = job.spec.turns if job is not None else "all"
+    expected: dict[str, int] = {}  # sample id -> its user turns
     for item in read_input(input_path):
         result.lines = max(result.lines, item.line)
         if isinstance(item, InvalidLine):
             result.invalid += 1
         else:
-            expected[item.id] = item.line
+            expected[item.id] = count_turns(item.messages, mode)
     result.valid = len(expected)
-    job, manifest = load_job(store), load_manifest(store)
+    result.turns_expected = sum(expected.values())
     if job is None or manifest is None:
         result.problems.append(f"{store.uri} holds no staged job (run enqueue first)")
         result.missing = result.valid
@@ -87,6 +97,7 @@ def verify(input_path: str, store: Store) -> Verification:
                 result.problems.append(f"{key}:{number}: not a valid output record")
                 continue
             seen[sample_id] += 1
+            _account_turns(result, record, expected.get(sample_id), f"{key}:{number}")
             if record.get("status") == "ok":
                 result.ok += 1
             else:
@@ -96,6 +107,26 @@ def verify(input_path: str, store: Store) -> Verification:
     result.unexpected = sum(n for sample_id, n in seen.items() if sample_id not in expected)
     _judge(result, manifest.invalid)
     return result
+
+
+def _account_turns(r: Verification, record: dict[str, Any], wanted: int | None, where: str) -> None:
+    """Count a record's turns; a record must have every turn up to the one that ended it."""
+    turns = record_turns(record)
+    r.turns_generated += len(turns)
+    if wanted is None:
+        return
+    ended_early = len(turns) < wanted and bool(turns) and not can_continue(turns[-1])
+    whole = len(turns) == wanted or ended_early
+    no_hole = all(can_continue(t) for t in turns[:-1])
+    if whole and no_hole:
+        r.turns_not_sent += wanted - len(turns)
+        return
+    r.turn_mismatches += 1
+    if r.turn_mismatches <= 5:
+        r.problems.append(
+            f"{where}: sample {record.get('id')!r} has {len(turns)} turns recorded for {wanted} user turns"
+            + ("" if no_hole else ", with an unfinished turn before its last")
+        )
 
 
 def _judge(r: Verification, staged_invalid: int) -> None:
@@ -112,6 +143,8 @@ def _judge(r: Verification, staged_invalid: int) -> None:
             f"{r.invalid} invalid input lines, but {r.invalid_reported} reported in invalid.jsonl "
             f"and {staged_invalid} in the manifest"
         )
+    if r.turn_mismatches > 5:
+        r.problems.append(f"{r.turn_mismatches} records in all have turns that do not match their input")
     if not r.problems and r.ok + r.failed + r.invalid != r.lines:
         r.problems.append(f"ok {r.ok} + failed {r.failed} + invalid {r.invalid} != {r.lines} input lines")
 
@@ -142,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{result.invalid:,} invalid; chunks {result.chunks_done:,}/{result.chunks:,}; "
             f"missing {result.missing:,}, duplicated {result.duplicated:,}"
             + (f", corrupted {result.corrupted:,}" if result.corrupted else "")
+            + f"\n      turns: {result.turns_generated:,} generated of {result.turns_expected:,} user turns"
+            f" ({result.turns_not_sent:,} not sent: their conversation ended at a failed or truncated turn)"
         )
         for problem in result.problems:
             print(f"  - {problem}")

@@ -24,7 +24,15 @@ from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.planner import Plan, plan_job, queue_missing
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import ConfigError, DflashError
-from dflash_tasks.core.job import JOB_KEY, GenerationSpec, JobDefinition, Manifest, check_same_job, output_key
+from dflash_tasks.core.job import (
+    JOB_KEY,
+    TURNS_MODES,
+    GenerationSpec,
+    JobDefinition,
+    Manifest,
+    check_same_job,
+    output_key,
+)
 from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.quality import CHECKS, QualitySettings
 from dflash_tasks.core.settings import Settings
@@ -64,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=20)
     p.add_argument("--no-thinking", action="store_true", help="generate without thinking mode")
     p.add_argument("--chunk-size", type=int, default=64, help="prompts per task (default 64)")
+    p.add_argument(
+        "--turns",
+        choices=TURNS_MODES,
+        default="all",
+        help="all (default): regenerate every assistant turn in order from the model's own answers; "
+        "last: send the source's history as is and regenerate the last turn only",
+    )
     p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
     p.add_argument("--queue", help="base queue name; chunks go to <base>.<model key> [DFLASH_QUEUE]")
     p.add_argument("--wait", action="store_true", help="show a progress bar until the job is finished")
@@ -112,6 +127,7 @@ def spec_from_args(args: argparse.Namespace) -> GenerationSpec:
         top_k=args.top_k,
         thinking=not args.no_thinking,
         chunk_size=args.chunk_size,
+        turns=args.turns,
     )
 
 
@@ -146,6 +162,7 @@ class EnqueueResult:
             "output": self.output,
             "lines": self.manifest.lines,
             "samples": self.manifest.samples,
+            "turns": self.manifest.total_turns,
             "invalid": self.manifest.invalid,
             "chunks": self.manifest.chunks,
             "chunks_done": len(self.plan.done),
@@ -186,7 +203,7 @@ def enqueue(args: argparse.Namespace, settings: Settings) -> EnqueueResult:
     job, store, existing, manifest = prepare(args, settings)
     if args.dry_run:
         if manifest is None:
-            report = stage_input(args.input, None, job.job_id, job.spec.chunk_size)
+            report = stage_input(args.input, None, job.job_id, job.spec.chunk_size, job.spec.turns)
             manifest = report.manifest
             if report.invalid:
                 print(summarize_invalid(report.invalid), file=sys.stderr)
@@ -199,7 +216,7 @@ def enqueue(args: argparse.Namespace, settings: Settings) -> EnqueueResult:
     if existing is None:
         store.write(JOB_KEY, job.to_json())
     if manifest is None:
-        report = stage_input(args.input, store, job.job_id, job.spec.chunk_size)
+        report = stage_input(args.input, store, job.job_id, job.spec.chunk_size, job.spec.turns)
         manifest = report.manifest
         if report.invalid:
             print(summarize_invalid(report.invalid), file=sys.stderr)
@@ -252,7 +269,7 @@ def run_preflight(
             f"with queue {settings.queue!r}?"
         )
     workers = len(app.control.inspect(timeout=1.0).ping() or {}) or 1
-    done = sum(manifest.chunk_samples(c) for c in done_chunks(store) if c < manifest.chunks)
+    done = [c for c in done_chunks(store) if c < manifest.chunks]
     report = judge(
         store,
         done_sample,
@@ -260,8 +277,9 @@ def run_preflight(
         time.monotonic() - started,
         slots=workers * settings.max_inflight,
         workers=workers,
-        remaining=manifest.samples - done,
+        remaining=manifest.total_turns - sum(manifest.turns_of(c) for c in done),
         gpu_hour_usd=args.gpu_hour_usd or settings.gpu_hour_usd,
+        remaining_samples=manifest.samples - sum(manifest.chunk_samples(c) for c in done),
     )
     print(report.render(), file=sys.stderr)
     if report.passed:
@@ -378,8 +396,9 @@ def print_summary(result: EnqueueResult, dry_run: bool) -> None:
     s = result.summary()
     verb = "would queue" if dry_run else "queued"
     count = len(result.plan.to_enqueue) if dry_run else s["chunks_enqueued"]
+    turns = f" ({s['turns']:,} turns)" if s["turns"] != s["samples"] else ""
     print(
-        f"job {s['job_id']} at {s['output']}: {s['samples']:,} samples in {s['chunks']:,} chunks "
+        f"job {s['job_id']} at {s['output']}: {s['samples']:,} samples{turns} in {s['chunks']:,} chunks "
         f"({s['invalid']:,} invalid lines kept out)\n"
         f"  done {s['chunks_done']:,} | running {s['chunks_running']:,} | already queued "
         f"{s['chunks_queued_before']:,} | {verb} {count:,}",

@@ -3,6 +3,9 @@
 Its chunks are ordinary chunks of the job, so their samples count toward the dataset and are
 never generated twice. A failed preflight pauses the job, deletes the sample's outputs (they are
 bad data) and exits non-zero with the likely cause.
+
+Projections count generations: a three-turn conversation costs three requests, so the rate is
+measured per turn (its latency and tokens) and applied to the turns left in the job.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dflash_tasks.core.conversation import record_turns, record_user_turns
 from dflash_tasks.core.distribution import describe
 from dflash_tasks.core.job import Manifest, output_key
 from dflash_tasks.core.quality import CHECKS, GateFailure, QualitySettings, count_checks, evaluate_gates
@@ -25,12 +29,24 @@ PREFLIGHT_KEY = "preflight.json"
 
 
 def preflight_chunks(manifest: Manifest, samples: int) -> list[int]:
-    """Chunks covering about ``samples`` prompts, spread evenly over the input."""
+    """Chunks covering about ``samples`` prompts, spread evenly over the input.
+
+    When the job has multi-turn conversations and none of those chunks holds one, the chunk with
+    the most turns per sample is added: the sample must show what multi-turn generation costs.
+    """
     wanted = max(1, -(-samples // manifest.chunk_size))
     if wanted >= manifest.chunks:
         return list(range(manifest.chunks))
     step = (manifest.chunks - 1) / (wanted - 1) if wanted > 1 else 0
-    return sorted({round(i * step) for i in range(wanted)})
+    chosen = {round(i * step) for i in range(wanted)}
+    if manifest.chunk_turns is not None:
+
+        def extra_turns(c: int) -> float:
+            return manifest.turns_of(c) / manifest.chunk_samples(c)
+
+        if all(manifest.turns_of(c) == manifest.chunk_samples(c) for c in chosen):
+            chosen.add(max(range(manifest.chunks), key=extra_turns))
+    return sorted(chosen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,21 +55,24 @@ class PreflightReport:
 
     samples: int
     seconds: float
-    output_tokens: list[int]
+    output_tokens: list[int]  # per generated turn
     counts: dict[str, int]
     failures: list[GateFailure]
-    mean_latency: float
+    mean_latency: float  # per request (one turn)
     slots: int
-    remaining: int
+    remaining: int  # turns (generations) left in the job after the preflight
     gpu_hour_usd: float
     workers: int
+    turns: int = 0  # requests the preflight sample sent
+    multi_turn: int = 0  # samples with more than one turn
+    remaining_samples: int | None = None
 
     @property
     def passed(self) -> bool:
         return not self.failures
 
     def projected_rate(self) -> float:
-        """Samples/s of the full run: every slot busy at the measured per-request latency."""
+        """Turns (requests)/s of the full run: every slot busy at the measured per-request latency."""
         return self.slots / self.mean_latency if self.mean_latency > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -61,6 +80,8 @@ class PreflightReport:
         eta = self.remaining / rate if rate > 0 else None
         return {
             "samples": self.samples,
+            "turns": self.turns,
+            "multi_turn_samples": self.multi_turn,
             "seconds": round(self.seconds, 1),
             "passed": self.passed,
             "checks": self.counts,
@@ -69,7 +90,9 @@ class PreflightReport:
             ],
             "output_tokens": describe(self.output_tokens),
             "mean_latency_s": round(self.mean_latency, 2),
-            "projected_samples_per_s": round(rate, 3),
+            "projected_turns_per_s": round(rate, 3),
+            "remaining_turns": self.remaining,
+            "remaining_samples": self.remaining_samples,
             "projected_eta_s": None if eta is None else round(eta),
             "projected_cost_usd": None
             if eta is None
@@ -81,8 +104,13 @@ class PreflightReport:
         doc = self.to_dict()
         dist = doc["output_tokens"]
         share = {check: self.counts.get(check, 0) / self.samples for check in CHECKS} if self.samples else {}
+        turns = (
+            f" ({self.turns} turns generated, {self.multi_turn} multi-turn conversations)"
+            if self.turns != self.samples
+            else ""
+        )
         lines = [
-            f"preflight: {self.samples} samples in {format_duration(self.seconds)}",
+            f"preflight: {self.samples} samples{turns} in {format_duration(self.seconds)}",
             f"  output tokens  mean {dist['mean']:,.0f}  p10 {dist['p10']:,}  p50 {dist['p50']:,}  "
             f"p90 {dist['p90']:,}  max {dist['max']:,}",
             "  " + "  ".join(f"{check} {share.get(check, 0.0):.1%}" for check in CHECKS),
@@ -92,9 +120,14 @@ class PreflightReport:
             eta = self.remaining / rate
             cost = eta / 3600 * self.workers * self.gpu_hour_usd
             per_worker = self.slots // max(self.workers, 1)
+            multi = self.turns != self.samples or self.remaining_samples not in (None, self.remaining)
+            unit = "turns" if multi else "samples"
+            left = f"{self.remaining:,} {unit}"
+            if multi and self.remaining_samples is not None:
+                left += f" ({self.remaining_samples:,} samples)"
             lines.append(
-                f"  projected: {rate:,.2f} samples/s with {self.workers} workers x {per_worker}"
-                f" in flight, ETA {format_duration(eta)} for {self.remaining:,} samples"
+                f"  projected: {rate:,.2f} {unit}/s with {self.workers} workers x {per_worker}"
+                f" in flight, ETA {format_duration(eta)} for {left}"
                 + (f", ~${cost:,.0f}" if self.gpu_hour_usd > 0 else "")
             )
         if self.failures:
@@ -114,8 +147,9 @@ def judge(
     workers: int,
     remaining: int,
     gpu_hour_usd: float,
+    remaining_samples: int | None = None,
 ) -> PreflightReport:
-    """Read the preflight chunks' records and apply the gates."""
+    """Read the preflight chunks' records and apply the gates; ``remaining`` counts turns."""
     records = [
         json.loads(line)
         for chunk in chunks
@@ -123,12 +157,13 @@ def judge(
         if line.strip()
     ]
     total, counts = count_checks(records)
-    ok = [r for r in records if r.get("status") == "ok"]
-    latencies = [float(r.get("latency_s") or 0.0) for r in ok]
+    turns = [t for r in records for t in record_turns(r)]
+    ok = [t for t in turns if t.get("status") == "ok"]
+    latencies = [float(t.get("latency_s") or 0.0) for t in ok]
     return PreflightReport(
         samples=total,
         seconds=seconds,
-        output_tokens=sorted(int(r["usage"]["completion_tokens"]) for r in ok),
+        output_tokens=sorted(int((t.get("usage") or {}).get("completion_tokens") or 0) for t in ok),
         counts=dict(counts),
         failures=evaluate_gates(total, counts, settings),
         mean_latency=statistics.fmean(latencies) if latencies else 0.0,
@@ -136,6 +171,9 @@ def judge(
         remaining=remaining,
         gpu_hour_usd=gpu_hour_usd,
         workers=workers,
+        turns=len(turns),
+        multi_turn=sum(1 for r in records if record_user_turns(r) > 1),
+        remaining_samples=remaining_samples,
     )
 
 

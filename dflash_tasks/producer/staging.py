@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from dflash_tasks.core.conversation import blank_answers, count_turns
 from dflash_tasks.core.job import INVALID_KEY, MANIFEST_KEY, Manifest, input_key
 from dflash_tasks.core.sample import Sample, encode_chunk
 from dflash_tasks.producer.inputs import InvalidLine, read_input
@@ -50,20 +51,28 @@ def chunked(
         yield batch
 
 
-def stage_input(path: str | Path, store: Store | None, job_id: str, chunk_size: int) -> StagingReport:
+def stage_input(
+    path: str | Path, store: Store | None, job_id: str, chunk_size: int, turns: str = "all"
+) -> StagingReport:
     """Read ``path``, write chunk inputs, ``invalid.jsonl`` and the manifest to ``store``.
 
+    ``turns`` is the job's turns mode: with ``all`` the source's old answers are staged blank
+    (they only mark where turns end), and the manifest counts each chunk's turns.
     With ``store=None`` nothing is written (a dry run): only the counts are computed.
     """
     invalid: list[InvalidLine] = []
     samples = lines = chunks = 0
+    chunk_turns: list[int] = []
     with _Writer(store, WRITERS) as writer:
         for index, batch in enumerate(chunked(read_input(path), chunk_size, invalid.append)):
+            if turns == "all":
+                batch = [Sample(s.id, blank_answers(s.messages), s.line) for s in batch]
             if store is not None:
                 writer.write(input_key(index), encode_chunk(batch))
             samples += len(batch)
             chunks = index + 1
             lines = max(lines, batch[-1].line)
+            chunk_turns.append(sum(count_turns(s.messages, turns) for s in batch))
     # Every chunk file is stored (each write is atomic and durable) before the manifest says so.
     lines = max([lines, *(bad.line for bad in invalid[-1:])])
     manifest = Manifest(
@@ -73,6 +82,9 @@ def stage_input(path: str | Path, store: Store | None, job_id: str, chunk_size: 
         invalid=len(invalid),
         chunk_size=chunk_size,
         chunks=chunks,
+        # Only a job with multi-turn conversations counts its turns apart from its samples.
+        turns=sum(chunk_turns) if sum(chunk_turns) != samples else None,
+        chunk_turns=chunk_turns if sum(chunk_turns) != samples else None,
     )
     if store is not None:
         store.write(INVALID_KEY, b"".join(_invalid_line(bad) for bad in invalid))

@@ -18,6 +18,8 @@ Simulator-only endpoints:
   ``GET /sim/faults`` lists the active ones.
 * ``GET /sim/stats`` (counters, live counts, peak and time-weighted mean running, occupancy) and
   ``POST /sim/stats/reset``.
+* ``--record-requests PATH`` appends every chat request body to a JSONL file
+  (:mod:`dflash_tasks.sim.recorder`), so tests can check exactly what a client sent.
 
 Run it as ``python -m dflash_tasks.sim --port 30000`` (prints ``SIM READY http://HOST:PORT``) or
 in-process::

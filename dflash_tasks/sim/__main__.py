@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
         help=f"inject a fault at startup (repeatable); kinds: {', '.join(sorted(FAULT_KINDS))}",
     )
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    p.add_argument(
+        "--record-requests", metavar="PATH", help="append every chat request body to PATH (JSONL), for tests"
+    )
     return p
 
 

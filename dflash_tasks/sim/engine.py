@@ -24,6 +24,7 @@ from dflash_tasks.sim.protocol import (
     queue_full_error,
     verify_passes,
 )
+from dflash_tasks.sim.recorder import RequestRecorder
 from dflash_tasks.sim.scheduler import QueueFull, SlotScheduler, Stopped
 from dflash_tasks.sim.textgen import (
     Plan,
@@ -78,12 +79,15 @@ class SimEngine:
         self._spec_pending = [0, 0]  # tokens, verify passes
         self._spec_total = [0, 0]
         self._spec_last: float | None = None  # the accept length of the last completed interval
+        self.recorder = RequestRecorder(config.record_requests) if config.record_requests else None
 
     # ----------------------------------------------------------------- lifecycle and health
     def stop(self) -> None:
         """Wake every sleeping or waiting request; they end without an answer."""
         self._stopping.set()
         self.scheduler.stop()
+        if self.recorder is not None:
+            self.recorder.close()
 
     def http_up(self) -> None:
         """HTTP is listening: the warmup (``--startup-seconds``) starts now."""
@@ -184,6 +188,8 @@ class SimEngine:
         are served as soon as HTTP is up, during the warmup too.
         """
         self._count(requests_total=1)
+        if self.recorder is not None:
+            self.recorder.record(raw)
         fault = self.faults.take_chat()
         if fault is not None:
             self._count(faults_injected=1)

@@ -39,6 +39,7 @@ CHANGED: dict[str, Any] = {
     "top_k": 40,
     "thinking": False,
     "chunk_size": 32,
+    "turns": "last",
 }
 
 
@@ -70,7 +71,26 @@ def test_job_id_is_stable_and_short_hex() -> None:
 
 def test_job_id_pinned_value() -> None:
     # A change here silently orphans every existing output root: it must be deliberate.
-    assert JobDefinition.create(FP, "x", SPEC).job_id == "fb46d04a1e5f431d"
+    assert JobDefinition.create(FP, "x", SPEC).job_id == "381ac05ebeb77ed7"
+    # Jobs made before the turns field generated the last turn only: with turns "last" they keep
+    # their ids (the field is not part of the identity then).
+    assert JobDefinition.create(FP, "x", dataclasses.replace(SPEC, turns="last")).job_id == "fb46d04a1e5f431d"
+
+
+def test_a_job_json_from_before_the_turns_field_is_a_last_turn_job_with_its_old_id() -> None:
+    doc = json.loads(JobDefinition.create(FP, "x", SPEC).to_json())
+    del doc["spec"]["turns"]
+    doc["job_id"] = "fb46d04a1e5f431d"
+    old = JobDefinition.from_json(json.dumps(doc).encode(), "job.json")
+    assert old.spec.turns == "last"
+    check_same_job(old, JobDefinition.create(FP, "x", dataclasses.replace(SPEC, turns="last")), "/out")
+    with pytest.raises(JobMismatch, match="turns: the output has 'last', this run asks for 'all'"):
+        check_same_job(old, JobDefinition.create(FP, "x", SPEC), "/out")
+
+
+def test_turns_must_be_all_or_last() -> None:
+    with pytest.raises(ValueError, match="turns must be one of all, last, got 'some'"):
+        GenerationSpec("m", turns="some")
 
 
 @pytest.mark.parametrize("field", sorted(CHANGED))
@@ -223,14 +243,25 @@ def test_chunk_samples_exact_multiple_and_single_chunk() -> None:
 def test_manifest_round_trip_and_errors() -> None:
     m = Manifest("j", lines=3, samples=2, invalid=1, chunk_size=64, chunks=1)
     assert Manifest.from_json(m.to_json(), "m") == m
-    assert json.loads(m.to_json()) == dataclasses.asdict(m)
+    assert json.loads(m.to_json()) == {k: v for k, v in dataclasses.asdict(m).items() if v is not None}
+    assert m.total_turns == 2 and m.turns_of(0) == 2  # single-turn: a turn per sample
     for bad in (
         b"nope",
         b'{"job_id": "j"}',
         b'{"job_id": "j", "lines": 1, "samples": 1, "invalid": 0, "chunk_size": 1, "chunks": 1, "extra": 2}',
+        b'{"job_id": "j", "lines": 1, "samples": 1, "invalid": 0, "chunk_size": 1, "chunks": 1, '
+        b'"turns": 3, "chunk_turns": [1, 2]}',
     ):
         with pytest.raises(StoreError, match="where is not a valid dflash manifest"):
             Manifest.from_json(bad, "where")
+
+
+def test_manifest_of_a_multi_turn_job_counts_turns_per_chunk() -> None:
+    m = Manifest("j", lines=5, samples=5, invalid=0, chunk_size=2, chunks=3, turns=9, chunk_turns=[3, 5, 1])
+    assert m.total_turns == 9 and [m.turns_of(c) for c in range(3)] == [3, 5, 1]
+    text = m.to_json().decode()
+    assert '"chunk_turns": [3, 5, 1]' in text  # one line, not one per chunk
+    assert Manifest.from_json(m.to_json(), "m") == m
 
 
 # -- chunk keys ----------------------------------------------------------------------------------------

@@ -127,3 +127,25 @@ def test_preflight_chunks_are_spread_over_the_input(
         job_id="j", lines=chunks * size, samples=chunks * size, invalid=0, chunk_size=size, chunks=chunks
     )
     assert preflight_chunks(manifest, samples) == expected
+
+
+def test_checks_run_per_turn_and_the_record_carries_their_union() -> None:
+    from dflash_tasks.core.quality import check_turns
+
+    turns = [record(), record(finish_reason="length"), record(reasoning="", content="<THINK> 42")]
+    rec: dict[str, Any] = {"status": "ok", "turns": turns}
+    assert check_turns(rec, thinking=True, settings=SETTINGS) == ["no_reasoning", "think_marker", "truncated"]
+    assert [t["checks"] for t in turns] == [[], ["truncated"], ["no_reasoning", "think_marker"]]
+    failed: dict[str, Any] = {"status": "failed", "turns": [record(), {"status": "failed", "error": "400"}]}
+    assert check_turns(failed, thinking=True, settings=SETTINGS) == ["failed"]
+    assert failed["turns"][0]["checks"] == [] and failed["turns"][1]["checks"] == ["failed"]
+
+
+def test_preflight_adds_a_multi_turn_chunk_when_the_spread_misses_them() -> None:
+    turns = [64] * 100
+    turns[50] = 150  # the only chunk with conversations of several turns
+    manifest = Manifest("j", 6400, 6400, 0, 64, 100, turns=sum(turns), chunk_turns=turns)
+    assert preflight_chunks(manifest, 200) == [0, 33, 50, 66, 99]
+    turns[33] = 100  # the spread already holds one: nothing added
+    manifest = Manifest("j", 6400, 6400, 0, 64, 100, turns=sum(turns), chunk_turns=turns)
+    assert preflight_chunks(manifest, 200) == [0, 33, 66, 99]

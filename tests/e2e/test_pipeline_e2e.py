@@ -55,11 +55,14 @@ def test_multi_worker_job_with_bad_lines_then_rerun_enqueues_nothing(
     assert len({r["id"] for r in records}) == len(records) == 1100 - bad
     assert {r["worker"].split("@")[0] for r in records} == {"gpu0", "gpu1", "gpu2"}
     first = next(r for r in records if r["finish_reason"] == "stop")
-    assert first["reasoning"] and first["content"] and first["status"] == "ok"
-    assert first["reasoning"] == first["reasoning"].strip() and first["content"] == first["content"].strip()
+    (turn,) = first["turns"]
+    assert turn["reasoning"] and turn["content"] and first["status"] == turn["status"] == "ok"
+    assert turn["reasoning"] == turn["reasoning"].strip() and turn["content"] == turn["content"].strip()
     assert first["usage"]["completion_tokens"] > 0 and first["sampling"]["enable_thinking"] is True
     shared = next(r for r in records if r["id"] == "1")  # ShareGPT with an old assistant turn
-    assert shared["messages"] == [{"role": "user", "content": "Question 1: what is 1 * 7?"}]
+    assert [t["input"] for t in shared["turns"]] == [
+        [{"role": "user", "content": "Question 1: what is 1 * 7?"}]
+    ]
 
     again = procs.run(
         "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--chunk-size", "32", "--json")
@@ -212,8 +215,9 @@ def test_job_against_a_loading_server_with_an_api_key(procs: Processes, tmp_path
         == {"model_path": "/models/Qwen3-8B", "served_model_name": "qwen3-8b", "version": "0.5.23"}
         for r in records
     )
-    assert all(r["meta_info"]["spec_verify_ct"] > 0 for r in records)
-    assert all(r["meta_info"]["spec_accept_length"] >= 1 for r in records)
+    turns = [t for r in records for t in r["turns"]]
+    assert all(t["meta_info"]["spec_verify_ct"] > 0 for t in turns)
+    assert all(t["meta_info"]["spec_accept_length"] >= 1 for t in turns)
     log = (tmp_path / "gpu0.log").read_text()
     assert "cannot read the server's model" in log  # asked at start, while the port refused
     assert "server serves model 'qwen3-8b' (/models/Qwen3-8B) (SGLang 0.5.23)" in log

@@ -422,3 +422,35 @@ def test_worker_recent_accept_length_covers_the_last_minute(bk: Bookkeeping) -> 
     stats.sample_done("j", ok=True, tokens=70, now=NOW - 1)  # no speculative stats: not counted
     assert stats.recent_accept_length(now=NOW) == pytest.approx(390 / 180)
     assert stats.recent_accept_length(now=NOW + 60) is None
+
+
+def test_a_multi_turn_job_is_measured_in_turns() -> None:
+    """300 samples of 3 turns = 900 generations; 300 turns done, 2 turns/s: 5 minutes left, not 1,000 s."""
+    per, beats = live_workers(1, NOW)
+    start, end = window_bounds(NOW)
+    buckets = {
+        b: {"samples": 0.6 * BUCKET_SECONDS, "turns": 2.0 * BUCKET_SECONDS} for b in range(start, end, 5)
+    }
+    snap = snapshot(
+        total_samples=300,
+        total_chunks=30,
+        done_chunks=10,
+        done_samples=100,
+        total_turns=900,
+        done_turns=300,
+        buckets=buckets,
+        stats={"samples_ok": 100.0, "generations": 290.0, "completion_tokens": 1000.0},
+        job={"started_at": str(NOW - HOUR), "gpu_tick": str(NOW), "gpu_seconds": "0"},
+        per_worker=per,
+        workers=beats,
+        gpu_hour_usd=3.6,
+    )
+    doc = summarize(snap, NOW)
+    assert doc["turns"] == {"total": 900, "done": 300, "remaining": 600, "generated": 290}
+    assert doc["eta_unit"] == "turns" and doc["rates"]["turns_per_s"] == pytest.approx(2.0)
+    assert doc["eta_s"] == pytest.approx(300) and doc["cost"]["projected_total_usd"] == pytest.approx(0.3)
+    text = render(doc)
+    assert "turns     300 / 900 done | 290 generated | 600 left" in text and "2.00 turns/s" in text
+    assert "from the last-minute turn rate" in text
+    single = summarize(snapshot(done_samples=500, done_chunks=5, job={"started_at": str(NOW - 1000)}), NOW)
+    assert single["eta_unit"] == "samples" and single["turns"]["total"] == 1000  # a turn per sample

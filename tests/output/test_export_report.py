@@ -65,7 +65,7 @@ def test_export_rows_are_in_input_order_with_the_trainer_layout(job_dir: Path, t
     out = tmp_path / "train.jsonl"
     doc = export(str(job_dir), out, "jsonl", ExportOptions())
     rows = read_jsonl(out)
-    assert [r["id"] for r in rows] == ["s0", "s1", "s4", "s5"]
+    assert [r["id"] for r in rows] == ["s0", "s4", "s5"]  # s1 is truncated: left out by default
     assert rows[0] == {
         "id": "s0",
         "status": "success",
@@ -75,7 +75,14 @@ def test_export_rows_are_in_input_order_with_the_trainer_layout(job_dir: Path, t
             {"role": "assistant", "content": "answer 0", "reasoning_content": "thinking about q0"},
         ],
     }
-    assert doc["dropped"] == {"failed": 1, "think_marker": 1} and doc["rows"] == 4
+    assert doc["dropped"] == {"failed": 1, "truncated": 1, "think_marker": 1} and doc["rows"] == 3
+    left_out = read_jsonl(tmp_path / "train.jsonl.dropped.jsonl")
+    assert [(r["id"], r["reason"]) for r in left_out] == [
+        ("s1", "truncated"),
+        ("s2", "failed"),
+        ("s3", "think_marker"),
+    ]
+    assert doc["dropped_file"] == "train.jsonl.dropped.jsonl" and doc["dropped_why"]["truncated"]
     assert doc["complete"] is False and doc["chunks_missing"] == 1
     assert doc["sha256"].startswith("sha256:") and doc["spec"]["spec"]["model"] == "m"
     assert json.loads((tmp_path / "train.jsonl.manifest.json").read_text()) == doc
@@ -119,6 +126,13 @@ def test_real_job_exports_loadable_by_datasets_and_reports_with_a_picture(
     verify_ok(procs, inp, out)
     records = read_records(out)
     ok_ids = [r["id"] for r in sorted(records, key=lambda r: r["line"]) if r["status"] == "ok"]
+    rejected = {"truncated", "empty_answer", "think_marker", "no_reasoning"}
+    accepted = [
+        r["id"]
+        for r in sorted(records, key=lambda r: r["line"])
+        if r["status"] == "ok" and not rejected & set(r["checks"])
+    ]
+    assert 0 < len(accepted) < len(ok_ids) == 146  # the simulator truncates some at max_tokens
 
     for fmt in ("jsonl", "parquet"):
         target = tmp_path / f"train.{fmt}"
@@ -127,13 +141,14 @@ def test_real_job_exports_loadable_by_datasets_and_reports_with_a_picture(
         loaded = datasets.load_dataset(
             "json" if fmt == "jsonl" else "parquet", data_files=str(target), split="train"
         )
-        assert loaded["id"] == ok_ids and len(set(loaded["id"])) == len(ok_ids) == 146
+        assert loaded["id"] == accepted and len(set(loaded["id"])) == len(accepted)
         row = loaded[0]
         assert row["status"] == "success" and row["conversations"][-1]["role"] == "assistant"
-        source = next(r for r in records if r["id"] == row["id"])
-        assert row["conversations"][-1]["content"] == source["content"]
-        assert row["conversations"][-1]["reasoning_content"] == source["reasoning"]
-        assert [t["content"] for t in row["conversations"][:-1]] == [m["content"] for m in source["messages"]]
+        (turn,) = next(r for r in records if r["id"] == row["id"])["turns"]
+        assert row["conversations"][-1]["content"] == turn["content"]
+        assert row["conversations"][-1]["reasoning_content"] == turn["reasoning"]
+        assert [t["content"] for t in row["conversations"][:-1]] == [m["content"] for m in turn["input"]]
+        assert f"left out {146 - len(accepted) + 1:,} rows the trainer would reject" in res.stderr
 
     report = procs.run("dflash_tasks.output.report", "--output", str(out), "--json")
     assert report.returncode == 0, report.stderr

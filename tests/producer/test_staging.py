@@ -232,3 +232,33 @@ def test_chunked_groups_and_reports_invalid() -> None:
     groups = list(chunked(items, 2, seen.append))
     assert [[s.id for s in g] for g in groups] == [["s1", "s2"], ["s3", "s4"], ["s5"]]
     assert seen == [InvalidLine("f", 99, "bad")]
+
+
+def test_multi_turn_samples_are_staged_without_their_old_answers_and_counted_in_turns(
+    tmp_path: Path,
+) -> None:
+    convo = [
+        {"from": "system", "value": "Be brief."},
+        {"from": "human", "value": "q1"},
+        {"from": "gpt", "value": "OLD ANSWER 1"},
+        {"from": "human", "value": "q2"},
+        {"from": "gpt", "value": "OLD ANSWER 2"},
+    ]
+    path = write_input(
+        tmp_path / "in.jsonl",
+        [{"id": "one", "prompt": "q"}, {"id": "two", "conversations": convo}, {"id": "x", "prompt": "y"}],
+    )
+    store = LocalStore(tmp_path / "all")
+    manifest = stage_input(path, store, JOB, chunk_size=2).manifest
+    assert (manifest.samples, manifest.turns, manifest.chunk_turns) == (3, 4, [3, 1])
+    assert b"OLD ANSWER" not in store.read(input_key(0))
+    staged = decode_chunk(store.read(input_key(0)))[1]
+    assert [m["role"] for m in staged.messages] == ["system", "user", "assistant", "user"]
+    assert staged.messages[2]["content"] == ""  # marks the end of turn 1, nothing more
+    assert load_manifest(store) == manifest
+
+    last = LocalStore(tmp_path / "last")
+    manifest = stage_input(path, last, JOB, chunk_size=2, turns="last").manifest
+    assert (manifest.turns, manifest.chunk_turns) == (None, None)  # one turn per sample
+    assert b"OLD ANSWER 1" in last.read(input_key(0))  # sent as is
+    assert b"OLD ANSWER 2" not in last.read(input_key(0))  # the turn to regenerate

@@ -158,12 +158,19 @@ def account(inp: Path, records: Iterable[dict[str, Any]]) -> Accounting:
 
 
 def export_check(procs: Processes, out: str, wanted: set[str], acc: Accounting) -> None:
-    """``python -m dflash_tasks.export --keep-failed``: every sample once, none missing."""
+    """``python -m dflash_tasks.export --keep-failed``: every sample once, as a row or left out with a reason.
+
+    Rows the trainer would reject (e.g. truncated) are left out by default and listed, with
+    their reason, in ``PATH.dropped.jsonl``: such a sample is accounted for, not missing.
+    """
     to = procs.tmp / f"export-{time.monotonic_ns()}.jsonl"
     res = procs.run("dflash_tasks.output.export", "--output", out, "--to", str(to), "--keep-failed")
     assert res.returncode == 0, res.stderr
     ids = Counter(json.loads(line)["id"] for line in to.read_text().splitlines() if line.strip())
     manifest = json.loads(to.with_name(to.name + ".manifest.json").read_text())
+    dropped_file = to.with_name(str(manifest["dropped_file"])) if manifest["dropped_file"] else None
+    left_out = [json.loads(line) for line in dropped_file.read_text().splitlines()] if dropped_file else []
+    ids.update(r["id"] for r in left_out if r["reason"] != "duplicate")
     acc.export_rows = sum(ids.values())
     # export drops a second record of a sample itself; count those as duplicates too
     acc.export_duplicates = sum(n - 1 for n in ids.values() if n > 1) + int(

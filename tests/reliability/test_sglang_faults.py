@@ -110,7 +110,7 @@ def test_persistent_abort_is_a_failed_sample_never_a_good_one(server: Server, re
     records = read_records(out)
     assert [r["status"] for r in records] == ["failed"] * 3
     assert all("finish_reason 'abort'" in r["error"] and r["attempts"] == ATTEMPTS for r in records), records
-    assert not any(r["content"] or r["reasoning"] for r in records)
+    assert not any(t["content"] or t["reasoning"] for r in records for t in r["turns"])
     settle(
         reliability,
         procs,

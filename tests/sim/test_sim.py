@@ -725,3 +725,19 @@ def test_cli_loading_line_model_names_and_api_key() -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_record_requests_appends_every_chat_body_in_arrival_order(
+    start_sim: StartSim, tmp_path: Path
+) -> None:
+    from dflash_tasks.sim.recorder import read_requests
+
+    path = tmp_path / "requests.jsonl"
+    sim = start_sim(record_requests=str(path))
+    chat_ok(sim.url, messages=user("first"), rid="r1", max_tokens=50)
+    assert chat(sim.url, messages=user("too long"), max_tokens=10**6).status_code == 400  # recorded too
+    requests.post(f"{sim.url}/v1/chat/completions", data=b"not json", timeout=5)
+    bodies = read_requests(path)
+    assert [b.get("rid") for b in bodies[:2]] == ["r1", None]
+    assert bodies[0]["messages"] == user("first") and bodies[1]["max_tokens"] == 10**6
+    assert bodies[2] == {"raw": "not json"}

@@ -20,7 +20,8 @@ from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
-from workers.generation import RetryPolicy, WorkerIdentity, build_request, generate_sample, make_record
+from workers.conversation import generate_sample
+from workers.generation import RetryPolicy, WorkerIdentity, build_request, make_record, make_turn
 from workers.sglang_client import (
     Completion,
     MetaInfo,
@@ -102,7 +103,7 @@ def test_build_request_follows_the_sglang_contract() -> None:
     spec = GenerationSpec(
         "Qwen/Qwen3-32B", max_tokens=1234, temperature=0.7, top_p=0.8, top_k=5, thinking=True
     )
-    body = build_request(spec, SAMPLE, "rid-1")
+    body = build_request(spec, SAMPLE.messages, "rid-1")
     assert body == {
         "model": "Qwen/Qwen3-32B",
         "messages": SAMPLE.messages,
@@ -122,7 +123,7 @@ def test_build_request_follows_the_sglang_contract() -> None:
 
 
 def test_build_request_thinking_off() -> None:
-    body = build_request(GenerationSpec("m", thinking=False), SAMPLE, "r")
+    body = build_request(GenerationSpec("m", thinking=False), SAMPLE.messages, "r")
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
 
 
@@ -131,14 +132,14 @@ def test_build_request_thinking_off() -> None:
 
 def test_completion_splits_and_strips_reasoning_and_content(sim: RunningSimulator) -> None:
     raw = requests.post(
-        f"{sim.url}/v1/chat/completions", json=build_request(SPEC, SAMPLE, "raw-1"), timeout=10
+        f"{sim.url}/v1/chat/completions", json=build_request(SPEC, SAMPLE.messages, "raw-1"), timeout=10
     ).json()
     message = raw["choices"][0]["message"]
     # SGLang 0.5.23 does not strip: the answer starts with blank lines, the reasoning with "\n".
     assert message["content"] != message["content"].strip()
     assert message["reasoning_content"] != message["reasoning_content"].strip()
 
-    completion = SGLangClient(sim.url).chat(build_request(SPEC, SAMPLE, "client-1"))
+    completion = SGLangClient(sim.url).chat(build_request(SPEC, SAMPLE.messages, "client-1"))
     assert completion.reasoning == message["reasoning_content"].strip()
     assert completion.content == message["content"].strip()
     assert completion.reasoning and completion.content
@@ -154,7 +155,7 @@ def test_completion_splits_and_strips_reasoning_and_content(sim: RunningSimulato
 
 def test_thinking_off_gives_empty_reasoning(sim: RunningSimulator) -> None:
     spec = GenerationSpec("m", max_tokens=100, thinking=False)
-    completion = SGLangClient(sim.url).chat(build_request(spec, SAMPLE, "off-1"))
+    completion = SGLangClient(sim.url).chat(build_request(spec, SAMPLE.messages, "off-1"))
     assert completion.reasoning == ""
     assert completion.content and completion.content == completion.content.strip()
     assert completion.reasoning_tokens == 0
@@ -163,7 +164,7 @@ def test_thinking_off_gives_empty_reasoning(sim: RunningSimulator) -> None:
 
 def test_length_limit_reports_finish_reason(sim: RunningSimulator) -> None:
     spec = GenerationSpec("m", max_tokens=10)
-    completion = SGLangClient(sim.url).chat(build_request(spec, SAMPLE, "len-1"))
+    completion = SGLangClient(sim.url).chat(build_request(spec, SAMPLE.messages, "len-1"))
     assert completion.finish_reason == "length"
     assert completion.completion_tokens == 10
     assert completion.content == "" and completion.reasoning
@@ -174,8 +175,10 @@ def test_generate_sample_ok_record(sim: RunningSimulator) -> None:
     assert sleeps.calls == []
     assert record["status"] == "ok" and record["error"] is None
     assert record["attempts"] == 1
-    assert (record["id"], record["line"], record["messages"]) == (SAMPLE.id, SAMPLE.line, SAMPLE.messages)
-    assert record["reasoning"] and record["content"]
+    (turn,) = record["turns"]
+    assert (record["id"], record["line"], turn["input"]) == (SAMPLE.id, SAMPLE.line, SAMPLE.messages)
+    assert turn["reasoning"] and turn["content"] and turn["status"] == "ok"
+    assert (record["user_turns"], record["outcome"], record["failed_turn"]) == (1, "complete", None)
     assert record["finish_reason"] == "stop"
     assert record["usage"]["completion_tokens"] > record["usage"]["reasoning_tokens"] > 0
     assert record["model"] == SPEC.model
@@ -183,9 +186,9 @@ def test_generate_sample_ok_record(sim: RunningSimulator) -> None:
     assert (record["worker"], record["endpoint"]) == (WHO.worker, WHO.endpoint)
     assert record["server"] is None  # the worker did not learn its server's identity here
     assert record["latency_s"] >= 0
-    meta = record["meta_info"]
+    meta = turn["meta_info"]  # per turn: each request has its own numbers
     assert meta["spec_verify_ct"] > 0 and meta["cached_tokens"] == 0 and meta["num_retractions"] == 0
-    assert meta["spec_accept_length"] == record["usage"]["completion_tokens"] / meta["spec_verify_ct"]
+    assert meta["spec_accept_length"] == turn["usage"]["completion_tokens"] / meta["spec_verify_ct"]
     json.dumps(record)
 
 
@@ -221,7 +224,7 @@ def test_too_long_prompt_is_rejected_with_the_server_message() -> None:
         spec = GenerationSpec("m", max_tokens=16)
         client = SGLangClient(sim.url)
         with pytest.raises(SampleRejected) as info:
-            client.chat(build_request(spec, long_sample, "long-1"))
+            client.chat(build_request(spec, long_sample.messages, "long-1"))
         assert str(info.value) == (
             "HTTP 400: The input (254 tokens) is longer than the model's context length (64 tokens)."
         )
@@ -230,8 +233,10 @@ def test_too_long_prompt_is_rejected_with_the_server_message() -> None:
         assert record["attempts"] == 1
         assert sleeps.calls == []
         assert record["error"] == str(info.value)
-        assert record["reasoning"] == record["content"] == ""
-        assert record["finish_reason"] is None
+        assert record["turns"][0]["reasoning"] == record["turns"][0]["content"] == ""
+        assert (
+            record["finish_reason"] is None and record["outcome"] == "failed" and record["failed_turn"] == 1
+        )
         assert record["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0}
         assert sim_stats(sim)["requests_total"] == 2  # one request per rejected sample: no retries
     finally:
@@ -257,7 +262,7 @@ def test_two_500s_then_success(sim: RunningSimulator) -> None:
     assert len(sleeps.calls) == 2 and all(0 <= s <= 0.002 for s in sleeps.calls)
     assert sim_stats(sim)["requests_total"] == 3
     rids = [p["rid"] for p in client.payloads]
-    assert rids == [f"{PREFIX}-L{SAMPLE.line}-{n}" for n in (1, 2, 3)]
+    assert rids == [f"{PREFIX}-L{SAMPLE.line}-T1-{n}" for n in (1, 2, 3)]
 
 
 @pytest.mark.parametrize(
@@ -274,7 +279,7 @@ def test_transient_faults_are_retried(sim: RunningSimulator, kind: str, error: s
     client = SGLangClient(sim.url)
     fault(sim, kind=kind, count=1)
     with pytest.raises(RetryableError) as info:
-        client.chat(build_request(SPEC, SAMPLE, f"{kind}-direct"))
+        client.chat(build_request(SPEC, SAMPLE.messages, f"{kind}-direct"))
     assert not isinstance(info.value, ServerUnavailable)
     assert error in str(info.value)
 
@@ -289,7 +294,7 @@ def test_client_timeout_is_retried(sim: RunningSimulator) -> None:
     fault(sim, kind="hang", count=1, hang_seconds=5)
     client = SGLangClient(sim.url, timeout=0.15)
     with pytest.raises(RetryableError, match="timed out"):
-        client.chat(build_request(SPEC, SAMPLE, "hang-1"))
+        client.chat(build_request(SPEC, SAMPLE.messages, "hang-1"))
     fault(sim, kind="hang", count=1, hang_seconds=5)
     record, _ = generate(client)
     assert record["status"] == "ok" and record["attempts"] == 2
@@ -302,7 +307,7 @@ def test_500s_forever_with_a_healthy_server_fail_the_sample(sim: RunningSimulato
     assert record["attempts"] == 4
     assert record["error"] == "gave up after 4 attempts: HTTP 500: Internal server error (simulated fault)."
     assert len(sleeps.calls) == 3
-    assert record["reasoning"] == "" and record["usage"]["completion_tokens"] == 0
+    assert record["turns"][0]["reasoning"] == "" and record["usage"]["completion_tokens"] == 0
     assert sim_stats(sim)["requests_total"] == 4
 
 
@@ -313,7 +318,7 @@ def test_stopped_server_raises_server_unavailable() -> None:
     assert generate(client)[0]["status"] == "ok"  # keep-alive connection open, then the server dies
     sim.stop()
     with pytest.raises(RetryableError, match="connection error"):
-        client.chat(build_request(SPEC, SAMPLE, "dead-1"))
+        client.chat(build_request(SPEC, SAMPLE.messages, "dead-1"))
     sleeps = Sleeps()
     with pytest.raises(ServerUnavailable) as info:
         generate_sample(client, SPEC, SAMPLE, WHO, fast_policy(attempts=3), PREFIX, sleep=sleeps)
@@ -458,7 +463,7 @@ def test_http_error_statuses_map_to_error_types(sim: RunningSimulator) -> None:
     # 404 is not a sample problem: retryable.
     bad = SGLangClient(sim.url + "/nope")
     with pytest.raises(RetryableError, match="HTTP 404") as info:
-        bad.chat(build_request(SPEC, SAMPLE, "r404"))
+        bad.chat(build_request(SPEC, SAMPLE.messages, "r404"))
     assert not isinstance(info.value, SampleRejected)
 
 
@@ -556,7 +561,7 @@ def test_every_call_but_health_carries_the_api_key() -> None:
         assert client.server_info()["model_path"] == "org/m"
         assert client.model_info()["served_model_name"] == "org/m"
         assert client.identity() == ServerIdentity("org/m", "org/m", "0.5.23")
-        completion = client.chat(build_request(SPEC, SAMPLE, "key-1"))
+        completion = client.chat(build_request(SPEC, SAMPLE.messages, "key-1"))
         assert completion.completion_tokens > 0 and completion.meta is not None
         assert KEY not in repr(client)
 
@@ -566,7 +571,7 @@ def test_every_call_but_health_carries_the_api_key() -> None:
             with pytest.raises(ConfigError, match=r"HTTP 401 Unauthorized; .*DFLASH_SGLANG_API_KEY"):
                 call()
         with pytest.raises(RetryableError, match=r"^HTTP 401: Unauthorized \(.*DFLASH_SGLANG_API_KEY"):
-            keyless.chat(build_request(SPEC, SAMPLE, "nokey-1"))
+            keyless.chat(build_request(SPEC, SAMPLE.messages, "nokey-1"))
         wrong = SGLangClient(sim.url, api_key="sk-wrong")
         with pytest.raises(ConfigError) as info:
             wrong.server_info()
@@ -646,7 +651,7 @@ def test_a_server_still_loading_has_no_identity_yet() -> None:
 
 
 def test_meta_info_is_parsed_from_the_first_choice(sim: RunningSimulator) -> None:
-    payload = build_request(SPEC, SAMPLE, "meta-1")
+    payload = build_request(SPEC, SAMPLE.messages, "meta-1")
     raw = requests.post(f"{sim.url}/v1/chat/completions", json=payload, timeout=10).json()
     expected = raw["choices"][0]["meta_info"]
     meta = SGLangClient(sim.url).chat({**payload, "rid": "meta-2"}).meta
@@ -681,12 +686,26 @@ def test_records_store_meta_info_and_the_server_identity(sim: RunningSimulator) 
         "served_model_name": "Qwen/Qwen3-8B",
         "version": "0.5.23",
     }
-    meta = record["meta_info"]
+    (turn,) = record["turns"]
+    meta = turn["meta_info"]
     assert set(meta) == {f.name for f in dataclasses.fields(MetaInfo)}
-    tokens = record["usage"]["completion_tokens"]
+    tokens = turn["usage"]["completion_tokens"]
     assert meta["spec_verify_ct"] == math.ceil(tokens / meta["spec_accept_length"] - 1e-9)
     assert spec_counts(record) == (tokens, meta["spec_verify_ct"])
     json.dumps(record)
-    failed = make_record(SPEC, SAMPLE, who, None, "HTTP 400: no", 0.1, 1)
-    assert failed["meta_info"] is None and spec_counts(failed) == (0, 0)
+    failed_turn = make_turn(SAMPLE.messages, None, "HTTP 400: no", 0.1, 1)
+    failed = make_record(SPEC, SAMPLE, who, [failed_turn], 1, 0.1)
+    assert failed_turn["meta_info"] is None and spec_counts(failed) == (0, 0)
     assert failed["server"] == record["server"]
+
+
+def test_spec_counts_add_up_over_the_answered_turns() -> None:
+    def turn(tokens: int, verify: int | None, status: str = "ok") -> dict[str, object]:
+        meta = None if verify is None else {"spec_verify_ct": verify}
+        return {"status": status, "usage": {"completion_tokens": tokens}, "meta_info": meta}
+
+    record = {"turns": [turn(300, 100), turn(50, None), turn(90, 30), turn(40, 10, status="failed")]}
+    assert spec_counts(record) == (390, 130)  # no stats, or a failed turn: not counted
+    assert spec_counts(
+        {"status": "ok", "usage": {"completion_tokens": 8}, "meta_info": {"spec_verify_ct": 2}}
+    ) == (8, 2)

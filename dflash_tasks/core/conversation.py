@@ -1,0 +1,102 @@
+"""Conversations: how a staged sample splits into turns, and the turns of an output record.
+
+A sample's messages are the source conversation up to its last user (or tool) turn. With
+``turns: all`` every assistant message in it marks the end of a turn: the messages between two
+assistant messages are one turn's *input*, and each turn is one request::
+
+    [system, user1, assistant, user2, assistant, user3]  ->  inputs [[system, user1], [user2], [user3]]
+
+Turn ``j`` is sent as the inputs of turns ``1..j`` with the model's own answers (text only) to turns
+``1..j-1`` between them: the source's old answers are never sent (staging already blanks them).
+Assistant messages before the first input, and runs of several assistant messages, mark nothing
+more. With ``turns: last`` the whole conversation, old answers included, is one turn's input.
+
+An output record holds its turns in ``record["turns"]``: each with its ``input`` messages and the
+model's ``reasoning``, ``content``, ``finish_reason``, ``usage``, ``status`` and ``checks``.
+Records written before multi-turn support have one turn spread over the record itself;
+:func:`record_turns` reads both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+Message = dict[str, str]
+
+
+def turn_inputs(messages: Sequence[Message], mode: str) -> list[list[Message]]:
+    """The input messages of each turn of a conversation (see the module docstring)."""
+    if mode == "last":
+        return [list(messages)]
+    inputs: list[list[Message]] = []
+    current: list[Message] = []
+    for message in messages:
+        if message["role"] == "assistant":
+            if current:
+                inputs.append(current)
+                current = []
+            continue
+        current.append(message)
+    if current:
+        inputs.append(current)
+    return inputs
+
+
+def count_turns(messages: Sequence[Message], mode: str) -> int:
+    """How many requests a conversation needs: its user turns (1 with ``turns: last``)."""
+    return len(turn_inputs(messages, mode))
+
+
+def blank_answers(messages: Sequence[Message]) -> list[Message]:
+    """The messages with every assistant text removed: they only mark where a turn ends."""
+    return [{"role": "assistant", "content": ""} if m["role"] == "assistant" else m for m in messages]
+
+
+def request_messages(inputs: Sequence[Sequence[Message]], answers: Sequence[str]) -> list[Message]:
+    """The messages of the request for turn ``len(answers) + 1``: inputs with the model's answers between."""
+    messages: list[Message] = []
+    for turn_input, answer in zip(inputs, answers, strict=False):
+        messages += turn_input
+        messages.append({"role": "assistant", "content": answer})
+    messages += inputs[len(answers)]
+    return messages
+
+
+def can_continue(turn: Mapping[str, Any]) -> bool:
+    """Whether a turn's answer can be the history of the next turn: it finished and has text.
+
+    A turn that failed, hit ``max_tokens`` (``finish_reason: length``) or has no answer text ends
+    its conversation.
+    """
+    return (
+        turn.get("status") == "ok"
+        and turn.get("finish_reason") != "length"
+        and bool((turn.get("content") or "").strip())
+    )
+
+
+def record_turns(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The turns of an output record, also for records written before multi-turn support."""
+    turns = record.get("turns")
+    if isinstance(turns, list):
+        return turns
+    return [
+        {
+            "input": record.get("messages") or [],
+            "reasoning": record.get("reasoning") or "",
+            "content": record.get("content") or "",
+            "finish_reason": record.get("finish_reason"),
+            "usage": record.get("usage") or {},
+            "status": record.get("status"),
+            "error": record.get("error"),
+            "latency_s": record.get("latency_s"),
+            "attempts": record.get("attempts"),
+            "checks": record.get("checks") or [],
+        }
+    ]
+
+
+def record_user_turns(record: Mapping[str, Any]) -> int:
+    """How many turns the record's conversation has (requests it needs when none ends early)."""
+    return int(record.get("user_turns") or len(record_turns(record)))

@@ -1,0 +1,86 @@
+"""How a conversation splits into turns, what each turn's request carries, and reading records."""
+
+from __future__ import annotations
+
+from dflash_tasks.core.conversation import (
+    blank_answers,
+    can_continue,
+    count_turns,
+    record_turns,
+    record_user_turns,
+    request_messages,
+    turn_inputs,
+)
+
+SYS = {"role": "system", "content": "Be brief."}
+
+
+def u(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def a(text: str) -> dict[str, str]:
+    return {"role": "assistant", "content": text}
+
+
+def test_each_user_turn_is_one_turn_and_old_answers_only_mark_the_ends() -> None:
+    messages = [SYS, u("q1"), a("OLD 1"), u("q2"), a("OLD 2"), u("q3")]
+    assert turn_inputs(messages, "all") == [[SYS, u("q1")], [u("q2")], [u("q3")]]
+    assert count_turns(messages, "all") == 3
+    assert turn_inputs([u("only")], "all") == [[u("only")]]
+
+
+def test_turns_last_sends_the_source_history_as_one_turn() -> None:
+    messages = [SYS, u("q1"), a("OLD 1"), u("q2")]
+    assert turn_inputs(messages, "last") == [messages] and count_turns(messages, "last") == 1
+
+
+def test_leading_and_repeated_assistant_messages_mark_nothing_more() -> None:
+    messages = [a("hello!"), u("q1"), a("x"), a("y"), u("q2"), {"role": "tool", "content": "42"}]
+    assert turn_inputs(messages, "all") == [[u("q1")], [u("q2"), {"role": "tool", "content": "42"}]]
+
+
+def test_staged_answers_are_blank_and_split_the_same() -> None:
+    messages = [SYS, u("q1"), a("OLD 1"), u("q2")]
+    blank = blank_answers(messages)
+    assert blank == [SYS, u("q1"), a(""), u("q2")]
+    assert turn_inputs(blank, "all") == turn_inputs(messages, "all")
+    assert "OLD" not in str(blank)
+
+
+def test_each_request_carries_the_models_own_earlier_answers_as_text() -> None:
+    inputs = [[SYS, u("q1")], [u("q2")], [u("q3")]]
+    assert request_messages(inputs, []) == [SYS, u("q1")]
+    assert request_messages(inputs, ["mine 1", "mine 2"]) == [
+        SYS,
+        u("q1"),
+        a("mine 1"),
+        u("q2"),
+        a("mine 2"),
+        u("q3"),
+    ]
+
+
+def test_a_turn_that_failed_was_truncated_or_has_no_answer_ends_the_conversation() -> None:
+    good = {"status": "ok", "finish_reason": "stop", "content": "42"}
+    assert can_continue(good)
+    assert not can_continue({**good, "status": "failed"})
+    assert not can_continue({**good, "finish_reason": "length"})
+    assert not can_continue({**good, "content": "  "})
+
+
+def test_records_from_before_multi_turn_read_as_one_turn() -> None:
+    old = {
+        "messages": [u("q")],
+        "reasoning": "r",
+        "content": "c",
+        "finish_reason": "stop",
+        "usage": {"completion_tokens": 5},
+        "status": "ok",
+        "checks": [],
+    }
+    (turn,) = record_turns(old)
+    assert turn["input"] == [u("q")] and (turn["reasoning"], turn["content"]) == ("r", "c")
+    assert record_user_turns(old) == 1
+    new = {"user_turns": 3, "turns": [turn]}
+    assert record_turns(new) == [turn] and record_user_turns(new) == 3

@@ -1,0 +1,136 @@
+"""Generating one sample: its turns in order, each from the model's own earlier answers.
+
+A sample with k user turns becomes k requests (:mod:`dflash_tasks.core.conversation` says what each
+one carries). :func:`start_conversation` puts a sample's first turn into the worker's request pool
+and each next turn as soon as the previous one returns, so the pool's slots stay busy while
+conversations advance; its future resolves to the sample's record when the conversation ends.
+A turn that fails, hits ``max_tokens`` or has no answer ends the conversation there (see
+:func:`workers.generation.make_record` for the outcomes): a record never has a hole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from typing import Any
+
+from dflash_tasks.core.conversation import can_continue, request_messages, turn_inputs
+from dflash_tasks.core.job import GenerationSpec
+from dflash_tasks.core.sample import Sample
+from workers.flow.request_pool import RequestPool
+from workers.generation import RetryPolicy, WorkerIdentity, generate_turn, make_record
+from workers.sglang_client import SGLangClient
+
+
+class Conversation:
+    """One sample's progress: the turns answered so far, the next request, and the final record."""
+
+    def __init__(self, spec: GenerationSpec, sample: Sample, who: WorkerIdentity, rid_prefix: str) -> None:
+        self.spec = spec
+        self.sample = sample
+        self.who = who
+        self.inputs = turn_inputs(sample.messages, spec.turns)
+        self.turns: list[dict[str, Any]] = []
+        self._rid_prefix = f"{rid_prefix}-L{sample.line}"
+        self._started = time.monotonic()
+
+    @property
+    def finished(self) -> bool:
+        return len(self.turns) == len(self.inputs) or (bool(self.turns) and not can_continue(self.turns[-1]))
+
+    def next_request(self) -> tuple[list[dict[str, str]], list[dict[str, str]], str]:
+        """(messages to send, the messages new in this turn, rid prefix) of the next turn."""
+        index = len(self.turns)
+        answers = [t["content"] for t in self.turns]
+        return request_messages(self.inputs, answers), self.inputs[index], f"{self._rid_prefix}-T{index + 1}"
+
+    def add(self, turn: dict[str, Any]) -> None:
+        self.turns.append(turn)
+
+    def record(self) -> dict[str, Any]:
+        return make_record(
+            self.spec, self.sample, self.who, self.turns, len(self.inputs), time.monotonic() - self._started
+        )
+
+
+def generate_sample(
+    client: SGLangClient,
+    spec: GenerationSpec,
+    sample: Sample,
+    who: WorkerIdentity,
+    policy: RetryPolicy,
+    rid_prefix: str,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Generate every turn of ``sample`` in this thread, one after the other; returns its record.
+
+    Raises :class:`~dflash_tasks.core.errors.ServerUnavailable` like :func:`generate_turn`.
+    """
+    conversation = Conversation(spec, sample, who, rid_prefix)
+    while not conversation.finished:
+        messages, added, rid = conversation.next_request()
+        conversation.add(generate_turn(client, spec, messages, added, policy, rid, sleep))
+    return conversation.record()
+
+
+def start_conversation(
+    pool: RequestPool,
+    client: SGLangClient,
+    spec: GenerationSpec,
+    sample: Sample,
+    who: WorkerIdentity,
+    policy: RetryPolicy,
+    rid_prefix: str,
+) -> Future[dict[str, Any]]:
+    """Run ``sample``'s turns through ``pool``, each queued when the previous one returns.
+
+    The future holds the record, or the exception a turn raised. Cancelling it cancels the
+    turn waiting in the pool and sends no further turn.
+    """
+    conversation = Conversation(spec, sample, who, rid_prefix)
+    result: Future[dict[str, Any]] = Future()
+    lock = threading.Lock()
+    current: list[Future[dict[str, Any]]] = []
+
+    def submit_next() -> None:
+        messages, added, rid = conversation.next_request()
+        with lock:
+            if result.cancelled():
+                return
+            turn = pool.submit(generate_turn, client, spec, messages, added, policy, rid)
+            current[:] = [turn]
+        turn.add_done_callback(on_turn)
+
+    def on_turn(turn: Future[dict[str, Any]]) -> None:
+        if turn.cancelled():
+            return
+        try:
+            conversation.add(turn.result())
+            if conversation.finished:
+                _settle(result.set_result, conversation.record())
+            else:
+                submit_next()
+        except BaseException as exc:  # a turn's error, or the pool shut down: the sample fails
+            _settle(result.set_exception, exc)
+
+    def on_result(done: Future[dict[str, Any]]) -> None:
+        if done.cancelled():
+            with lock:
+                for turn in current:
+                    turn.cancel()
+
+    result.add_done_callback(on_result)
+    try:
+        submit_next()
+    except BaseException as exc:
+        _settle(result.set_exception, exc)
+    return result
+
+
+def _settle(setter: Callable[[Any], None], value: Any) -> None:
+    """Resolve the sample's future, unless it was cancelled meanwhile."""
+    with contextlib.suppress(InvalidStateError):
+        setter(value)
