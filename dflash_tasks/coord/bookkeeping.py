@@ -17,6 +17,7 @@ import redis
 
 from dflash_tasks.coord.keys import Keys
 from dflash_tasks.coord.lua import load_script
+from dflash_tasks.coord.progress_keys import BUCKET_SECONDS
 from dflash_tasks.core.errors import RetryableError
 
 
@@ -229,10 +230,53 @@ class Bookkeeping:
             raw = cast(Mapping[bytes, bytes], self._r.hgetall(self._k(job_id, "stats")))
         return {k.decode(): float(v) for k, v in raw.items()}
 
+    def rate_buckets(self, job_id: str, window: tuple[int, int]) -> dict[int, dict[str, float]]:
+        """The job's 5-second rate buckets starting in ``[start, end)`` (bucket start -> counts)."""
+        start, end = window
+        starts = list(range(start, end, BUCKET_SECONDS))
+        with _redis_errors("reading the job's rates"):
+            pipe = self._r.pipeline(transaction=False)
+            for b in starts:
+                pipe.hgetall(self._keys.bucket(job_id, b))
+            rows = cast(list[Mapping[bytes, bytes]], pipe.execute())
+        return {
+            b: {k.decode(): float(v) for k, v in row.items()}
+            for b, row in zip(starts, rows, strict=True)
+            if row
+        }
+
+    # -- workers ------------------------------------------------------------------------------
+    def heartbeats(self) -> dict[str, dict[str, str]]:
+        """Every registered worker's last heartbeat (name -> fields); forgets expired workers."""
+        with _redis_errors("reading the worker heartbeats"):
+            return read_heartbeats(self._r, self._keys)
+
     def try_lock(self, name: str, owner: str, seconds: float) -> bool:
         """A short best-effort lock (e.g. one reconciler at a time)."""
         with _redis_errors("taking a lock"):
             return bool(self._r.set(self._keys.lock(name), owner, nx=True, px=int(seconds * 1000)))
+
+
+def read_heartbeats(client: redis.Redis | redis.client.Pipeline, keys: Keys) -> dict[str, dict[str, str]]:
+    """The heartbeats of the workers in ``P:workers``; drops the names whose heartbeat expired.
+
+    Raises redis-py errors: :meth:`Bookkeeping.heartbeats` translates them.
+    """
+    names = sorted(m.decode() for m in cast(Iterable[bytes], client.smembers(keys.workers())))
+    if not names:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.worker(name))
+    rows = cast(list[Mapping[bytes, bytes]], pipe.execute())
+    gone = [name for name, row in zip(names, rows, strict=True) if not row]
+    if gone:
+        client.srem(keys.workers(), *gone)
+    return {
+        name: {k.decode(): v.decode() for k, v in row.items()}
+        for name, row in zip(names, rows, strict=True)
+        if row
+    }
 
 
 class _redis_errors:

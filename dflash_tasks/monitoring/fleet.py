@@ -14,11 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-import redis
-
 from dflash_tasks.coord.bookkeeping import Bookkeeping
-from dflash_tasks.coord.progress_keys import Keys
-from dflash_tasks.core.errors import RetryableError
 from dflash_tasks.core.model_name import serves
 
 #: A worker is alive while its last heartbeat is younger than max(ALIVE_MIN, 4 heartbeats) (s).
@@ -46,6 +42,7 @@ class FleetWorker:
     name: str
     model: str
     model_path: str
+    max_inflight: int = 0  # the requests it keeps in flight (its share of the fleet's capacity)
 
     def serves(self, job_model: str) -> bool:
         return serves(job_model, self.model, self.model_path)
@@ -61,7 +58,9 @@ class FleetWorker:
 def live_fleet(beats: Mapping[str, Mapping[str, str]], now: float) -> list[FleetWorker]:
     """The live workers among ``beats`` (worker name -> heartbeat hash)."""
     return [
-        FleetWorker(name, beat.get("model", ""), beat.get("model_path", ""))
+        FleetWorker(
+            name, beat.get("model", ""), beat.get("model_path", ""), int(_num(beat.get("max_inflight")))
+        )
         for name, beat in sorted(beats.items())
         if beat and alive(beat, now)
     ]
@@ -79,29 +78,12 @@ def serving_warning(model: str, fleet: Iterable[FleetWorker]) -> str | None:
     return f"no live worker serves model {model!r}; the live workers serve: {listing}"
 
 
-def read_beats(client: redis.Redis, keys: Keys) -> dict[str, dict[str, str]]:
-    """Every registered worker's heartbeat; forgets workers whose heartbeat expired (raises RedisError)."""
-    names = sorted(m.decode() for m in cast(Iterable[bytes], client.smembers(keys.workers())))
-    if not names:
-        return {}
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.hgetall(keys.worker(name))
-    rows = cast(list[Mapping[bytes, bytes]], pipe.execute())
-    gone = [name for name, row in zip(names, rows, strict=True) if not row]
-    if gone:
-        client.srem(keys.workers(), *gone)
-    return {
-        name: {k.decode(): v.decode() for k, v in row.items()}
-        for name, row in zip(names, rows, strict=True)
-        if row
-    }
+def capacity(model: str, fleet: Iterable[FleetWorker]) -> tuple[int, int]:
+    """(workers, requests in flight) of the live workers whose server serves ``model``."""
+    serving = [w for w in fleet if w.serves(model)]
+    return len(serving), sum(w.max_inflight for w in serving)
 
 
 def check_serving(bookkeeping: Bookkeeping, model: str, now: float) -> str | None:
     """:func:`serving_warning` for ``model`` over the live workers in Redis."""
-    try:
-        beats = read_beats(bookkeeping.client, Keys(bookkeeping.prefix))
-    except redis.RedisError as exc:
-        raise RetryableError(f"cannot read the worker heartbeats: {exc}") from exc
-    return serving_warning(model, live_fleet(beats, now))
+    return serving_warning(model, live_fleet(bookkeeping.heartbeats(), now))

@@ -1,33 +1,32 @@
-"""A terminal progress bar with windowed rates and an ETA."""
+"""The producer's progress bar: tqdm's rendering, fed with the job's live rates.
+
+The rates are the ones ``status`` and ``progress.json`` show (the workers' 5-second buckets over
+the last minute, :func:`live_rates`), so the bar, the file and the table never disagree, and the
+token rate moves from the first sample on, not from the first stored chunk. On a terminal the
+line is redrawn in place; otherwise (a log file, CI) one line is printed every ``plain_every``
+seconds and at the end.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
-from collections import deque
 from typing import TextIO
 
+from tqdm import tqdm
 
-class RateWindow:
-    """Rates of monotone counters over the last ``seconds``."""
+from dflash_tasks.coord.bookkeeping import Bookkeeping
+from dflash_tasks.coord.progress_keys import window_bounds
+from dflash_tasks.monitoring.progress import window_rate
 
-    def __init__(self, seconds: float = 60.0) -> None:
-        self._seconds = seconds
-        self._points: deque[tuple[float, float, float]] = deque()
 
-    def add(self, samples: float, tokens: float, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        self._points.append((now, samples, tokens))
-        while len(self._points) > 2 and now - self._points[1][0] >= self._seconds:
-            self._points.popleft()
-
-    def rates(self) -> tuple[float, float]:
-        """(samples/s, tokens/s) over the window; zeros until two points exist."""
-        if len(self._points) < 2:
-            return 0.0, 0.0
-        (t0, s0, k0), (t1, s1, k1) = self._points[0], self._points[-1]
-        dt = t1 - t0
-        return ((s1 - s0) / dt, (k1 - k0) / dt) if dt > 0 else (0.0, 0.0)
+def live_rates(bookkeeping: Bookkeeping, job_id: str, now: float | None = None) -> tuple[float, float]:
+    """(samples/s, tokens/s) of the job over the last minute, from the workers' rate buckets."""
+    now = time.time() if now is None else now
+    buckets = bookkeeping.rate_buckets(job_id, window_bounds(now))
+    first = bookkeeping.job_info(job_id).get("started_at")
+    since = float(first) if first else None
+    return window_rate(buckets, "samples", now, since), window_rate(buckets, "tokens", now, since)
 
 
 def format_duration(seconds: float | None) -> str:
@@ -41,40 +40,49 @@ def format_duration(seconds: float | None) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-class ProgressBar:
-    """Redraws one line on a terminal; prints a line every ``plain_every`` seconds otherwise."""
+_FORMAT = "{percentage:5.1f}%|{bar}| {n_fmt}/{total_fmt}{unit} [{rate_fmt}{postfix}, ETA {remaining}]"
 
-    def __init__(self, total: int, stream: TextIO | None = None, width: int = 30, plain_every: float = 10.0):
+
+class ProgressBar:
+    """Samples done out of ``total``, the sample and token rates, and the ETA at that rate."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, plain_every: float = 10.0) -> None:
         self.total = total
         self._stream = stream or sys.stderr
-        self._width = width
         self._tty = self._stream.isatty()
         self._plain_every = plain_every
         self._last_plain = float("-inf")
+        self._started = time.monotonic()
+        self._drawn = False
 
-    def render(self, done: int, samples_per_s: float, tokens_per_s: float) -> str:
-        frac = done / self.total if self.total else 1.0
-        filled = int(frac * self._width)
-        eta = (self.total - done) / samples_per_s if samples_per_s > 0 else None
-        bar = "#" * filled + "-" * (self._width - filled)
-        return (
-            f"[{bar}] {done:,}/{self.total:,} samples {frac:6.1%} | "
-            f"{tokens_per_s:,.0f} tok/s {samples_per_s:,.2f} samples/s | ETA {format_duration(eta)}"
+    def render(self, done: int, samples_per_s: float, tokens_per_s: float, width: int = 100) -> str:
+        line: str = tqdm.format_meter(
+            done,
+            self.total,
+            time.monotonic() - self._started,
+            ncols=width,
+            unit=" samples",
+            unit_scale=False,
+            rate=samples_per_s if samples_per_s > 0 else None,
+            postfix=f"{tokens_per_s:,.0f} tok/s",
+            bar_format=_FORMAT,
         )
+        return line
 
     def update(self, done: int, samples_per_s: float, tokens_per_s: float, force: bool = False) -> None:
-        line = self.render(done, samples_per_s, tokens_per_s)
         if self._tty:
-            self._stream.write("\r" + line)
+            self._stream.write("\r" + self.render(done, samples_per_s, tokens_per_s))
+            self._drawn = True
         else:
             now = time.monotonic()
             if not force and now - self._last_plain < self._plain_every:
                 return
             self._last_plain = now
-            self._stream.write(line + "\n")
+            self._stream.write(self.render(done, samples_per_s, tokens_per_s) + "\n")
         self._stream.flush()
 
     def close(self) -> None:
-        if self._tty:
+        if self._tty and self._drawn:
             self._stream.write("\n")
             self._stream.flush()
+            self._drawn = False

@@ -20,12 +20,11 @@ from typing import Any, cast
 
 import redis
 
-from dflash_tasks.coord.bookkeeping import Bookkeeping
+from dflash_tasks.coord.bookkeeping import Bookkeeping, read_heartbeats
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, PROGRESS_KEY, Keys, queue_keys, window_bounds
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import ConfigError, DflashError, StoreError
 from dflash_tasks.core.job import JobDefinition, Manifest
-from dflash_tasks.monitoring.fleet import read_beats
 from dflash_tasks.store import Store
 from dflash_tasks.store.jobfiles import done_chunks, load_job, load_manifest
 
@@ -144,7 +143,7 @@ def _read_redis(
     for name in names:
         pipe.hgetall(keys.worker(name))
     workers = {name: decode_hash(row) for name, row in zip(names, pipe.execute(), strict=True) if row}
-    fleet = read_beats(r, keys)
+    fleet = read_heartbeats(r, keys)
     running = {int(m) for m in cast(list[bytes], leased)} - done
     return replace(
         snap,

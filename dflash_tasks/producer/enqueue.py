@@ -36,7 +36,8 @@ from dflash_tasks.core.job import (
 from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.quality import CHECKS, QualitySettings
 from dflash_tasks.core.settings import Settings
-from dflash_tasks.monitoring.progress_bar import ProgressBar, RateWindow
+from dflash_tasks.monitoring.fleet import capacity, live_fleet
+from dflash_tasks.monitoring.progress_bar import ProgressBar, live_rates
 from dflash_tasks.monitoring.progress_writer import ProgressWriter, record_gpu_price
 from dflash_tasks.producer.inputs import input_fingerprint, summarize_invalid
 from dflash_tasks.producer.preflight import (
@@ -268,14 +269,16 @@ def run_preflight(
             f"(python -m workers --endpoint URL --name NAME) against servers of model {job.spec.model!r}, "
             f"with queue {settings.queue!r}?"
         )
-    workers = len(app.control.inspect(timeout=1.0).ping() or {}) or 1
+    # The fleet's capacity from the workers' own heartbeats (each says its max_inflight).
+    workers, slots = capacity(job.spec.model, live_fleet(bk.heartbeats(), time.time()))
+    workers, slots = max(workers, 1), slots or settings.max_inflight
     done = [c for c in done_chunks(store) if c < manifest.chunks]
     report = judge(
         store,
         done_sample,
         job.quality,
         time.monotonic() - started,
-        slots=workers * settings.max_inflight,
+        slots=slots,
         workers=workers,
         remaining=manifest.total_turns - sum(manifest.turns_of(c) for c in done),
         gpu_hour_usd=args.gpu_hour_usd or settings.gpu_hour_usd,
@@ -305,7 +308,6 @@ def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Sett
     bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
     app = celery_app(settings)
     bar = ProgressBar(manifest.samples)
-    window = RateWindow(60.0)
     job_id = result.job.job_id
     last_replan = time.monotonic()
     progress = ProgressWriter(
@@ -331,13 +333,11 @@ def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Sett
             else:
                 samples = min(manifest.samples, max(counted, len(done)) * manifest.chunk_size)
             try:
-                tokens = bk.stats(job_id).get("completion_tokens", 0.0)
+                samples_s, tokens_s = live_rates(bk, job_id)
                 state, reason = bk.job_state(job_id)
                 parked = bk.parked(job_id)
             except DflashError:
-                tokens, state, reason, parked = 0.0, "running", "", {}
-            window.add(samples, tokens)
-            samples_s, tokens_s = window.rates()
+                samples_s, tokens_s, state, reason, parked = 0.0, 0.0, "running", "", {}
             bar.update(samples, samples_s, tokens_s, force=len(done) >= manifest.chunks)
             _write_progress(progress, job_id, store, result, final=len(done) >= manifest.chunks)
             if len(done) >= manifest.chunks:

@@ -8,7 +8,7 @@ import redis
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.progress_keys import Keys
-from dflash_tasks.monitoring.fleet import FleetWorker, check_serving, live_fleet, read_beats, serving_warning
+from dflash_tasks.monitoring.fleet import FleetWorker, capacity, check_serving, live_fleet, serving_warning
 from dflash_tasks.monitoring.progress import summarize
 from dflash_tasks.monitoring.snapshot import Snapshot
 from tests.helpers import redis_url
@@ -48,9 +48,9 @@ def test_heartbeats_from_redis_and_expired_workers_forgotten(rclient: redis.Redi
     keys = Keys(prefix)
     rclient.hset(keys.worker("gpu0@a"), mapping=beat("Org/Model-B"))
     rclient.sadd(keys.workers(), "gpu0@a", "gone@b")  # gone@b's heartbeat hash expired
-    assert read_beats(rclient, keys) == {"gpu0@a": beat("Org/Model-B")}
-    assert rclient.smembers(keys.workers()) == {b"gpu0@a"}
     bk = Bookkeeping.from_url(redis_url(rclient), prefix)
+    assert bk.heartbeats() == {"gpu0@a": beat("Org/Model-B")}
+    assert rclient.smembers(keys.workers()) == {b"gpu0@a"}
     rclient.hset(keys.worker("gpu0@a"), "last_seen", "9e18")  # alive at any "now"
     assert check_serving(bk, "Org/Model-B", NOW) is None
     assert "the live workers serve: Org/Model-B (1 worker)" in str(check_serving(bk, "Model-A", NOW))
@@ -77,3 +77,18 @@ def test_progress_warns_when_no_live_worker_serves_the_job_model() -> None:
     ), warnings
     served = summarize(replace(snap, fleet={"gpu0@a": beat("Model-A")}), NOW)
     assert not any("serves model" in w for w in served["warnings"])
+
+
+def test_capacity_counts_only_the_workers_serving_the_model() -> None:
+    fleet = [
+        FleetWorker("gpu0", "Model-A", "/m/Model-A", 48),
+        FleetWorker("gpu1", "Model-A", "/m/Model-A", 32),
+        FleetWorker("gpu2", "Model-B", "/m/Model-B", 48),
+    ]
+    assert capacity("Model-A", fleet) == (2, 80)
+    assert capacity("Model-C", fleet) == (0, 0)
+
+
+def test_live_fleet_reads_each_workers_in_flight_target() -> None:
+    beats = {"gpu0": {**beat("Model-A"), "max_inflight": "24"}}
+    assert [w.max_inflight for w in live_fleet(beats, NOW)] == [24]

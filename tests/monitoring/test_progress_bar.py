@@ -5,73 +5,17 @@ from __future__ import annotations
 import io
 
 import pytest
+import redis
 
-from dflash_tasks.monitoring.progress_bar import ProgressBar, RateWindow, format_duration
+from dflash_tasks.coord.bookkeeping import Bookkeeping
+from dflash_tasks.coord.keys import Keys
+from dflash_tasks.coord.progress_keys import window_bounds
+from dflash_tasks.monitoring.progress_bar import ProgressBar, format_duration, live_rates
 
 
 class Tty(io.StringIO):
     def isatty(self) -> bool:
         return True
-
-
-# -- RateWindow ------------------------------------------------------------------------------------------
-
-
-def test_rates_are_zero_until_two_points() -> None:
-    w = RateWindow(60)
-    assert w.rates() == (0.0, 0.0)
-    w.add(10, 1000, now=100.0)
-    assert w.rates() == (0.0, 0.0)
-    w.add(20, 3000, now=110.0)
-    assert w.rates() == (1.0, 200.0)
-
-
-def test_rates_with_no_elapsed_time_are_zero() -> None:
-    w = RateWindow(60)
-    w.add(10, 10, now=5.0)
-    w.add(20, 20, now=5.0)
-    assert w.rates() == (0.0, 0.0)
-
-
-def test_rates_cover_only_the_window() -> None:
-    w = RateWindow(60)
-    # 10 samples/s for 100 s, then 1 sample/s for 100 s.
-    samples = 0
-    for t in range(0, 101):
-        w.add(samples, samples * 100, now=float(t))
-        samples += 10
-    assert w.rates()[0] == pytest.approx(10.0)
-    for t in range(101, 201):
-        w.add(samples, samples * 100, now=float(t))
-        samples += 1
-    s_rate, t_rate = w.rates()
-    assert s_rate == pytest.approx(1.0)
-    assert t_rate == pytest.approx(100.0)
-
-
-def test_window_keeps_a_point_just_older_than_the_window() -> None:
-    w = RateWindow(10)
-    for t in range(0, 31):
-        w.add(t * 2, 0, now=float(t))
-    assert len(w._points) == 11  # from t=20 to t=30: the rate spans exactly the window
-    assert w._points[0][0] == 20.0
-    assert w.rates()[0] == pytest.approx(2.0)
-
-
-def test_sparse_points_keep_two_for_a_rate() -> None:
-    w = RateWindow(10)
-    w.add(0, 0, now=0.0)
-    w.add(100, 0, now=1000.0)  # much longer than the window apart
-    assert w.rates()[0] == pytest.approx(0.1)
-
-
-def test_add_uses_monotonic_clock_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = iter([50.0, 54.0])
-    monkeypatch.setattr("dflash_tasks.monitoring.progress_bar.time.monotonic", lambda: next(clock))
-    w = RateWindow(60)
-    w.add(0, 0)
-    w.add(8, 400)
-    assert w.rates() == (2.0, 100.0)
 
 
 # -- format_duration ---------------------------------------------------------------------------------
@@ -98,34 +42,33 @@ def test_format_duration(seconds: float | None, text: str) -> None:
     assert format_duration(seconds) == text
 
 
-# -- ProgressBar.render ------------------------------------------------------------------------------
+# -- ProgressBar.render (tqdm's formatter, our rates) ---------------------------------------------------
 
 
-def test_render_with_eta_from_sample_rate() -> None:
-    bar = ProgressBar(1000, stream=io.StringIO(), width=10)
-    line = bar.render(250, samples_per_s=2.5, tokens_per_s=12345.6)
-    assert line == ("[##--------] 250/1,000 samples  25.0% | 12,346 tok/s 2.50 samples/s | ETA 5m00s")
+def test_render_shows_counts_both_rates_and_the_eta_from_the_sample_rate() -> None:
+    bar = ProgressBar(1000, stream=io.StringIO())
+    line = bar.render(250, samples_per_s=2.5, tokens_per_s=12345.6, width=100)
+    assert line.startswith(" 25.0%|")
+    assert "250/1000 samples" in line
+    assert "2.50 samples/s" in line and "12,346 tok/s" in line
+    assert line.endswith("ETA 05:00]")  # 750 samples left at 2.5/s
 
 
 def test_render_eta_uses_remaining_samples_only() -> None:
-    bar = ProgressBar(100_000, stream=io.StringIO(), width=20)
-    line = bar.render(64_000, samples_per_s=10.0, tokens_per_s=0)
-    assert line.endswith("ETA 1h00m")
-    assert "64,000/100,000" in line
-    assert line.startswith("[" + "#" * 12 + "-" * 8 + "]")
+    bar = ProgressBar(100_000, stream=io.StringIO())
+    assert bar.render(64_000, samples_per_s=10.0, tokens_per_s=0).endswith("ETA 1:00:00]")
 
 
-def test_render_without_rate_has_unknown_eta() -> None:
-    bar = ProgressBar(10, stream=io.StringIO(), width=10)
-    assert bar.render(3, 0.0, 0.0).endswith("ETA --")
+def test_render_shows_tokens_per_second_even_before_a_sample_rate() -> None:
+    bar = ProgressBar(10, stream=io.StringIO())
+    line = bar.render(0, 0.0, 850.0)
+    assert "850 tok/s" in line and line.endswith("ETA ?]")
 
 
-def test_render_done_and_empty_totals() -> None:
-    bar = ProgressBar(10, stream=io.StringIO(), width=4)
-    assert bar.render(10, 1.0, 1.0).startswith("[####] 10/10 samples 100.0%")
-    assert bar.render(10, 1.0, 1.0).endswith("ETA 0s")
-    empty = ProgressBar(0, stream=io.StringIO(), width=4)
-    assert empty.render(0, 0.0, 0.0).startswith("[####] 0/0 samples 100.0%")
+def test_render_done() -> None:
+    bar = ProgressBar(10, stream=io.StringIO())
+    line = bar.render(10, 1.0, 1.0)
+    assert line.startswith("100.0%|") and "10/10 samples" in line and line.endswith("ETA 00:00]")
 
 
 # -- ProgressBar.update ----------------------------------------------------------------------------------
@@ -133,14 +76,14 @@ def test_render_done_and_empty_totals() -> None:
 
 def test_update_on_a_terminal_redraws_one_line() -> None:
     out = Tty()
-    bar = ProgressBar(10, stream=out, width=10)
+    bar = ProgressBar(10, stream=out)
     bar.update(1, 1.0, 10.0)
     bar.update(2, 1.0, 10.0)
     bar.close()
     text = out.getvalue()
     assert text.count("\r") == 2
     assert text.endswith("\n") and text.count("\n") == 1
-    assert text.split("\r")[-1].strip() == bar.render(2, 1.0, 10.0)
+    assert "2/10 samples" in text.split("\r")[-1]
 
 
 def fake_clock(monkeypatch: pytest.MonkeyPatch, start: float) -> list[float]:
@@ -152,7 +95,7 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch, start: float) -> list[float]:
 def test_update_off_a_terminal_prints_a_line_now_and_then(monkeypatch: pytest.MonkeyPatch) -> None:
     now = fake_clock(monkeypatch, 100_000.0)
     out = io.StringIO()
-    bar = ProgressBar(10, stream=out, width=10, plain_every=10)
+    bar = ProgressBar(10, stream=out, plain_every=10)
     bar.update(1, 1.0, 1.0)
     now[0] += 5
     bar.update(2, 1.0, 1.0)  # too soon: not printed
@@ -162,13 +105,27 @@ def test_update_off_a_terminal_prints_a_line_now_and_then(monkeypatch: pytest.Mo
     bar.update(10, 1.0, 1.0, force=True)  # the final line is always printed
     bar.close()
     lines = out.getvalue().splitlines()
-    assert lines == [bar.render(n, 1.0, 1.0) for n in (1, 3, 10)]
+    assert [line.split("|")[2].split(" ")[1] for line in lines] == ["1/10", "3/10", "10/10"]
     assert "\r" not in out.getvalue()
 
 
 def test_first_plain_update_is_printed_right_after_boot(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_clock(monkeypatch, 5.0)  # CLOCK_MONOTONIC counts from boot on Linux
     out = io.StringIO()
-    bar = ProgressBar(10, stream=out, width=10)  # default plain_every = 10 s
+    bar = ProgressBar(10, stream=out)  # default plain_every = 10 s
     bar.update(1, 1.0, 1.0)
-    assert out.getvalue() == bar.render(1, 1.0, 1.0) + "\n"
+    assert out.getvalue().count("\n") == 1 and "1/10 samples" in out.getvalue()
+
+
+# -- live_rates: the same buckets status reads ---------------------------------------------------------
+
+
+def test_live_rates_come_from_the_workers_buckets(rclient: redis.Redis, prefix: str) -> None:
+    keys = Keys(prefix)
+    now = 1_800_000_000.0
+    start, end = window_bounds(now)
+    for b in range(start, end, 5):  # a full minute at 2 samples/s and 3,000 tokens/s
+        rclient.hset(keys.bucket("j1", b), mapping={"samples": 10, "tokens": 15_000})
+    bk = Bookkeeping(rclient, prefix)
+    assert live_rates(bk, "j1", now) == (pytest.approx(2.0), pytest.approx(3000.0))
+    assert live_rates(bk, "other", now) == (0.0, 0.0)
