@@ -12,7 +12,6 @@ import argparse
 import json
 import logging
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -37,8 +36,7 @@ from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.quality import CHECKS, QualitySettings
 from dflash_tasks.core.settings import Settings
 from dflash_tasks.monitoring.fleet import capacity, live_fleet
-from dflash_tasks.monitoring.progress_bar import ProgressBar, live_rates
-from dflash_tasks.monitoring.progress_writer import ProgressWriter, record_gpu_price
+from dflash_tasks.monitoring.progress_writer import record_gpu_price
 from dflash_tasks.producer.inputs import input_fingerprint, summarize_invalid
 from dflash_tasks.producer.preflight import (
     PREFLIGHT_KEY,
@@ -49,6 +47,7 @@ from dflash_tasks.producer.preflight import (
 )
 from dflash_tasks.producer.serving import ServingWatch
 from dflash_tasks.producer.staging import stage_input
+from dflash_tasks.producer.waiting import wait_for_job
 from dflash_tasks.store import Store, open_store
 from dflash_tasks.store.jobfiles import done_chunks, load_job, load_manifest
 
@@ -83,7 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
     p.add_argument("--queue", help="base queue name; chunks go to <base>.<model key> [DFLASH_QUEUE]")
     p.add_argument("--wait", action="store_true", help="show a progress bar until the job is finished")
-    p.add_argument("--replan-seconds", type=float, default=60.0, help="with --wait: re-plan this often")
+    p.add_argument(
+        "--wait-replan-seconds",
+        "--replan-seconds",  # the old name, still accepted
+        dest="wait_replan_seconds",
+        type=float,
+        default=60.0,
+        help="with --wait: re-plan from the store this often (default 60)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     p.add_argument("--dry-run", action="store_true", help="plan and print; write and queue nothing")
     q = p.add_argument_group("quality")
@@ -297,101 +303,6 @@ def run_preflight(
     raise PreflightFailed(reason + "\nFix the cause, then re-run this command.")
 
 
-def wait_for_job(result: EnqueueResult, args: argparse.Namespace, settings: Settings) -> bool:
-    """Show progress until every chunk is stored; re-plan now and then (a Redis loss heals itself).
-
-    Returns False when the job is paused by the live quality gate, or when every chunk not done
-    is parked after repeated failures.
-    """
-    store = open_store(args.output, settings)
-    manifest = result.manifest
-    bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
-    app = celery_app(settings)
-    bar = ProgressBar(manifest.samples)
-    job_id = result.job.job_id
-    last_replan = time.monotonic()
-    progress = ProgressWriter(
-        bk, f"enqueue@{socket.gethostname()}/{os.getpid()}", settings.progress_seconds, settings.queue
-    )
-    watch = ServingWatch(bk, result.job.spec.model, newline=True)
-    done: set[int] = set()
-    listed = float("-inf")
-    try:
-        while True:
-            # The store is the truth, but listing it (on S3, a page per 1,000 chunks) every second
-            # is waste: between listings, Redis's done set (filled as chunks are stored) drives the
-            # bar, and the store is listed every 30 s or as soon as that set says the job is done.
-            try:
-                counted: int | None = bk.done_count(job_id)
-            except DflashError:
-                counted = None
-            now = time.monotonic()
-            if counted is None or counted >= manifest.chunks or now - listed >= 30.0:
-                done = {c for c in done_chunks(store) if c < manifest.chunks}
-                listed = now
-                samples = sum(manifest.chunk_samples(c) for c in done)
-            else:
-                samples = min(manifest.samples, max(counted, len(done)) * manifest.chunk_size)
-            try:
-                samples_s, tokens_s = live_rates(bk, job_id)
-                state, reason = bk.job_state(job_id)
-                parked = bk.parked(job_id)
-            except DflashError:
-                samples_s, tokens_s, state, reason, parked = 0.0, 0.0, "running", "", {}
-            bar.update(samples, samples_s, tokens_s, force=len(done) >= manifest.chunks)
-            _write_progress(progress, job_id, store, result, final=len(done) >= manifest.chunks)
-            if len(done) >= manifest.chunks:
-                return True
-            watch.poll()
-            if state == "paused":
-                bar.close()
-                print(f"job paused: {reason}", file=sys.stderr)
-                print(
-                    f"fix the cause, then: python -m dflash_tasks.resume --output {args.output}",
-                    file=sys.stderr,
-                )
-                return False
-            if parked and len(done | set(parked)) >= manifest.chunks:
-                bar.close()
-                print(f"{len(parked)} chunks keep failing and are parked:", file=sys.stderr)
-                for chunk, why in sorted(parked.items())[:10]:
-                    print(f"  chunk {chunk}: {why}", file=sys.stderr)
-                print(
-                    f"fix the cause, then: python -m dflash_tasks.resume --output {args.output}",
-                    file=sys.stderr,
-                )
-                return False
-            if time.monotonic() - last_replan >= args.replan_seconds:
-                last_replan = time.monotonic()
-                try:
-                    model = result.job.spec.model
-                    _, sent = queue_missing(
-                        store, bk, app, settings, job_id, manifest.chunks, model, exclude=parked
-                    )
-                    if sent:
-                        print(
-                            f"\nre-queued {sent} chunks that were neither queued nor running", file=sys.stderr
-                        )
-                except DflashError as exc:
-                    print(f"\nre-plan failed (will retry): {exc}", file=sys.stderr)
-            time.sleep(1.0)
-    finally:
-        bar.close()
-
-
-def _write_progress(
-    writer: ProgressWriter, job_id: str, store: Store, result: EnqueueResult, final: bool
-) -> None:
-    """progress.json: when no other process wrote it this period, and always once the job is done."""
-    try:
-        if final:
-            writer.write(job_id, store, result.manifest, result.job)
-        else:
-            writer.write_if_due(job_id, store, result.manifest, result.job)
-    except DflashError as exc:  # the workers write it too
-        log.debug("progress.json not written: %s", exc)
-
-
 def print_summary(result: EnqueueResult, dry_run: bool) -> None:
     s = result.summary()
     verb = "would queue" if dry_run else "queued"
@@ -415,7 +326,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         result = enqueue(args, settings)
         print_summary(result, args.dry_run)
-        finished = wait_for_job(result, args, settings) if args.wait and not args.dry_run else True
+        finished = (
+            wait_for_job(result.job, result.manifest, args.output, args.wait_replan_seconds, settings)
+            if args.wait and not args.dry_run
+            else True
+        )
     except PreflightFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_PREFLIGHT_FAILED
