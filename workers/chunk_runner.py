@@ -17,6 +17,7 @@ from dflash_tasks.core.job import input_key, output_key
 from dflash_tasks.core.quality import check_turns
 from dflash_tasks.core.sample import decode_chunk
 from dflash_tasks.core.spec_stats import spec_counts
+from dflash_tasks.core.states import Cause, Delivery
 from dflash_tasks.monitoring import metrics
 from workers.conversation import start_conversation
 from workers.flow.request_pool import RequestPool
@@ -33,8 +34,9 @@ log = logging.getLogger(__name__)
 class ChunkOutcome:
     """What happened to a chunk delivery."""
 
-    status: str  # "done" | "skipped"
+    status: Delivery  # DONE or SKIPPED
     reason: str = ""
+    cause: Cause = Cause.NONE
     samples_ok: int = 0
     samples_failed: int = 0
     completion_tokens: int = 0
@@ -42,8 +44,9 @@ class ChunkOutcome:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "status": self.status,
+            "status": self.status.value,
             "reason": self.reason,
+            "cause": self.cause.value,
             "samples_ok": self.samples_ok,
             "samples_failed": self.samples_failed,
             "completion_tokens": self.completion_tokens,
@@ -79,18 +82,18 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
         raise UnknownChunk(f"job {job_id} has no chunk {chunk} (it has {job.manifest.chunks})")
     out_key = output_key(chunk)
     if job.store.exists(out_key):
-        return ChunkOutcome("skipped", "already done")
+        return ChunkOutcome(Delivery.SKIPPED, "already done", Cause.ALREADY_DONE)
     model = job.definition.spec.model
     ctx.server.check(model)
     if not ctx.bookkeeping.acquire(job_id, chunk, owner, ctx.lease_seconds):
-        return ChunkOutcome("skipped", "running elsewhere (live lease)")
+        return ChunkOutcome(Delivery.SKIPPED, "running elsewhere (live lease)", Cause.LEASED_ELSEWHERE)
     started = time.monotonic()
     ctx.leases.hold(job_id, chunk, owner)
     metrics.chunk_started(job_id)
     try:
         if job.store.exists(out_key):  # finished by another worker between the check and the lease
             ctx.bookkeeping.release(job_id, chunk, owner)
-            return ChunkOutcome("skipped", "already done")
+            return ChunkOutcome(Delivery.SKIPPED, "already done", Cause.ALREADY_DONE)
         samples = decode_chunk(job.store.read(input_key(chunk)))
         spec = job.definition.spec
         rid_prefix = f"{job_id}-{chunk}-{owner.rsplit('/', 1)[-1]}"
@@ -146,7 +149,9 @@ def _store_chunk(
     }
     if ctx.bookkeeping.complete(job_id, chunk, counters):
         record_chunk_and_judge(ctx.bookkeeping, job_id, len(records), checks, quality)
-    return ChunkOutcome("done", "", ok, len(records) - ok, tokens, time.monotonic() - started)
+    return ChunkOutcome(
+        Delivery.DONE, "", Cause.NONE, ok, len(records) - ok, tokens, time.monotonic() - started
+    )
 
 
 def _collect(futures: list[Future[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from dflash_tasks.core.errors import (
     WrongModel,
 )
 from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.states import Cause, Delivery, JobState
 from workers.chunk_runner import ChunkContext, run_chunk
 from workers.flow.consumer_switch import ConsumerSwitch
 from workers.flow.health import HealthGate
@@ -117,7 +118,7 @@ class WorkerRuntime:
         A finished job leaves the registry; a paused job is left alone (its chunks wait for resume).
         """
         job = self.ctx.jobs.get(job_id)
-        if self.ctx.bookkeeping.job_state(job_id)[0] != "running":  # paused, or in its preflight
+        if self.ctx.bookkeeping.job_state(job_id)[0] != JobState.RUNNING:  # paused, or in its preflight
             return []
         queue = model_queue(self.settings.queue, job.definition.spec.model)
         plan = plan_job(
@@ -204,7 +205,7 @@ class WorkerRuntime:
             try:
                 self.ctx.bookkeeping.park_chunk(job_id, chunk, reason)
                 log.error("chunk %d of job %s parked after %d failures: %s", chunk, job_id, failures, reason)
-                return {"status": "parked", "reason": reason}
+                return delivery_result(Delivery.PARKED, reason, Cause.ERROR)
             except DflashError:
                 pass  # cannot park without Redis: keep retrying
         delay = float(min(600.0, self.settings.requeue_backoff * 2 ** (failures - 1)))
@@ -218,35 +219,35 @@ class WorkerRuntime:
             reason,
             exc_info=not isinstance(exc, DflashError),
         )
-        return {"status": "requeued", "reason": reason}
+        return delivery_result(Delivery.REQUEUED, reason, Cause.ERROR)
 
     def handle_delivery(self, job_id: str, chunk: int, task_id: str, queue: str = "") -> dict[str, Any]:
         """Run one delivered chunk message (taken from ``queue``); never raises for expected failures."""
         if not self.health.healthy:  # not consuming any more; don't bounce it straight back here
             self.requeue(job_id, chunk, countdown=self.settings.health_poll_seconds, fallback=queue)
-            return {"status": "requeued", "reason": "server unhealthy"}
+            return delivery_result(Delivery.REQUEUED, "server unhealthy", Cause.SERVER_UNHEALTHY)
         owner = f"{self.hostname}/{task_id}/{uuid.uuid4().hex[:6]}"
         with self._held_lock:
             self._held += 1
         try:
             state, reason = self.ctx.bookkeeping.job_state(job_id)
-            if state == "paused":  # resume (or a re-run of enqueue) queues the chunk again
-                return {"status": "paused", "reason": reason}
+            if state == JobState.PAUSED:  # resume (or a re-run of enqueue) queues the chunk again
+                return delivery_result(Delivery.PAUSED, reason)
             outcome = run_chunk(self.ctx, job_id, chunk, owner)
         except WrongModel as exc:  # never generate another model's chunk: back to its model's queue
             target = self.requeue(job_id, chunk, fallback=queue)
             log.warning(
                 "chunk %d of job %s (from queue %s) put on queue %s: %s", chunk, job_id, queue, target, exc
             )
-            return {"status": "rerouted", "reason": str(exc)}
+            return delivery_result(Delivery.REROUTED, str(exc), Cause.WRONG_MODEL)
         except ServerUnavailable as exc:
             self.requeue(job_id, chunk, fallback=queue)  # first: the chunk must not depend on the pause
             self.health.mark_down(str(exc))
             log.warning("chunk %d of job %s re-queued: %s", chunk, job_id, exc)
-            return {"status": "requeued", "reason": str(exc)}
+            return delivery_result(Delivery.REQUEUED, str(exc), Cause.SERVER_UNHEALTHY)
         except UnknownJob as exc:
             log.error("dropping chunk %d: %s", chunk, exc)
-            return {"status": "dropped", "reason": str(exc)}
+            return delivery_result(Delivery.DROPPED, str(exc), Cause.BAD_MESSAGE)
         except Exception as exc:  # store or Redis trouble, or a bug: never drop the chunk
             return self._after_failure(job_id, chunk, exc, queue)
         finally:
@@ -265,6 +266,11 @@ class WorkerRuntime:
             outcome.seconds,
         )
         return outcome.as_dict()
+
+
+def delivery_result(status: Delivery, reason: str, cause: Cause = Cause.NONE) -> dict[str, Any]:
+    """The task's result for a delivery that did not run to a stored chunk."""
+    return {"status": status.value, "reason": reason, "cause": cause.value}
 
 
 def install(runtime: WorkerRuntime) -> None:

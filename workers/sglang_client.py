@@ -23,6 +23,7 @@ from typing import Any
 import requests
 
 from dflash_tasks.core.errors import ConfigError, RetryableError, SampleRejected
+from dflash_tasks.core.states import ErrorKind
 
 #: The info endpoints: the current name first, then the deprecated alias old releases have.
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
@@ -126,16 +127,16 @@ class SGLangClient:
                 timeout=(10.0, self._timeout),
             )
         except requests.Timeout as exc:
-            raise RetryableError(f"request timed out after {self._timeout:.0f}s") from exc
+            raise RetryableError(f"request timed out after {self._timeout:.0f}s", ErrorKind.TIMEOUT) from exc
         except requests.RequestException as exc:
-            raise RetryableError(f"connection error: {_short(exc)}") from exc
+            raise RetryableError(f"connection error: {_short(exc)}", ErrorKind.CONNECTION) from exc
         if resp.status_code != 200:
             message = error_message(resp)
             if resp.status_code == 400:
                 raise SampleRejected(f"HTTP 400: {message}")
             if resp.status_code in (401, 403):
                 message += f" ({_KEY_HINT})"
-            raise RetryableError(f"HTTP {resp.status_code}: {message}")
+            raise RetryableError(f"HTTP {resp.status_code}: {message}", ErrorKind.of_status(resp.status_code))
         return parse_completion(resp.content)
 
     def healthy(self, timeout: float = 30.0) -> bool:
@@ -211,9 +212,11 @@ def parse_completion(body: bytes) -> Completion:
         finish = str(choice.get("finish_reason") or "")
         meta = choice.get("meta_info")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-        raise RetryableError(f"invalid response body ({len(body)} bytes): {type(exc).__name__}") from None
+        raise RetryableError(
+            f"invalid response body ({len(body)} bytes): {type(exc).__name__}", ErrorKind.BAD_RESPONSE
+        ) from None
     if finish == "abort":
-        raise RetryableError("the server aborted the request (finish_reason 'abort')")
+        raise RetryableError("the server aborted the request (finish_reason 'abort')", ErrorKind.ABORT)
     details = usage.get("completion_tokens_details") or {}
     return Completion(
         reasoning=(message.get("reasoning_content") or "").strip(),

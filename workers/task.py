@@ -8,8 +8,10 @@ from typing import Any
 from celery import Task
 
 from dflash_tasks.coord.celery_app import TASK_NAME, app
+from dflash_tasks.core.states import Cause, Delivery
 from dflash_tasks.monitoring import metrics
 from workers import runtime as worker_runtime
+from workers.runtime import delivery_result
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +22,7 @@ def run_chunk_task(self: Task, job_id: str, chunk: int) -> dict[str, Any]:
     if type(chunk) is not int or type(job_id) is not str:  # a hand-made message: nothing to run
         reason = f"invalid message arguments: job {job_id!r}, chunk {chunk!r}"
         log.error("dropping a message: %s", reason)
-        result: dict[str, Any] = {"status": "dropped", "reason": reason}
+        result = delivery_result(Delivery.DROPPED, reason, Cause.BAD_MESSAGE)
     else:
         queue = str((self.request.delivery_info or {}).get("routing_key") or "")
         result = worker_runtime.current().handle_delivery(job_id, chunk, str(self.request.id), queue)

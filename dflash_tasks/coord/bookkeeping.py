@@ -19,6 +19,7 @@ from dflash_tasks.coord.keys import Keys
 from dflash_tasks.coord.lua import load_script
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS
 from dflash_tasks.core.errors import RetryableError
+from dflash_tasks.core.states import JobState
 
 
 class Bookkeeping:
@@ -64,7 +65,7 @@ class Bookkeeping:
         with _redis_errors("registering the job"):
             pipe = self._r.pipeline()
             pipe.sadd(self._keys.jobs(), job_id)
-            pipe.hsetnx(self._k(job_id), "state", "running")
+            pipe.hsetnx(self._k(job_id), "state", JobState.RUNNING.value)
             pipe.hset(self._k(job_id), mapping={"output": output_uri, "registered": time.time()})
             pipe.execute()
 
@@ -77,13 +78,13 @@ class Bookkeeping:
         with _redis_errors("listing jobs"):
             return sorted(m.decode() for m in cast(Iterable[bytes], self._r.smembers(self._keys.jobs())))
 
-    def job_state(self, job_id: str) -> tuple[str, str]:
-        """(state, pause reason): state is ``running`` or ``paused``."""
+    def job_state(self, job_id: str) -> tuple[JobState, str]:
+        """(state, pause reason): RUNNING, PREFLIGHT or PAUSED."""
         with _redis_errors("reading the job state"):
             state, reason = cast(
                 list[bytes | None], self._r.hmget(self._k(job_id), ["state", "pause_reason"])
             )
-        return (state or b"running").decode(), (reason or b"").decode()
+        return JobState.parse((state or b"").decode()), (reason or b"").decode()
 
     def pause_job(self, job_id: str, reason: str) -> bool:
         """Pause the job (workers stop taking its chunks); True if it was running."""
@@ -91,19 +92,20 @@ class Bookkeeping:
             pipe = self._r.pipeline()
             pipe.hget(self._k(job_id), "state")
             pipe.hset(
-                self._k(job_id), mapping={"state": "paused", "pause_reason": reason, "paused_at": time.time()}
+                self._k(job_id),
+                mapping={"state": JobState.PAUSED.value, "pause_reason": reason, "paused_at": time.time()},
             )
             previous, _ = pipe.execute()
-        return bool(previous != b"paused")
+        return bool(previous != JobState.PAUSED.value.encode())
 
     def set_preflight(self, job_id: str, active: bool) -> None:
         """Mark the job as running its preflight: only the sample is queued, nobody re-plans it."""
         with _redis_errors("setting the job state"):
-            self._r.hset(self._k(job_id), "state", "preflight" if active else "running")
+            self._r.hset(self._k(job_id), "state", (JobState.PREFLIGHT if active else JobState.RUNNING).value)
 
     def resume_job(self, job_id: str) -> None:
         with _redis_errors("resuming the job"):
-            self._r.hset(self._k(job_id), mapping={"state": "running", "pause_reason": ""})
+            self._r.hset(self._k(job_id), mapping={"state": JobState.RUNNING.value, "pause_reason": ""})
             self._r.delete(self._k(job_id, "recent"), self._k(job_id, "parked"), self._k(job_id, "failures"))
 
     def push_recent(self, job_id: str, entry: Mapping[str, Any], keep: int) -> list[dict[str, Any]]:

@@ -15,9 +15,18 @@ DflashError
 
 from __future__ import annotations
 
+from dflash_tasks.core.states import ErrorKind
+
 
 class DflashError(Exception):
-    """Base of every error this package raises on purpose."""
+    """Base of every error this package raises on purpose.
+
+    ``kind`` says what failed, for metrics and retry decisions, so nobody parses the message.
+    """
+
+    def __init__(self, message: str = "", kind: ErrorKind = ErrorKind.OTHER) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class RetryableError(DflashError):
@@ -38,6 +47,9 @@ class PermanentError(DflashError):
 
 class SampleRejected(PermanentError):
     """The server rejected one request (e.g. the prompt is longer than the context)."""
+
+    def __init__(self, message: str = "", kind: ErrorKind = ErrorKind.REJECTED) -> None:
+        super().__init__(message, kind)
 
 
 class ConfigError(PermanentError):

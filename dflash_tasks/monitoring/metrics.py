@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, ParamSpec, Protocol
@@ -54,8 +53,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dflash_tasks.coord.progress_keys import queue_keys
-from dflash_tasks.core.errors import SampleRejected
+from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, spec_counts
+from dflash_tasks.core.states import Cause, Delivery, ErrorKind
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -230,16 +230,14 @@ def delivery(result: Mapping[str, Any], redelivered: bool = False) -> None:
     if redelivered:
         REDELIVERIES.labels(_worker).inc()
     status = str(result.get("status", ""))
-    reason = str(result.get("reason", ""))
-    if status == "skipped":
-        outcome = "skipped_done" if "done" in reason else "skipped_leased"
+    cause = str(result.get("cause", ""))
+    if status == Delivery.SKIPPED:
+        outcome = "skipped_done" if cause == Cause.ALREADY_DONE else "skipped_leased"
     else:
         outcome = status or "unknown"
     CHUNKS.labels(_worker, outcome).inc()
-    if status == "requeued":
-        REQUEUED.labels(_worker, "server_unhealthy" if "unhealthy" in reason else "error").inc()
-    elif status == "rerouted":
-        REQUEUED.labels(_worker, "wrong_model").inc()
+    if status in (Delivery.REQUEUED, Delivery.REROUTED):
+        REQUEUED.labels(_worker, cause or Cause.ERROR.value).inc()
 
 
 @_safe
@@ -298,27 +296,10 @@ class AcceptLength(Collector):
 REGISTRY.register(AcceptLength())
 
 
-_HTTP = re.compile(r"HTTP (\d{3})")
-
-
 def error_kind(exc: BaseException) -> str:
-    """A short, bounded label for a failed attempt (from the client's error translation)."""
-    if isinstance(exc, SampleRejected):
-        return "rejected"
-    text = str(exc)
-    found = _HTTP.match(text)
-    if found:
-        code = found.group(1)
-        return "http_503" if code == "503" else f"http_{code[0]}xx"
-    for prefix, kind in (
-        ("request timed out", "timeout"),
-        ("connection error", "connection"),
-        ("invalid response body", "bad_response"),
-        ("the server aborted", "abort"),
-    ):
-        if text.startswith(prefix):
-            return kind
-    return "other"
+    """A short, bounded label for a failed attempt: the kind the client's error translation set."""
+    kind = exc.kind if isinstance(exc, DflashError) else ErrorKind.OTHER
+    return str(kind.value)
 
 
 # --- the worker's gauges and the endpoint -----------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Any
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, WINDOW_SECONDS, window_bounds
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, accept_length
+from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.fleet import alive, live_fleet, serving_warning
 from dflash_tasks.monitoring.snapshot import Snapshot, num, read_progress, read_snapshot
 from dflash_tasks.store import Store
@@ -169,7 +170,7 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
     spent, projected = cost(snap.gpu_hour_usd, gpu_s, live, eta)
     spec = spec_summary(snap, workers, now)
 
-    state = "done" if done_all else (job.get("state") or "running")
+    state = JobState.DONE if done_all else JobState.parse(job.get("state") or "")
     warnings: list[str] = []
     if not snap.redis_ok:
         warnings.append("Redis unreachable: rates, running chunks and workers are unknown")
@@ -198,7 +199,7 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
         "output": snap.output,
         "model": snap.model,
         "state": state,
-        "pause_reason": (job.get("pause_reason") or None) if state == "paused" else None,
+        "pause_reason": (job.get("pause_reason") or None) if state == JobState.PAUSED else None,
         "updated_at": round(now, 3),
         "updated_at_iso": _iso(now),
         "writer": writer,

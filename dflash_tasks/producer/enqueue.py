@@ -35,6 +35,7 @@ from dflash_tasks.core.job import (
 from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.quality import CHECKS, QualitySettings
 from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.fleet import capacity, live_fleet
 from dflash_tasks.monitoring.progress_writer import record_gpu_price
 from dflash_tasks.producer.inputs import input_fingerprint, summarize_invalid
@@ -267,7 +268,7 @@ def run_preflight(
         chunks,
         args.preflight_timeout,
         show,
-        stop=lambda: bk.job_state(job.job_id)[0] == "paused",
+        stop=lambda: bk.job_state(job.job_id)[0] == JobState.PAUSED,
     )
     if done_sample is None:
         raise PreflightFailed(

@@ -15,6 +15,7 @@ from dflash_tasks.coord.celery_app import app, configure
 from dflash_tasks.coord.planner import queue_missing
 from dflash_tasks.core.errors import DflashError, StoreError
 from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.states import JobState
 from dflash_tasks.producer.serving import ServingWatch
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    was = f"was paused ({reason})" if state == "paused" else "was not paused"
+    was = f"was paused ({reason})" if state == JobState.PAUSED else "was not paused"
     print(
         f"job {job.job_id} {was}; resumed: {len(plan.done):,}/{manifest.chunks:,} chunks done, "
         f"{sent:,} queued",
@@ -51,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ServingWatch(bk, job.spec.model).poll()
     if args.json:
-        print(json.dumps({"job_id": job.job_id, "was_paused": state == "paused", "chunks_enqueued": sent}))
+        print(
+            json.dumps(
+                {"job_id": job.job_id, "was_paused": state == JobState.PAUSED, "chunks_enqueued": sent}
+            )
+        )
     return 0
 
 

@@ -22,6 +22,7 @@ from dflash_tasks.core.job import (
     Manifest,
 )
 from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.progress_bar import ProgressBar, live_rates
 from dflash_tasks.monitoring.progress_writer import ProgressWriter
 from dflash_tasks.producer.serving import ServingWatch
@@ -72,13 +73,13 @@ def wait_for_job(
                 state, reason = bk.job_state(job_id)
                 parked = bk.parked(job_id)
             except DflashError:
-                samples_s, tokens_s, state, reason, parked = 0.0, 0.0, "running", "", {}
+                samples_s, tokens_s, state, reason, parked = 0.0, 0.0, JobState.RUNNING, "", {}
             bar.update(samples, samples_s, tokens_s, force=len(done) >= manifest.chunks)
             _write_progress(progress, job, manifest, store, final=len(done) >= manifest.chunks)
             if len(done) >= manifest.chunks:
                 return True
             watch.poll()
-            if state == "paused":
+            if state == JobState.PAUSED:
                 bar.close()
                 print(f"job paused: {reason}", file=sys.stderr)
                 print(

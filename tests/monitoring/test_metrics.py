@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from dflash_tasks.core.errors import RetryableError
+from dflash_tasks.core.states import ErrorKind
 from dflash_tasks.monitoring import metrics
 
 
@@ -24,9 +25,13 @@ def test_delivery_outcomes_and_redeliveries() -> None:
     redelivered = value("dflash_redeliveries_total")
     unhealthy = value("dflash_chunks_requeued_total", reason="server_unhealthy")
     metrics.delivery({"status": "done"})
-    metrics.delivery({"status": "skipped", "reason": "already done"}, redelivered=True)
-    metrics.delivery({"status": "skipped", "reason": "running elsewhere (live lease)"}, redelivered=True)
-    metrics.delivery({"status": "requeued", "reason": "server unhealthy"})
+    metrics.delivery(
+        {"status": "skipped", "reason": "already done", "cause": "already_done"}, redelivered=True
+    )
+    metrics.delivery(
+        {"status": "skipped", "reason": "running elsewhere", "cause": "leased_elsewhere"}, redelivered=True
+    )
+    metrics.delivery({"status": "requeued", "reason": "server unhealthy", "cause": "server_unhealthy"})
     for outcome in before:
         assert value("dflash_chunks_total", outcome=outcome) == before[outcome] + 1
     assert value("dflash_redeliveries_total") == redelivered + 2
@@ -60,8 +65,10 @@ def test_errors_and_retries_by_kind() -> None:
         value("dflash_request_errors_total", kind="http_503"),
         value("dflash_request_retries_total", kind="http_503"),
     )
-    metrics.request_error(RetryableError("HTTP 503: queue full"), will_retry=True)
-    metrics.request_error(RetryableError("HTTP 503: queue full"), will_retry=False)  # the last attempt
+    metrics.request_error(RetryableError("HTTP 503: queue full", ErrorKind.HTTP_503), will_retry=True)
+    metrics.request_error(
+        RetryableError("HTTP 503: queue full", ErrorKind.HTTP_503), will_retry=False
+    )  # the last attempt
     assert value("dflash_request_errors_total", kind="http_503") == errors + 2
     assert value("dflash_request_retries_total", kind="http_503") == retries + 1
 

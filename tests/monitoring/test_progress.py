@@ -13,6 +13,7 @@ from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, PROGRESS_KEY, window_bounds
 from dflash_tasks.core.errors import RetryableError, SampleRejected
 from dflash_tasks.core.job import GenerationSpec, JobDefinition, Manifest, output_key
+from dflash_tasks.core.states import ErrorKind
 from dflash_tasks.monitoring import metrics
 from dflash_tasks.monitoring.progress import (
     GPU_GAP_CAP,
@@ -27,7 +28,8 @@ from dflash_tasks.monitoring.progress_writer import FINAL_AFTER, ProgressWriter,
 from dflash_tasks.monitoring.snapshot import Snapshot
 from dflash_tasks.monitoring.status import render
 from dflash_tasks.store import LocalStore
-from tests.helpers import RedisServer
+from tests.helpers import RedisServer, free_port
+from workers.sglang_client import SGLangClient, parse_completion
 from workers.stats import WorkerStats, accept_length
 
 NOW = 1_764_000_000.0  # a multiple of the bucket width, so the window is easy to reason about
@@ -271,20 +273,32 @@ def test_accept_length_from_server_info() -> None:
     assert accept_length({}) is None
 
 
-def test_error_kinds_are_bounded_labels() -> None:
-    cases = {
-        "HTTP 503: queue full": "http_503",
-        "HTTP 502: bad gateway": "http_5xx",
-        "HTTP 429: slow down": "http_4xx",
-        "request timed out after 30s": "timeout",
-        "connection error: refused": "connection",
-        "invalid response body (3 bytes): JSONDecodeError": "bad_response",
-        "the server aborted the request (finish_reason 'abort')": "abort",
-        "something new": "other",
-    }
-    for text, kind in cases.items():
-        assert metrics.error_kind(RetryableError(text)) == kind
+def test_error_kinds_come_from_the_error_never_from_its_text() -> None:
+    assert metrics.error_kind(RetryableError("HTTP 503: queue full", ErrorKind.HTTP_503)) == "http_503"
+    assert metrics.error_kind(RetryableError("HTTP 503: looks like one")) == "other"  # no kind: not parsed
     assert metrics.error_kind(SampleRejected("HTTP 400: too long")) == "rejected"
+    assert metrics.error_kind(ValueError("a bug")) == "other"
+    assert [ErrorKind.of_status(c) for c in (400, 401, 429, 500, 502, 503)] == [
+        ErrorKind.REJECTED,
+        ErrorKind.HTTP_4XX,
+        ErrorKind.HTTP_4XX,
+        ErrorKind.HTTP_5XX,
+        ErrorKind.HTTP_5XX,
+        ErrorKind.HTTP_503,
+    ]
+
+
+def test_the_client_sets_the_kind_of_each_failure() -> None:
+    with pytest.raises(RetryableError) as bad:
+        parse_completion(b"not json")
+    assert bad.value.kind == ErrorKind.BAD_RESPONSE
+    aborted = b'{"choices": [{"message": {"content": ""}, "finish_reason": "abort"}]}'
+    with pytest.raises(RetryableError) as abort:
+        parse_completion(aborted)
+    assert abort.value.kind == ErrorKind.ABORT
+    with pytest.raises(RetryableError) as refused:
+        SGLangClient(f"http://127.0.0.1:{free_port()}", timeout=2).chat({"messages": []})
+    assert refused.value.kind == ErrorKind.CONNECTION
 
 
 # --- the Redis data path ------------------------------------------------------------------------
