@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -18,11 +19,11 @@ from dflash_tasks.core.quality import check_turns
 from dflash_tasks.core.sample import decode_chunk
 from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.core.states import Cause, Delivery
-from dflash_tasks.monitoring import metrics
 from workers.conversation import start_conversation
 from workers.flow.request_pool import RequestPool
 from workers.generation import RetryPolicy, WorkerIdentity
 from workers.identity import ServerModel
+from workers.listener import NO_LISTENER, WorkerListener
 from workers.live_gate import record_chunk_and_judge
 from workers.recovery.leases import LeaseKeeper
 from workers.sglang_client import SGLangClient
@@ -67,6 +68,7 @@ class ChunkContext:
     identity: WorkerIdentity
     lease_seconds: float
     server: ServerModel  # what the server serves: a chunk of another model is never generated
+    listener: WorkerListener = NO_LISTENER  # metrics and live progress (workers.listener)
 
 
 def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOutcome:
@@ -89,7 +91,7 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
         return ChunkOutcome(Delivery.SKIPPED, "running elsewhere (live lease)", Cause.LEASED_ELSEWHERE)
     started = time.monotonic()
     ctx.leases.hold(job_id, chunk, owner)
-    metrics.chunk_started(job_id)
+    ctx.listener.chunk_started(job_id)
     try:
         if job.store.exists(out_key):  # finished by another worker between the check and the lease
             ctx.bookkeeping.release(job_id, chunk, owner)
@@ -101,14 +103,17 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
         # (and counted, exactly once) when every turn of every sample is done.
         who = dataclasses.replace(ctx.identity, server=ctx.server.current)  # what the records name
         futures = [
-            start_conversation(ctx.pool, ctx.client, spec, s, who, ctx.policy, rid_prefix) for s in samples
+            start_conversation(
+                ctx.pool, ctx.client, spec, s, who, ctx.policy, rid_prefix, listener=ctx.listener
+            )
+            for s in samples
         ]
         for fut in futures:
-            fut.add_done_callback(metrics.on_sample_future(job_id))
+            fut.add_done_callback(_report_sample(ctx.listener, job_id))
         records = _collect(futures)
         ctx.server.confirm(model)  # the server may have restarted with another model meanwhile
         outcome = _store_chunk(ctx, job, job_id, chunk, records, started)
-        metrics.chunk_stored(job_id, outcome.seconds)
+        ctx.listener.chunk_stored(job_id, outcome.seconds)
         return outcome
     except BaseException:
         try:
@@ -168,3 +173,13 @@ def _collect(futures: list[Future[dict[str, Any]]]) -> list[dict[str, Any]]:
             fut.cancel()
         raise
     return records
+
+
+def _report_sample(listener: WorkerListener, job_id: str) -> Callable[[Future[dict[str, Any]]], None]:
+    """A done-callback for a sample's future: its record to ``listener.sample_done``."""
+
+    def done(future: Future[dict[str, Any]]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            listener.sample_done(job_id, future.result())
+
+    return done

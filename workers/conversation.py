@@ -11,6 +11,7 @@ A turn that fails, hits ``max_tokens`` or has no answer ends the conversation th
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.sample import Sample
 from workers.flow.request_pool import RequestPool
 from workers.generation import RetryPolicy, WorkerIdentity, generate_turn, make_record
+from workers.listener import NO_LISTENER, WorkerListener
 from workers.sglang_client import SGLangClient
 
 
@@ -64,6 +66,8 @@ def generate_sample(
     policy: RetryPolicy,
     rid_prefix: str,
     sleep: Callable[[float], None] = time.sleep,
+    *,
+    listener: WorkerListener = NO_LISTENER,
 ) -> dict[str, Any]:
     """Generate every turn of ``sample`` in this thread, one after the other; returns its record.
 
@@ -72,7 +76,7 @@ def generate_sample(
     conversation = Conversation(spec, sample, who, rid_prefix)
     while not conversation.finished:
         messages, added, rid = conversation.next_request()
-        conversation.add(generate_turn(client, spec, messages, added, policy, rid, sleep))
+        conversation.add(generate_turn(client, spec, messages, added, policy, rid, sleep, listener=listener))
     return conversation.record()
 
 
@@ -84,6 +88,8 @@ def start_conversation(
     who: WorkerIdentity,
     policy: RetryPolicy,
     rid_prefix: str,
+    *,
+    listener: WorkerListener = NO_LISTENER,
 ) -> Future[dict[str, Any]]:
     """Run ``sample``'s turns through ``pool``, each queued when the previous one returns.
 
@@ -91,6 +97,7 @@ def start_conversation(
     turn waiting in the pool and sends no further turn.
     """
     conversation = Conversation(spec, sample, who, rid_prefix)
+    send = functools.partial(generate_turn, listener=listener)
     result: Future[dict[str, Any]] = Future()
     lock = threading.Lock()
     current: list[Future[dict[str, Any]]] = []
@@ -100,7 +107,7 @@ def start_conversation(
         with lock:
             if result.cancelled():
                 return
-            turn = pool.submit(generate_turn, client, spec, messages, added, policy, rid)
+            turn = pool.submit(send, client, spec, messages, added, policy, rid)
             current[:] = [turn]
         turn.add_done_callback(on_turn)
 

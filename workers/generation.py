@@ -11,7 +11,7 @@ from typing import Any
 from dflash_tasks.core.errors import RetryableError, SampleRejected, ServerUnavailable
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.sample import Sample
-from dflash_tasks.monitoring import metrics
+from workers.listener import NO_LISTENER, WorkerListener
 from workers.sglang_client import Completion, ServerIdentity, SGLangClient
 
 _EMPTY = Completion("", "", "", 0, 0, 0)
@@ -73,6 +73,8 @@ def generate_turn(
     policy: RetryPolicy,
     rid_prefix: str,
     sleep: Callable[[float], None] = time.sleep,
+    *,
+    listener: WorkerListener = NO_LISTENER,
 ) -> dict[str, Any]:
     """Send one turn (``messages``, of which ``added`` are new this turn) and return its turn record.
 
@@ -88,11 +90,11 @@ def generate_turn(
             completion = client.chat(build_request(spec, messages, rid))
             return make_turn(added, completion, None, time.monotonic() - started, attempt)
         except SampleRejected as exc:
-            metrics.request_error(exc, will_retry=False)
+            listener.request_failed(exc, False)
             return make_turn(added, None, str(exc), time.monotonic() - started, attempt)
         except RetryableError as exc:
             last_error = str(exc)
-            metrics.request_error(exc, will_retry=attempt < policy.attempts)
+            listener.request_failed(exc, attempt < policy.attempts)
             if attempt < policy.attempts:
                 sleep(policy.delay(attempt))
     if not client.healthy():

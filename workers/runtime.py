@@ -28,6 +28,7 @@ from dflash_tasks.core.errors import (
 )
 from dflash_tasks.core.settings import Settings
 from dflash_tasks.core.states import Cause, Delivery, JobState
+from dflash_tasks.monitoring.metrics import PrometheusListener
 from workers.chunk_runner import ChunkContext, run_chunk
 from workers.flow.consumer_switch import ConsumerSwitch
 from workers.flow.health import HealthGate
@@ -35,9 +36,10 @@ from workers.flow.prefetch import PrefetchController
 from workers.flow.request_pool import RequestPool
 from workers.generation import RetryPolicy, WorkerIdentity
 from workers.identity import ServerModel
+from workers.listener import Listeners, WorkerListener
 from workers.recovery.leases import LeaseKeeper, Reconciler
 from workers.sglang_client import ServerIdentity, SGLangClient
-from workers.stats import WorkerMonitor
+from workers.stats import FLUSH_SECONDS, StatsListener, WorkerMonitor, WorkerStats
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,9 @@ class WorkerRuntime:
             switch.set_queues(server_queues(settings.queue, new.served_model_name, new.model_path))
 
         server = ServerModel(client.identity, on_change=on_model)
+        stats = WorkerStats(bk, hostname, min(FLUSH_SECONDS, settings.progress_seconds))
+        prometheus = PrometheusListener(hostname, settings.endpoint)
+        listener = Listeners([prometheus, StatsListener(stats)])
         ctx = ChunkContext(
             client=client,
             pool=RequestPool(settings.max_inflight),
@@ -85,6 +90,7 @@ class WorkerRuntime:
             identity=WorkerIdentity(worker=hostname, endpoint=settings.endpoint),
             lease_seconds=settings.lease_seconds,
             server=server,
+            listener=listener,
         )
 
         def probe() -> bool:  # healthy, and its model known (read again: it may have restarted)
@@ -108,8 +114,9 @@ class WorkerRuntime:
             visibility_timeout=settings.visibility_timeout,
             replan=runtime.replan_job,
             replan_seconds=settings.replan_seconds,
+            listener=listener,
         )
-        runtime.monitor = WorkerMonitor.for_runtime(runtime)
+        runtime.monitor = WorkerMonitor.for_runtime(runtime, stats, prometheus)
         return runtime
 
     def replan_job(self, job_id: str) -> list[int]:
@@ -162,6 +169,11 @@ class WorkerRuntime:
         self.ctx.server.stop()
         if self.monitor is not None:
             self.monitor.stop()
+
+    @property
+    def listener(self) -> WorkerListener:
+        """Where the worker's events go: Prometheus and the live-progress counters."""
+        return self.ctx.listener
 
     @property
     def held_chunks(self) -> int:

@@ -37,7 +37,9 @@ from dflash_tasks.coord.routing import server_queues
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.settings import Settings
 from dflash_tasks.core.spec_stats import accept_length as ratio
+from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.monitoring import metrics
+from dflash_tasks.monitoring.metrics import PrometheusListener
 from dflash_tasks.monitoring.progress_writer import ProgressWriter, registered_jobs
 from workers.sglang_client import SGLangClient
 
@@ -83,7 +85,7 @@ class WorkerStats:
         #: Set when a chunk is stored: the flush loop pushes the counts at once.
         self.wake = threading.Event()
 
-    # The metrics hooks call these (see metrics.StatsSink).
+    # StatsListener calls these as the worker reports its events.
     def sample_done(
         self,
         job_id: str,
@@ -198,6 +200,40 @@ def accept_length(info: Mapping[str, Any]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+class StatsListener:
+    """:class:`WorkerStats` as a worker listener (``workers.listener``): the live-progress counters."""
+
+    def __init__(self, stats: WorkerStats) -> None:
+        self.stats = stats
+
+    def request_failed(self, exc: BaseException, will_retry: bool) -> None:
+        pass
+
+    def sample_done(self, job_id: str, record: Mapping[str, Any]) -> None:
+        usage = record.get("usage") or {}
+        spec_tokens, verify = spec_counts(record)
+        self.stats.sample_done(
+            job_id,
+            record.get("status") == "ok",
+            int(usage.get("completion_tokens") or 0),
+            spec_tokens,
+            verify,
+            turns=int(record.get("user_turns") or 1),
+        )
+
+    def chunk_started(self, job_id: str) -> None:
+        self.stats.chunk_started(job_id)
+
+    def chunk_stored(self, job_id: str, seconds: float) -> None:
+        self.stats.chunk_done(job_id)
+
+    def delivery(self, result: Mapping[str, Any], redelivered: bool) -> None:
+        pass
+
+    def chunk_requeued(self, reason: str) -> None:
+        pass
+
+
 class WorkerMonitor:
     """The worker's monitoring threads: stats flush + heartbeat, accept length, progress.json."""
 
@@ -209,6 +245,8 @@ class WorkerMonitor:
         client: SGLangClient,
         hostname: str,
         state: Callable[[], dict[str, Any]],
+        stats: WorkerStats,
+        prometheus: PrometheusListener,
     ) -> None:
         self.settings = settings
         self.hostname = hostname
@@ -217,7 +255,9 @@ class WorkerMonitor:
         self._client = client
         self._state = state
         self._beat = min(FLUSH_SECONDS, settings.progress_seconds)
-        self.stats = WorkerStats(bookkeeping, hostname, self._beat)
+        self.stats = stats
+        self.prometheus = prometheus
+        prometheus.recent_accept = stats.recent_accept_length
         self.writer = ProgressWriter(
             bookkeeping,
             owner=hostname,
@@ -229,7 +269,9 @@ class WorkerMonitor:
         self._stop = threading.Event()
 
     @classmethod
-    def for_runtime(cls, runtime: RuntimeView) -> WorkerMonitor:
+    def for_runtime(
+        cls, runtime: RuntimeView, stats: WorkerStats, prometheus: PrometheusListener
+    ) -> WorkerMonitor:
         """Wire a monitor to a worker runtime's pool, health gate and chunk count."""
         ctx, settings = runtime.ctx, runtime.settings
 
@@ -255,17 +297,16 @@ class WorkerMonitor:
                 "server_accept_length": monitor.accept,
             }
 
-        monitor = cls(settings, ctx.bookkeeping, ctx.jobs, ctx.client, runtime.hostname, state)
-        metrics.configure(runtime.hostname, ctx.identity.endpoint)
-        metrics.watch_worker(
+        monitor = cls(
+            settings, ctx.bookkeeping, ctx.jobs, ctx.client, runtime.hostname, state, stats, prometheus
+        )
+        prometheus.watch_worker(
             lambda: ctx.pool.running,
             lambda: ctx.pool.waiting,
             lambda: runtime.held_chunks,
             lambda: runtime.health.healthy,
         )
-        metrics.watch_queue(ctx.bookkeeping.client, queues)
-        metrics.set_sink(monitor.stats)
-        metrics.watch_accept_length(monitor.stats.recent_accept_length)
+        prometheus.watch_queue(ctx.bookkeeping.client, queues)
         return monitor
 
     def start(self) -> None:
@@ -293,7 +334,7 @@ class WorkerMonitor:
             return None
         if value is not None:
             self.accept = value
-            metrics.accept_length(value)
+            self.prometheus.server_accept = value
         return value
 
     def write_progress(self) -> int:

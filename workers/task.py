@@ -9,7 +9,6 @@ from celery import Task
 
 from dflash_tasks.coord.celery_app import TASK_NAME, app
 from dflash_tasks.core.states import Cause, Delivery
-from dflash_tasks.monitoring import metrics
 from workers import runtime as worker_runtime
 from workers.runtime import delivery_result
 
@@ -19,12 +18,13 @@ log = logging.getLogger(__name__)
 @app.task(name=TASK_NAME, bind=True)  # type: ignore[untyped-decorator]
 def run_chunk_task(self: Task, job_id: str, chunk: int) -> dict[str, Any]:
     """Generate and store chunk ``chunk`` of job ``job_id`` (a no-op when it is already done)."""
+    runtime = worker_runtime.current()
     if type(chunk) is not int or type(job_id) is not str:  # a hand-made message: nothing to run
         reason = f"invalid message arguments: job {job_id!r}, chunk {chunk!r}"
         log.error("dropping a message: %s", reason)
         result = delivery_result(Delivery.DROPPED, reason, Cause.BAD_MESSAGE)
     else:
         queue = str((self.request.delivery_info or {}).get("routing_key") or "")
-        result = worker_runtime.current().handle_delivery(job_id, chunk, str(self.request.id), queue)
-    metrics.delivery(result, redelivered=bool((self.request.delivery_info or {}).get("redelivered")))
+        result = runtime.handle_delivery(job_id, chunk, str(self.request.id), queue)
+    runtime.listener.delivery(result, bool((self.request.delivery_info or {}).get("redelivered")))
     return result

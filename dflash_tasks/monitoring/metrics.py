@@ -2,10 +2,9 @@
 
 A worker runs the Celery threads pool (one process), so one registry per process is enough:
 :func:`start_server` serves it on ``127.0.0.1:<metrics_port>`` (``DFLASH_METRICS_PORT``, default
-9808; 0 disables it). The hooks below are called from the chunk runner, the sample generator and
-the task; they are cheap, work without a server (the counters just count), and never raise, so
-monitoring can never fail a chunk. They also feed the live-progress counters of
-:mod:`workers.stats` when a worker installed one (:func:`set_sink`).
+9808; 0 disables it). The events are reported by the chunk runner, the sample generator and
+the task through :class:`PrometheusListener`, one of the listeners the worker runtime hands its
+code (``workers.listener``); they are cheap and work without a server (the counters just count).
 
 Series (every one has a ``worker`` label):
 
@@ -41,11 +40,9 @@ Series (every one has a ``worker`` label):
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
-from typing import Any, ParamSpec, Protocol
+from typing import Any
 
 import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -58,7 +55,6 @@ from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, spec
 from dflash_tasks.core.states import Cause, Delivery, ErrorKind
 
 log = logging.getLogger(__name__)
-P = ParamSpec("P")
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -128,143 +124,91 @@ INFO = Gauge(
 )
 
 
-class StatsSink(Protocol):
-    """Receives the per-sample and per-chunk events (the worker's live-progress counters)."""
+class PrometheusListener:
+    """The worker's events as Prometheus series (a listener in the sense of ``workers.listener``).
 
-    def sample_done(
-        self, job_id: str, ok: bool, tokens: int, spec_tokens: int, verify: int, *, turns: int = 1
-    ) -> None: ...
+    One per worker process (the series live in the process-wide :data:`REGISTRY`); it also exports
+    the worker's gauges (:meth:`watch_worker`, :meth:`watch_queue`) and its accept length.
+    """
 
-    def chunk_started(self, job_id: str) -> None: ...
+    def __init__(self, worker: str, endpoint: str) -> None:
+        self.worker, self.endpoint = worker, endpoint
+        self.server_accept: float | None = None  # the server's lifetime figure (polled)
+        self.recent_accept: Callable[[], float | None] = _unknown  # per-request, last minute
+        INFO.labels(worker, endpoint).set(1)
+        _register_once(AcceptLength(self))
 
-    def chunk_done(self, job_id: str) -> None: ...
+    # -- events --------------------------------------------------------------------------------
+    def request_failed(self, exc: BaseException, will_retry: bool) -> None:
+        kind = error_kind(exc)
+        REQUEST_ERRORS.labels(self.worker, kind).inc()
+        if will_retry:
+            RETRIES.labels(self.worker, kind).inc()
 
+    def sample_done(self, job_id: str, record: Mapping[str, Any]) -> None:
+        ok = record.get("status") == "ok"
+        usage = record.get("usage") or {}
+        SAMPLES.labels(self.worker, job_id, "ok" if ok else "failed").inc()
+        TOKENS.labels(self.worker, job_id).inc(int(usage.get("completion_tokens") or 0))
+        PROMPT_TOKENS.labels(self.worker, job_id).inc(int(usage.get("prompt_tokens") or 0))
+        spec_tokens, verify = spec_counts(record)
+        if verify:
+            SPEC_TOKENS.labels(self.worker, job_id).inc(spec_tokens)
+            SPEC_VERIFY.labels(self.worker, job_id).inc(verify)
 
-_worker = ""
-_endpoint = ""
-_sink: StatsSink | None = None
+    def chunk_started(self, job_id: str) -> None:
+        pass
 
+    def chunk_stored(self, job_id: str, seconds: float) -> None:
+        CHUNK_SECONDS.labels(self.worker).observe(seconds)
 
-def configure(worker: str, endpoint: str) -> None:
-    """Name this process's series (called once by the worker)."""
-    global _worker, _endpoint
-    _worker, _endpoint = worker, endpoint
-    INFO.labels(worker, endpoint).set(1)
+    def delivery(self, result: Mapping[str, Any], redelivered: bool) -> None:
+        if redelivered:
+            REDELIVERIES.labels(self.worker).inc()
+        status = str(result.get("status", ""))
+        cause = str(result.get("cause", ""))
+        if status == Delivery.SKIPPED:
+            outcome = "skipped_done" if cause == Cause.ALREADY_DONE else "skipped_leased"
+        else:
+            outcome = status or "unknown"
+        CHUNKS.labels(self.worker, outcome).inc()
+        if status in (Delivery.REQUEUED, Delivery.REROUTED):
+            REQUEUED.labels(self.worker, cause or Cause.ERROR.value).inc()
 
+    def chunk_requeued(self, reason: str) -> None:
+        REQUEUED.labels(self.worker, reason).inc()
 
-def set_sink(sink: StatsSink | None) -> None:
-    global _sink
-    _sink = sink
+    # -- gauges read at scrape time --------------------------------------------------------------
+    def watch_worker(
+        self,
+        inflight: Callable[[], float],
+        waiting: Callable[[], float],
+        held: Callable[[], float],
+        healthy: Callable[[], bool],
+    ) -> None:
+        INFLIGHT.labels(self.worker, self.endpoint).set_function(inflight)
+        WAITING.labels(self.worker, self.endpoint).set_function(waiting)
+        HELD.labels(self.worker).set_function(held)
+        HEALTHY.labels(self.worker, self.endpoint).set_function(lambda: 1.0 if healthy() else 0.0)
 
-
-def _safe(fn: Callable[P, None]) -> Callable[P, None]:
-    """Monitoring never fails the work: log and swallow any error of a hook."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
-        try:
-            fn(*args, **kwargs)
-        except Exception:
-            log.debug("metrics hook %s failed", fn.__name__, exc_info=True)
-
-    return wrapper
-
-
-# --- hooks ------------------------------------------------------------------------------------
-
-
-@_safe
-def sample_done(job_id: str, record: Mapping[str, Any]) -> None:
-    """A sample's output record is ready (called once per sample, as it finishes)."""
-    ok = record.get("status") == "ok"
-    usage = record.get("usage") or {}
-    tokens = int(usage.get("completion_tokens") or 0)
-    SAMPLES.labels(_worker, job_id, "ok" if ok else "failed").inc()
-    TOKENS.labels(_worker, job_id).inc(tokens)
-    PROMPT_TOKENS.labels(_worker, job_id).inc(int(usage.get("prompt_tokens") or 0))
-    spec_tokens, verify = spec_counts(record)
-    if verify:
-        SPEC_TOKENS.labels(_worker, job_id).inc(spec_tokens)
-        SPEC_VERIFY.labels(_worker, job_id).inc(verify)
-    if _sink is not None:
-        _sink.sample_done(job_id, ok, tokens, spec_tokens, verify, turns=int(record.get("user_turns") or 1))
-
-
-def on_sample_future(job_id: str) -> Callable[[Future[dict[str, Any]]], None]:
-    """A done-callback for a sample's future: calls :func:`sample_done` with its record."""
-
-    def done(future: Future[dict[str, Any]]) -> None:
-        if not future.cancelled() and future.exception() is None:
-            sample_done(job_id, future.result())
-
-    return done
-
-
-@_safe
-def request_error(exc: BaseException, will_retry: bool) -> None:
-    """A generation attempt failed with ``exc``; ``will_retry`` when another attempt follows."""
-    kind = error_kind(exc)
-    REQUEST_ERRORS.labels(_worker, kind).inc()
-    if will_retry:
-        RETRIES.labels(_worker, kind).inc()
-
-
-@_safe
-def chunk_started(job_id: str) -> None:
-    """This worker took the lease of one of ``job_id``'s chunks."""
-    if _sink is not None:
-        _sink.chunk_started(job_id)
-
-
-@_safe
-def chunk_stored(job_id: str, seconds: float) -> None:
-    """A chunk's completions were stored ``seconds`` after its lease was taken."""
-    CHUNK_SECONDS.labels(_worker).observe(seconds)
-    if _sink is not None:
-        _sink.chunk_done(job_id)
-
-
-@_safe
-def delivery(result: Mapping[str, Any], redelivered: bool = False) -> None:
-    """A chunk message was handled; ``result`` is what the task returned."""
-    if redelivered:
-        REDELIVERIES.labels(_worker).inc()
-    status = str(result.get("status", ""))
-    cause = str(result.get("cause", ""))
-    if status == Delivery.SKIPPED:
-        outcome = "skipped_done" if cause == Cause.ALREADY_DONE else "skipped_leased"
-    else:
-        outcome = status or "unknown"
-    CHUNKS.labels(_worker, outcome).inc()
-    if status in (Delivery.REQUEUED, Delivery.REROUTED):
-        REQUEUED.labels(_worker, cause or Cause.ERROR.value).inc()
-
-
-@_safe
-def chunk_requeued(reason: str) -> None:
-    """A chunk went back on the queue outside a delivery (e.g. the reconciler: ``lease_expired``)."""
-    REQUEUED.labels(_worker, reason).inc()
+    def watch_queue(self, client: redis.Redis, queues: Callable[[], Sequence[str]]) -> None:
+        """Export the depth of the queues ``queues()`` names."""
+        _register_once(QueueDepth(client, queues))
 
 
 def _unknown() -> float | None:
     return None
 
 
-_server_accept: float | None = None
-_recent_accept: Callable[[], float | None] = _unknown
+_registered: set[str] = set()
 
 
-@_safe
-def accept_length(value: float) -> None:
-    """The server's lifetime accept length (``internal_states``), polled by the worker."""
-    global _server_accept
-    _server_accept = value
-
-
-def watch_accept_length(recent: Callable[[], float | None]) -> None:
-    """Where the per-request accept length of the last minute comes from (the worker's stats)."""
-    global _recent_accept
-    _recent_accept = recent
+def _register_once(collector: Collector) -> None:
+    """One collector of each kind per process (the registry refuses duplicates)."""
+    name = type(collector).__name__
+    if name not in _registered:
+        _registered.add(name)
+        REGISTRY.register(collector)
 
 
 class AcceptLength(Collector):
@@ -274,14 +218,18 @@ class AcceptLength(Collector):
     else the server's ``server_lifetime`` figure; nothing before either is known.
     """
 
+    def __init__(self, listener: PrometheusListener) -> None:
+        self._listener = listener
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        listener = self._listener
         try:
-            value, source = _recent_accept(), SOURCE_PER_REQUEST
+            value, source = listener.recent_accept(), SOURCE_PER_REQUEST
         except Exception:
             log.debug("per-request accept length unavailable", exc_info=True)
             value = None
         if value is None:
-            value, source = _server_accept, SOURCE_SERVER
+            value, source = listener.server_accept, SOURCE_SERVER
         if value is None:
             return
         family = GaugeMetricFamily(
@@ -289,11 +237,8 @@ class AcceptLength(Collector):
             "Speculative-decoding accept length: per_request (last minute of samples) or server_lifetime.",
             labels=["worker", "endpoint", "source"],
         )
-        family.add_metric([_worker, _endpoint, source], value)
+        family.add_metric([listener.worker, listener.endpoint, source], value)
         yield family
-
-
-REGISTRY.register(AcceptLength())
 
 
 def error_kind(exc: BaseException) -> str:
@@ -330,30 +275,6 @@ class QueueDepth(Collector):
             log.debug("queue depth unavailable: %s", exc)
             return
         yield family
-
-
-def watch_worker(
-    inflight: Callable[[], float],
-    waiting: Callable[[], float],
-    held: Callable[[], float],
-    healthy: Callable[[], bool],
-) -> None:
-    """Gauges read from the worker's state at scrape time."""
-    INFLIGHT.labels(_worker, _endpoint).set_function(inflight)
-    WAITING.labels(_worker, _endpoint).set_function(waiting)
-    HELD.labels(_worker).set_function(held)
-    HEALTHY.labels(_worker, _endpoint).set_function(lambda: 1.0 if healthy() else 0.0)
-
-
-_queue_collector: QueueDepth | None = None
-
-
-def watch_queue(client: redis.Redis, queues: Callable[[], Sequence[str]]) -> None:
-    """Export the depth of the queues ``queues()`` names at scrape time (once per process)."""
-    global _queue_collector
-    if _queue_collector is None:
-        _queue_collector = QueueDepth(client, queues)
-        REGISTRY.register(_queue_collector)
 
 
 def start_server(port: int, address: str = "127.0.0.1") -> bool:

@@ -1,4 +1,5 @@
-"""The worker's Prometheus hooks: what each event counts, and that none of them can fail the work."""
+"""The worker's Prometheus listener: what each event counts; and the fan-out that keeps a broken
+observer from ever failing the work."""
 
 from __future__ import annotations
 
@@ -11,10 +12,16 @@ import pytest
 from dflash_tasks.core.errors import RetryableError
 from dflash_tasks.core.states import ErrorKind
 from dflash_tasks.monitoring import metrics
+from dflash_tasks.monitoring.metrics import PrometheusListener
+from workers.chunk_runner import _report_sample
+from workers.listener import Listeners
+
+WORKER = "gpu-test@h"
+PROM = PrometheusListener(WORKER, "http://127.0.0.1:1")
 
 
 def value(name: str, **labels: str) -> float:
-    return metrics.REGISTRY.get_sample_value(name, {"worker": "", **labels}) or 0.0
+    return metrics.REGISTRY.get_sample_value(name, {"worker": WORKER, **labels}) or 0.0
 
 
 def test_delivery_outcomes_and_redeliveries() -> None:
@@ -24,14 +31,10 @@ def test_delivery_outcomes_and_redeliveries() -> None:
     }
     redelivered = value("dflash_redeliveries_total")
     unhealthy = value("dflash_chunks_requeued_total", reason="server_unhealthy")
-    metrics.delivery({"status": "done"})
-    metrics.delivery(
-        {"status": "skipped", "reason": "already done", "cause": "already_done"}, redelivered=True
-    )
-    metrics.delivery(
-        {"status": "skipped", "reason": "running elsewhere", "cause": "leased_elsewhere"}, redelivered=True
-    )
-    metrics.delivery({"status": "requeued", "reason": "server unhealthy", "cause": "server_unhealthy"})
+    PROM.delivery({"status": "done"}, False)
+    PROM.delivery({"status": "skipped", "reason": "already done", "cause": "already_done"}, True)
+    PROM.delivery({"status": "skipped", "reason": "running elsewhere", "cause": "leased_elsewhere"}, True)
+    PROM.delivery({"status": "requeued", "reason": "server unhealthy", "cause": "server_unhealthy"}, False)
     for outcome in before:
         assert value("dflash_chunks_total", outcome=outcome) == before[outcome] + 1
     assert value("dflash_redeliveries_total") == redelivered + 2
@@ -44,7 +47,7 @@ def test_sample_futures_count_samples_and_tokens() -> None:
         value("dflash_samples_total", job="jm", status="failed"),
     )
     tokens = value("dflash_generated_tokens_total", job="jm")
-    done = metrics.on_sample_future("jm")
+    done = _report_sample(Listeners([PROM]), "jm")
     for record in (
         {"status": "ok", "usage": {"completion_tokens": 120, "prompt_tokens": 9}},
         {"status": "failed", "usage": {"completion_tokens": 0, "prompt_tokens": 9}},
@@ -65,26 +68,35 @@ def test_errors_and_retries_by_kind() -> None:
         value("dflash_request_errors_total", kind="http_503"),
         value("dflash_request_retries_total", kind="http_503"),
     )
-    metrics.request_error(RetryableError("HTTP 503: queue full", ErrorKind.HTTP_503), will_retry=True)
-    metrics.request_error(
-        RetryableError("HTTP 503: queue full", ErrorKind.HTTP_503), will_retry=False
-    )  # the last attempt
+    PROM.request_failed(RetryableError("HTTP 503: queue full", ErrorKind.HTTP_503), True)
+    PROM.request_failed(RetryableError("HTTP 503: queue full", ErrorKind.HTTP_503), False)  # the last
     assert value("dflash_request_errors_total", kind="http_503") == errors + 2
     assert value("dflash_request_retries_total", kind="http_503") == retries + 1
 
 
-def test_hooks_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_broken_observer_never_reaches_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     class Broken:
         def labels(self, *args: object) -> object:
             raise RuntimeError("metric backend broken")
 
+    seen: list[str] = []
+
+    class Recorder:
+        def sample_done(self, job_id: str, record: dict[str, Any]) -> None:
+            seen.append(job_id)
+
+        def delivery(self, result: dict[str, Any], redelivered: bool) -> None:
+            seen.append("delivery")
+
     monkeypatch.setattr(metrics, "SAMPLES", Broken())
     record = {"status": "ok", "usage": {"completion_tokens": 5}}
     with pytest.raises(RuntimeError):
-        metrics.sample_done.__wrapped__("jm", record)  # type: ignore[attr-defined]  # the raw hook raises
-    metrics.sample_done("jm", record)  # the hook the workers call swallows it
-    metrics.sample_done("jm", {"usage": "not a dict"})
-    metrics.delivery(None)  # type: ignore[arg-type]
+        PROM.sample_done("jm", record)  # the listener itself raises
+    fan_out = Listeners([PROM, Recorder()])  # type: ignore[list-item]
+    fan_out.sample_done("jm", record)  # what the worker calls swallows it, and the others still hear
+    fan_out.sample_done("jm", {"usage": "not a dict"})
+    fan_out.delivery(None, False)  # type: ignore[arg-type]
+    assert seen == ["jm", "jm", "delivery"]
 
 
 def test_a_taken_port_disables_metrics_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -107,19 +119,19 @@ def test_spec_counters_and_the_accept_length_gauge(monkeypatch: pytest.MonkeyPat
         "usage": {"completion_tokens": 300, "prompt_tokens": 9},
         "meta_info": {"spec_verify_ct": 120, "spec_accept_length": 2.5},
     }
-    metrics.sample_done("js", spec_record)
-    metrics.sample_done("js", {"status": "ok", "usage": {"completion_tokens": 50}, "meta_info": None})
+    PROM.sample_done("js", spec_record)
+    PROM.sample_done("js", {"status": "ok", "usage": {"completion_tokens": 50}, "meta_info": None})
     assert value("dflash_spec_tokens_total", job="js") == tokens + 300  # only the sample with verify passes
     assert value("dflash_spec_verify_passes_total", job="js") == verify + 120
 
     def gauge(source: str) -> float | None:
-        labels = {"worker": "", "endpoint": "", "source": source}
+        labels = {"worker": WORKER, "endpoint": PROM.endpoint, "source": source}
         return metrics.REGISTRY.get_sample_value("dflash_spec_accept_length", labels)
 
-    monkeypatch.setattr(metrics, "_server_accept", None)
-    monkeypatch.setattr(metrics, "_recent_accept", metrics._unknown)
+    monkeypatch.setattr(PROM, "server_accept", None)
+    monkeypatch.setattr(PROM, "recent_accept", lambda: None)
     assert gauge("per_request") is None and gauge("server_lifetime") is None  # nothing known yet
-    metrics.accept_length(3.6)
+    PROM.server_accept = 3.6
     assert gauge("server_lifetime") == 3.6 and gauge("per_request") is None
-    metrics.watch_accept_length(lambda: 2.75)
+    PROM.recent_accept = lambda: 2.75
     assert gauge("per_request") == 2.75 and gauge("server_lifetime") is None  # one series: the best source

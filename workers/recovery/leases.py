@@ -17,8 +17,8 @@ from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.publish import parse_task_id, unacked_deliveries
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.job import output_key
-from dflash_tasks.monitoring import metrics
 from dflash_tasks.store import Store
+from workers.listener import NO_LISTENER, WorkerListener
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,12 @@ class Reconciler:
         visibility_timeout: float = 12 * 3600,
         replan: Callable[[str], list[int]] | None = None,
         replan_seconds: float = 300.0,
+        listener: WorkerListener = NO_LISTENER,
     ) -> None:
         self._bk = bookkeeping
         self._replan = replan
         self._replan_seconds = replan_seconds
+        self._listener = listener
         self._last_replan = time.monotonic()
         self._open = open_job_store
         self._requeue = requeue
@@ -129,7 +131,7 @@ class Reconciler:
                 log.warning("re-planning job %s failed: %s", job_id, exc)
                 continue
             for chunk in chunks:
-                metrics.chunk_requeued("replan")
+                self._listener.chunk_requeued("replan")
                 log.warning("re-queued chunk %d of job %s: neither done, running nor queued", chunk, job_id)
             requeued += [(job_id, chunk) for chunk in chunks]
         return requeued
@@ -157,7 +159,7 @@ class Reconciler:
                 log.warning("rescuing chunk %d of job %s failed: %s", chunk, job_id, exc)
                 continue
             rescued.append((job_id, chunk))
-            metrics.chunk_requeued("unleased_delivery")
+            self._listener.chunk_requeued("unleased_delivery")
             log.warning(
                 "re-queued chunk %d of job %s: delivered to a worker that died before starting it",
                 chunk,
@@ -175,7 +177,7 @@ class Reconciler:
             if self._bk.claim_expired(job_id, chunk) and not store.exists(output_key(chunk)):
                 self._requeue(job_id, chunk)
                 requeued.append((job_id, chunk))
-                metrics.chunk_requeued("lease_expired")
+                self._listener.chunk_requeued("lease_expired")
                 log.warning("re-queued chunk %d of job %s: its lease expired (worker lost)", chunk, job_id)
         return requeued
 
