@@ -1,24 +1,20 @@
-"""Everything a GPU worker process holds besides Celery: its server client, the in-flight
-request pool, leases, the health gate and the reconciler."""
-
+"""The worker process's composition root: builds every part once (server client, request pool,
+leases, health gate, reconciler, prefetch, listeners, monitor) and runs each delivered chunk."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
-from celery.exceptions import Reject
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.jobs_cache import JobCache, UnknownJob
-from dflash_tasks.coord.planner import plan_job
-from dflash_tasks.coord.publish import publish_chunks
-from dflash_tasks.coord.routing import model_queue, server_queues
+from dflash_tasks.coord.routing import server_queues
 from dflash_tasks.core.errors import (
     DflashError,
     PermanentError,
@@ -38,6 +34,7 @@ from workers.generation import RetryPolicy, WorkerIdentity
 from workers.identity import ServerModel
 from workers.listener import Listeners, WorkerListener
 from workers.recovery.leases import LeaseKeeper, Reconciler
+from workers.requeue import Requeuer
 from workers.sglang_client import ServerIdentity, SGLangClient
 from workers.stats import FLUSH_SECONDS, StatsListener, WorkerMonitor, WorkerStats
 
@@ -59,9 +56,9 @@ class WorkerRuntime:
     reconciler: Reconciler
     prefetch: PrefetchController
     switch: ConsumerSwitch
-    _held: int = 0
-    _held_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    monitor: WorkerMonitor | None = None  # live stats, progress.json, Prometheus
+    requeuer: Requeuer
+    held: HeldChunks
+    monitor: WorkerMonitor  # live stats, progress.json, Prometheus
 
     @classmethod
     def build(cls, settings: Settings, app: Celery) -> WorkerRuntime:
@@ -97,78 +94,66 @@ class WorkerRuntime:
             return client.healthy() and server.try_refresh() is not None
 
         health = HealthGate(probe, settings.health_poll_seconds, on_down=switch.pause, on_up=switch.resume)
-        runtime = cls(settings, app, hostname, ctx, health, None, None, switch)  # type: ignore[arg-type]
-        runtime.prefetch = PrefetchController(
-            held=lambda: runtime.held_chunks,
+        held = HeldChunks()
+        requeuer = Requeuer(settings, ctx, app)
+        prefetch = PrefetchController(
+            held=held.count,
             backlog=lambda: ctx.pool.waiting,
             low_water=settings.low_water(),
             max_chunks=settings.max_chunks,
         )
-        runtime.reconciler = Reconciler(
+        reconciler = Reconciler(
             bk,
             lambda job_id: jobs.get(job_id).store,
-            runtime.requeue,
+            requeuer.requeue,
             owner=hostname,
             interval=settings.reconcile_seconds,
             lease_seconds=settings.lease_seconds,
             visibility_timeout=settings.visibility_timeout,
-            replan=runtime.replan_job,
+            replan=requeuer.replan_job,
             replan_seconds=settings.replan_seconds,
             listener=listener,
         )
-        runtime.monitor = WorkerMonitor.for_runtime(runtime, stats, prometheus)
-        return runtime
-
-    def replan_job(self, job_id: str) -> list[int]:
-        """Queue what a job is missing (see :meth:`Reconciler._replan_all`); returns those chunks.
-
-        A finished job leaves the registry; a paused job is left alone (its chunks wait for resume).
-        """
-        job = self.ctx.jobs.get(job_id)
-        if self.ctx.bookkeeping.job_state(job_id)[0] != JobState.RUNNING:  # paused, or in its preflight
-            return []
-        queue = model_queue(self.settings.queue, job.definition.spec.model)
-        plan = plan_job(
-            job.store,
-            self.ctx.bookkeeping,
-            self.ctx.bookkeeping.client,
-            queue,
-            job_id,
-            job.manifest.chunks,
-            self.settings.lease_seconds,
+        monitor = WorkerMonitor.for_worker(
+            settings, ctx, hostname, held.count, lambda: health.healthy, stats, prometheus
         )
-        if len(plan.done) >= job.manifest.chunks:
-            self.ctx.bookkeeping.finish_job(job_id)
-            return []
-        parked = self.ctx.bookkeeping.parked(job_id)
-        missing = [c for c in plan.to_enqueue if c not in parked]
-        if missing:
-            publish_chunks(self.app, job_id, missing, queue=queue)
-        return missing
+        return cls(
+            settings, app, hostname, ctx, health, reconciler, prefetch, switch, requeuer, held, monitor
+        )
 
     def attach_consumer(self, consumer: Any) -> None:
         """Take over the consumer's prefetch and on/off switch (from the consumer bootstep)."""
         self.prefetch.attach(consumer.qos)
         self.switch.attach(consumer)
 
+    def _loops(self) -> list[tuple[Callable[[], object], Callable[[], None]]]:
+        """The background threads, as (start, stop), in starting order."""
+        server = self.ctx.server
+        return [
+            (self.ctx.leases.start, self.ctx.leases.stop),
+            (self.reconciler.start, self.reconciler.stop),
+            (self.prefetch.start, self.prefetch.stop),
+            (self.health.check_now, self.health.stop),
+            (lambda: server.start(self.settings.identity_seconds, lambda: self.health.healthy), server.stop),
+            (self.monitor.start, self.monitor.stop),
+        ]
+
     def start_background(self) -> None:
-        """Heartbeats, reconciler, and an initial health probe (called once the worker is ready)."""
-        self.ctx.leases.start()
-        self.reconciler.start()
-        self.prefetch.start()
-        self.health.check_now()
-        self.ctx.server.start(self.settings.identity_seconds, lambda: self.health.healthy)
-        if self.monitor is not None:
-            self.monitor.start()
+        """Heartbeats, reconciler, prefetch, health, identity and monitoring (once the worker is ready)."""
+        for start, _ in self._loops():
+            start()
 
     def stop_background(self) -> None:
-        self.ctx.leases.stop()
-        self.reconciler.stop()
-        self.prefetch.stop()
-        self.health.stop()
-        self.ctx.server.stop()
-        if self.monitor is not None:
-            self.monitor.stop()
+        for _, stop in reversed(self._loops()):
+            stop()
+
+    def requeue(self, job_id: str, chunk: int, countdown: float | None = None, fallback: str = "") -> str:
+        """See :meth:`Requeuer.requeue`."""
+        return self.requeuer.requeue(job_id, chunk, countdown, fallback)
+
+    def replan_job(self, job_id: str) -> list[int]:
+        """See :meth:`Requeuer.replan_job`."""
+        return self.requeuer.replan_job(job_id)
 
     @property
     def listener(self) -> WorkerListener:
@@ -178,29 +163,7 @@ class WorkerRuntime:
     @property
     def held_chunks(self) -> int:
         """Chunks this worker is running now."""
-        return self._held
-
-    def job_queue(self, job_id: str, fallback: str = "") -> str:
-        """The job's model queue; ``fallback`` (the queue a delivery came from) if the job cannot be read."""
-        try:
-            return model_queue(self.settings.queue, self.ctx.jobs.get(job_id).definition.spec.model)
-        except DflashError:
-            if not fallback:
-                raise
-            return fallback
-
-    def requeue(self, job_id: str, chunk: int, countdown: float | None = None, fallback: str = "") -> str:
-        """Queue the chunk again on its model's queue (returned); if even that fails, reject the
-        delivery so the broker keeps it."""
-        try:
-            queue = self.job_queue(job_id, fallback)
-            publish_chunks(self.app, job_id, [chunk], queue=queue, countdown=countdown)
-            return queue
-        except Exception as exc:
-            log.error(
-                "could not re-queue chunk %d of job %s (%s): returning it to the broker", chunk, job_id, exc
-            )
-            raise Reject(f"could not re-queue: {exc}", requeue=True) from exc
+        return self.held.count()
 
     def _after_failure(self, job_id: str, chunk: int, exc: Exception, queue: str = "") -> dict[str, Any]:
         """Re-queue a chunk that failed on store or Redis trouble (or a bug), with a growing delay.
@@ -239,8 +202,7 @@ class WorkerRuntime:
             self.requeue(job_id, chunk, countdown=self.settings.health_poll_seconds, fallback=queue)
             return delivery_result(Delivery.REQUEUED, "server unhealthy", Cause.SERVER_UNHEALTHY)
         owner = f"{self.hostname}/{task_id}/{uuid.uuid4().hex[:6]}"
-        with self._held_lock:
-            self._held += 1
+        self.held.add(1)
         try:
             state, reason = self.ctx.bookkeeping.job_state(job_id)
             if state == JobState.PAUSED:  # resume (or a re-run of enqueue) queues the chunk again
@@ -263,8 +225,7 @@ class WorkerRuntime:
         except Exception as exc:  # store or Redis trouble, or a bug: never drop the chunk
             return self._after_failure(job_id, chunk, exc, queue)
         finally:
-            with self._held_lock:
-                self._held -= 1
+            self.held.add(-1)
             self.prefetch.nudge()  # before the ack: it must not pull in a chunk nobody wants yet
         log.info(
             "chunk %d of job %s: %s %s (%d ok, %d failed, %d tokens, %.1fs)",
@@ -278,6 +239,21 @@ class WorkerRuntime:
             outcome.seconds,
         )
         return outcome.as_dict()
+
+
+class HeldChunks:
+    """How many chunks this worker is running now (its prefetch follows it)."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def add(self, delta: int) -> None:
+        with self._lock:
+            self._n += delta
+
+    def count(self) -> int:
+        return self._n
 
 
 def delivery_result(status: Delivery, reason: str, cause: Cause = Cause.NONE) -> dict[str, Any]:

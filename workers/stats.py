@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
@@ -45,19 +45,6 @@ from workers.sglang_client import SGLangClient
 
 if TYPE_CHECKING:
     from workers.chunk_runner import ChunkContext
-    from workers.flow.health import HealthGate
-
-
-class RuntimeView(Protocol):
-    """What the monitor reads of a worker runtime (the runtime itself is built above this module)."""
-
-    ctx: ChunkContext
-    settings: Settings
-    health: HealthGate
-    hostname: str
-
-    @property
-    def held_chunks(self) -> int: ...
 
 
 log = logging.getLogger(__name__)
@@ -269,11 +256,17 @@ class WorkerMonitor:
         self._stop = threading.Event()
 
     @classmethod
-    def for_runtime(
-        cls, runtime: RuntimeView, stats: WorkerStats, prometheus: PrometheusListener
+    def for_worker(
+        cls,
+        settings: Settings,
+        ctx: ChunkContext,
+        hostname: str,
+        held: Callable[[], int],
+        healthy: Callable[[], bool],
+        stats: WorkerStats,
+        prometheus: PrometheusListener,
     ) -> WorkerMonitor:
-        """Wire a monitor to a worker runtime's pool, health gate and chunk count."""
-        ctx, settings = runtime.ctx, runtime.settings
+        """Wire a monitor to a worker's pool, chunk count and health."""
 
         def queues() -> list[str]:
             served = ctx.server.current
@@ -292,19 +285,17 @@ class WorkerMonitor:
                 "inflight": ctx.pool.running,
                 "waiting": ctx.pool.waiting,
                 "max_inflight": ctx.pool.max_inflight,
-                "held_chunks": runtime.held_chunks,
-                "healthy": runtime.health.healthy,
+                "held_chunks": held(),
+                "healthy": healthy(),
                 "server_accept_length": monitor.accept,
             }
 
-        monitor = cls(
-            settings, ctx.bookkeeping, ctx.jobs, ctx.client, runtime.hostname, state, stats, prometheus
-        )
+        monitor = cls(settings, ctx.bookkeeping, ctx.jobs, ctx.client, hostname, state, stats, prometheus)
         prometheus.watch_worker(
             lambda: ctx.pool.running,
             lambda: ctx.pool.waiting,
-            lambda: runtime.held_chunks,
-            lambda: runtime.health.healthy,
+            held,
+            healthy,
         )
         prometheus.watch_queue(ctx.bookkeeping.client, queues)
         return monitor

@@ -1,0 +1,76 @@
+"""Putting a worker's chunks back on their model's queue, and re-planning a job from the store."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Celery
+from celery.exceptions import Reject
+
+from dflash_tasks.coord.planner import plan_job
+from dflash_tasks.coord.publish import publish_chunks
+from dflash_tasks.coord.routing import model_queue
+from dflash_tasks.core.errors import DflashError
+from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.states import JobState
+from workers.chunk_runner import ChunkContext
+
+log = logging.getLogger(__name__)
+
+
+class Requeuer:
+    """Re-queues one chunk, or every missing chunk of a job, on the job's model queue."""
+
+    def __init__(self, settings: Settings, ctx: ChunkContext, app: Celery) -> None:
+        self.settings = settings
+        self.ctx = ctx
+        self.app = app
+
+    def job_queue(self, job_id: str, fallback: str = "") -> str:
+        """The job's model queue; ``fallback`` (the queue a delivery came from) if the job cannot be read."""
+        try:
+            return model_queue(self.settings.queue, self.ctx.jobs.get(job_id).definition.spec.model)
+        except DflashError:
+            if not fallback:
+                raise
+            return fallback
+
+    def requeue(self, job_id: str, chunk: int, countdown: float | None = None, fallback: str = "") -> str:
+        """Queue the chunk again on its model's queue (returned); if even that fails, reject the
+        delivery so the broker keeps it."""
+        try:
+            queue = self.job_queue(job_id, fallback)
+            publish_chunks(self.app, job_id, [chunk], queue=queue, countdown=countdown)
+            return queue
+        except Exception as exc:
+            log.error(
+                "could not re-queue chunk %d of job %s (%s): returning it to the broker", chunk, job_id, exc
+            )
+            raise Reject(f"could not re-queue: {exc}", requeue=True) from exc
+
+    def replan_job(self, job_id: str) -> list[int]:
+        """Queue what a job is missing (see :meth:`Reconciler._replan_all`); returns those chunks.
+
+        A finished job leaves the registry; a paused job is left alone (its chunks wait for resume).
+        """
+        job = self.ctx.jobs.get(job_id)
+        if self.ctx.bookkeeping.job_state(job_id)[0] != JobState.RUNNING:  # paused, or in its preflight
+            return []
+        queue = model_queue(self.settings.queue, job.definition.spec.model)
+        plan = plan_job(
+            job.store,
+            self.ctx.bookkeeping,
+            self.ctx.bookkeeping.client,
+            queue,
+            job_id,
+            job.manifest.chunks,
+            self.settings.lease_seconds,
+        )
+        if len(plan.done) >= job.manifest.chunks:
+            self.ctx.bookkeeping.finish_job(job_id)
+            return []
+        parked = self.ctx.bookkeeping.parked(job_id)
+        missing = [c for c in plan.to_enqueue if c not in parked]
+        if missing:
+            publish_chunks(self.app, job_id, missing, queue=queue)
+        return missing
