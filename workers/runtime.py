@@ -1,5 +1,6 @@
 """The worker process's composition root: builds every part once (server client, request pool,
 leases, health gate, reconciler, prefetch, listeners, monitor) and runs each delivered chunk."""
+
 from __future__ import annotations
 
 import logging
