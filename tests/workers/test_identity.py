@@ -3,13 +3,11 @@ consumption to the queues of the model its server serves."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 
 from dflash_tasks.core.errors import RetryableError, ServerUnavailable, WrongModel
 from dflash_tasks.sim import SimConfig, start_simulator
+from tests.workers.test_worker_control import FakeConsumer
 from workers.flow.consumer_switch import ConsumerSwitch
 from workers.identity import ServerModel
 from workers.sglang_client import ServerIdentity, SGLangClient
@@ -77,18 +75,6 @@ def test_confirm_keeps_the_last_reading_when_the_server_does_not_answer() -> Non
 
 
 # --- the consumer switch follows the model -------------------------------------------------------
-
-
-class FakeConsumer:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
-
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.calls.append((fn.__name__, args))
-
-    def add_task_queue(self, *args: Any) -> None: ...
-
-    def cancel_task_queue(self, *args: Any) -> None: ...
 
 
 def test_switch_moves_to_the_new_model_queues() -> None:
