@@ -22,6 +22,7 @@ from dflash_tasks.sim.protocol import (
     parse_chat_request,
     queue_full_error,
 )
+from dflash_tasks.sim.requestlog import RequestLog
 from dflash_tasks.sim.scheduler import QueueFull, SlotScheduler, Stopped
 from dflash_tasks.sim.textgen import Plan, plan_output, prompt_rng, render_raw, split_reasoning, truncate
 
@@ -59,6 +60,7 @@ class SimEngine:
         self._rids: set[str] = set()
         self._counters: Counter[str] = Counter()
         self._totals: Counter[str] = Counter()
+        self.requests = RequestLog()  # per-sample counts for GET /sim/requests
 
     # ----------------------------------------------------------------- lifecycle and health
     def stop(self) -> None:
@@ -107,6 +109,7 @@ class SimEngine:
         """Zero the ``/sim/stats`` counters and restart the occupancy window."""
         with self._lock:
             self._counters.clear()
+        self.requests.reset()
         self.scheduler.reset_stats()
 
     # ----------------------------------------------------------------- chat
@@ -128,6 +131,7 @@ class SimEngine:
         except ApiError as err:
             self._count(bad_requests=1)
             return _error_reply(err)
+        self.requests.received(req.prompt, raw)
         self._log(f"chat rid={req.rid} prompt_tokens={req.prompt_tokens} max_new={req.max_new_tokens}")
         if self._stopping.wait(max(0.0, self._ready_at - time.monotonic())):
             return Reply(0, reset=True)
@@ -202,6 +206,7 @@ class SimEngine:
             generation_tokens=plan.completion_tokens,
             reasoning_tokens=reasoning_tokens,
         )
+        self.requests.generated(req.prompt)
         return Outcome(
             request_id=request_id,
             plan=plan,
