@@ -15,6 +15,7 @@ from dflash_tasks.coord.publish import task_id
 from dflash_tasks.core.job import output_key
 from dflash_tasks.store import LocalStore
 from tests.helpers import RedisServer
+from workers.recovery.events import RecoveryEvent, emit, parse_events
 from workers.recovery.leases import Reconciler
 
 JOB = "0123456789abcdef"
@@ -115,3 +116,53 @@ def test_periodic_replan_is_the_backstop_for_lost_messages(bk: Bookkeeping, tmp_
     assert every(0.0).run_once() == [(JOB, 4)] and asked == [JOB]
     bk.client.delete(f"{bk._p}:lock:reconcile")
     assert every(3600.0).run_once() == [] and asked == [JOB]  # not due yet
+
+
+def test_a_dead_workers_leased_chunk_is_queued_once_not_also_rescued(bk: Bookkeeping, tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    bk.register_job(JOB, str(tmp_path))
+    deliver(bk, 2, age=60)  # the dead worker's delivery of the chunk it had leased
+    bk.acquire(JOB, 2, "dead", 0.01)
+    time.sleep(0.05)
+    calls: list[tuple[str, int]] = []
+    rec = reconciler(bk, store, calls)
+    assert rec.run_once() == [(JOB, 2)] and calls == [(JOB, 2)]
+    bk.client.delete(f"{bk._p}:lock:reconcile")
+    assert rec.run_once() == [] and calls == [(JOB, 2)]  # its new message still waits: not rescued
+
+
+def test_each_path_logs_a_recovery_event_naming_it(
+    bk: Bookkeeping, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = LocalStore(tmp_path)
+    bk.register_job(JOB, str(tmp_path))
+    bk.acquire(JOB, 5, "dead", 0.01)  # lease expired
+    deliver(bk, 1, age=60)  # delivered to a dead worker, never leased
+    time.sleep(0.05)
+    rec = Reconciler(
+        bk,
+        lambda _j: store,
+        lambda j, c: None,
+        owner="w",
+        interval=0.01,
+        lease_seconds=5,
+        replan=lambda job: [4],
+        replan_seconds=0.0,
+    )
+    with caplog.at_level("WARNING", logger="workers.recovery.leases"):
+        assert sorted(rec.run_once()) == [(JOB, 1), (JOB, 4), (JOB, 5)]
+    assert parse_events(caplog.text) == [
+        RecoveryEvent("lease_expired", JOB, 5),
+        RecoveryEvent("unleased_delivery", JOB, 1),
+        RecoveryEvent("replan", JOB, 4),
+    ]
+    assert "re-queued chunk 5 of job 0123456789abcdef: its lease expired (worker lost)" in caplog.text
+
+
+def test_recovery_events_survive_a_cut_line_and_reject_unknown_mechanisms() -> None:
+    import logging
+
+    text = 'x {"event": "recovery", "mechanism": "replan", "job": "j", "chunk": 2}\ny {"event": "recovery", "mech'
+    assert parse_events(text) == [RecoveryEvent("replan", "j", 2)]
+    with pytest.raises(ValueError, match="unknown recovery mechanism 'guess'"):
+        emit(logging.getLogger("t"), "guess", JOB, 1, "why")
