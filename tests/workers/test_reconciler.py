@@ -162,7 +162,8 @@ def test_each_path_logs_a_recovery_event_naming_it(
 def test_recovery_events_survive_a_cut_line_and_reject_unknown_mechanisms() -> None:
     import logging
 
-    text = 'x {"event": "recovery", "mechanism": "replan", "job": "j", "chunk": 2}\ny {"event": "recovery", "mech'
+    whole = '{"event": "recovery", "mechanism": "replan", "job": "j", "chunk": 2}'
+    text = f"x {whole}\ny {whole[:30]}"  # the second line was cut short by a kill
     assert parse_events(text) == [RecoveryEvent("replan", "j", 2)]
     with pytest.raises(ValueError, match="unknown recovery mechanism 'guess'"):
         emit(logging.getLogger("t"), "guess", JOB, 1, "why")
