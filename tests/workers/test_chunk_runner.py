@@ -19,7 +19,6 @@ from tests.helpers import wait_until
 from tests.workers.chunk_support import CHUNK_SIZE, Staged
 from workers.chunk_runner import run_chunk
 
-
 OTHER = b'{"id": "written by another worker"}\n'
 
 
