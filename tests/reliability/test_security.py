@@ -196,6 +196,7 @@ def test_hostile_messages_and_credentials(
             records=records(s3_blobs),
             notes="refused (ContentDisallowed: JSON only), payload never ran; worker up, finished the "
             "job queued after it (S3)",
+            sims=[sim],
         )
 
         # 2. hostile arguments dropped; path-like ids are just ids; nothing outside the roots
@@ -229,6 +230,7 @@ def test_hostile_messages_and_credentials(
             recover_s=None,
             notes="ids stay record fields (files are named by chunk number only); each hostile message "
             "dropped with an error, none retried; nothing written outside the output root",
+            sims=[sim],
         )
 
         # 3. no credential anywhere: files (logs, outputs, progress.json, job.json), objects, Redis
