@@ -18,6 +18,7 @@ from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.celery_app import configure
 from dflash_tasks.coord.jobs_cache import JobCache
 from dflash_tasks.core.job import JOB_KEY, GenerationSpec, JobDefinition
+from dflash_tasks.core.quality import QualitySettings
 from dflash_tasks.core.settings import Settings
 from dflash_tasks.producer.staging import stage_input
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
@@ -59,18 +60,20 @@ class Staged:
         return configure(app, self.settings)
 
 
-def stage_job(tmp_path: Path, bk: Bookkeeping, samples: int = SAMPLES) -> tuple[str, LocalStore, Path]:
-    inp = tmp_path / "prompts.jsonl"
+def stage_job(
+    tmp_path: Path, bk: Bookkeeping, samples: int = SAMPLES, quality: QualitySettings | None = None
+) -> tuple[str, LocalStore, Path]:
+    inp = tmp_path / f"prompts-{uuid.uuid4().hex[:6]}.jsonl"
     inp.write_text(
         "".join(
-            json.dumps({"id": f"s{i}", "prompt": f"question {i}: what is {i} * 7?"}) + "\n"
+            json.dumps({"id": f"s{i}", "prompt": f"question {i}: what is {i} * 7? (café)"}) + "\n"
             for i in range(samples)
         )
     )
-    root = tmp_path / "out"
+    root = tmp_path / f"out-{inp.stem}"
     store = LocalStore(root)
     spec = GenerationSpec(model="Qwen/Qwen3-8B", max_tokens=3000, chunk_size=CHUNK_SIZE)
-    job = JobDefinition.create(f"sha256:{uuid.uuid4().hex}", inp.name, spec)
+    job = JobDefinition.create(f"sha256:{uuid.uuid4().hex}", inp.name, spec, quality)
     store.write(JOB_KEY, job.to_json())
     stage_input(inp, store, job.job_id, CHUNK_SIZE)
     bk.register_job(job.job_id, str(root))

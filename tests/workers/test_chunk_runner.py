@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
+import time
 
 import pytest
 
 from dflash_tasks.coord.jobs_cache import JobHandle, UnknownChunk
 from dflash_tasks.core.errors import ServerUnavailable
 from dflash_tasks.core.job import output_key
+from dflash_tasks.core.quality import QualitySettings
+from dflash_tasks.monitoring import metrics
 from dflash_tasks.store import LocalStore
 from tests.helpers import wait_until
-from tests.workers.chunk_support import CHUNK_SIZE, Staged
+from tests.workers.chunk_support import CHUNK_SIZE, Staged, stage_job
 from workers.chunk_runner import run_chunk
+from workers.recovery.leases import LeaseKeeper
 
 OTHER = b'{"id": "written by another worker"}\n'
 
@@ -30,6 +35,7 @@ def test_a_chunk_is_generated_once_and_a_second_delivery_sends_nothing(staged: S
     log = staged.sim_log()
     assert (log["samples"], log["generated"], log["wasted"]) == (CHUNK_SIZE, CHUNK_SIZE, 0)
     assert staged.bk.done_count(staged.job_id) == 1 and staged.bk.live_leases(staged.job_id) == {}
+    assert staged.ctx.leases.held() == []  # the heartbeat no longer renews it
 
     again = run_chunk(staged.ctx, staged.job_id, 0, "w@h/t2/bbbbbb")  # a redelivery of a done chunk
     assert (again.status, again.reason) == ("skipped", "already done")
@@ -110,3 +116,88 @@ def test_a_failed_chunk_cancels_its_pending_requests(staged: Staged) -> None:
 def test_a_chunk_outside_the_job_is_refused(staged: Staged) -> None:
     with pytest.raises(UnknownChunk, match="has no chunk 3 \\(it has 3\\)"):
         run_chunk(staged.ctx, staged.job_id, 3, "w@h/t1/aaaaaa")
+
+
+class _Sink:
+    """Records the monitoring hooks' calls (the worker's live-progress counters)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def sample_done(self, job_id: str, ok: bool, tokens: int) -> None:
+        self.calls.append(("sample", job_id, str(ok)))
+
+    def chunk_started(self, job_id: str) -> None:
+        self.calls.append(("started", job_id))
+
+    def chunk_done(self, job_id: str) -> None:
+        self.calls.append(("done", job_id))
+
+
+def test_a_stored_chunk_carries_its_checks_and_counts_them_once(staged: Staged) -> None:
+    """Every record is checked; the counters and the live gate's window get the chunk once."""
+    strict = QualitySettings(min_completion_tokens=10**6)  # every answer is "short"
+    job_id, store, _ = stage_job(staged.root.parent, staged.bk, quality=strict)
+    sink = _Sink()
+    metrics.set_sink(sink)
+    try:
+        started = time.monotonic()
+        outcome = run_chunk(staged.ctx, job_id, 1, "w@h/t1/aaaaaa")
+        took = time.monotonic() - started
+    finally:
+        metrics.set_sink(None)
+    raw = store.read(output_key(1))
+    assert "café".encode() in raw  # stored as UTF-8 text, not \\u escapes
+    records = [json.loads(line) for line in raw.splitlines()]
+    assert [r["checks"] for r in records] == [["short"]] * CHUNK_SIZE
+    tokens = sum(r["usage"]["completion_tokens"] for r in records)
+    assert (outcome.status, outcome.reason, outcome.samples_ok, outcome.samples_failed) == ("done", "", 4, 0)
+    assert outcome.completion_tokens == tokens > 0 and 0 <= outcome.seconds <= took
+    stats = staged.bk.stats(job_id)
+    assert stats.pop("chunk_seconds") <= took
+    assert stats == {
+        "samples_ok": 4.0,
+        "samples_failed": 0.0,
+        "completion_tokens": float(tokens),
+        "prompt_tokens": float(sum(r["usage"]["prompt_tokens"] for r in records)),
+        "check_short": 4.0,
+    }
+    recent = staged.bk.client.lrange(f"{staged.bk.prefix}:job:{job_id}:recent", 0, -1)
+    assert [json.loads(r) for r in recent] == [{"n": 4, "checks": {"short": 4}}]  # the live gate's window
+    assert sink.calls[0] == ("started", job_id) and sink.calls[-1] == ("done", job_id)
+    assert sorted(sink.calls[1:-1]) == [("sample", job_id, "True")] * CHUNK_SIZE
+    assert outcome.as_dict() == {
+        "status": "done",
+        "reason": "",
+        "samples_ok": 4,
+        "samples_failed": 0,
+        "completion_tokens": tokens,
+        "seconds": round(outcome.seconds, 3),
+    }
+
+
+def test_each_delivery_sends_its_own_request_ids(staged: Staged) -> None:
+    run_chunk(staged.ctx, staged.job_id, 0, "w@h/t1/aaaaaa")
+    rids = sorted(r["rid"] for r in staged.sim_log()["recent"])
+    assert all(rid.startswith(f"{staged.job_id}-0-aaaaaa-") for rid in rids), rids
+    assert len(set(rids)) == CHUNK_SIZE
+
+
+def test_a_running_chunks_lease_is_kept_alive_by_the_heartbeat(staged: Staged) -> None:
+    """Generation outlasting the lease: the heartbeat renews it, and lets go when the chunk ends."""
+    keeper = LeaseKeeper(staged.bk, lease_seconds=0.6, heartbeat_seconds=0.1)
+    ctx = dataclasses.replace(staged.ctx, leases=keeper, lease_seconds=0.6)
+    staged.fault("hang", count=1, hang_seconds=1.5)  # the first request takes 1.5 s
+    keeper.start()
+    seen: list[dict[int, float]] = []
+    try:
+        worker = threading.Thread(target=run_chunk, args=(ctx, staged.job_id, 0, "w@h/t1/aaaaaa"))
+        worker.start()
+        time.sleep(1.0)  # past the 0.6 s lease
+        seen.append(staged.bk.live_leases(staged.job_id))
+        assert keeper.held() == [(staged.job_id, 0, "w@h/t1/aaaaaa")]
+        worker.join(10)
+    finally:
+        keeper.stop()
+    assert list(seen[0]) == [0] and staged.bk.owners(staged.job_id) == {}
+    assert keeper.held() == [] and staged.store.exists(output_key(0))
