@@ -105,7 +105,7 @@ def verify(input_path: str, store: Store) -> Verification:
     result.missing = len(missing)
     result.duplicated = sum(n - 1 for n in duplicates.values())
     result.unexpected = sum(unexpected.values())
-    _judge(result, manifest.invalid, missing, duplicates, unexpected)
+    _judge(result, manifest.invalid, expected, missing, duplicates, unexpected)
     return result
 
 
@@ -121,6 +121,7 @@ def _names(items: list[str]) -> str:
 def _judge(
     r: Verification,
     staged_invalid: int,
+    lines: dict[str, int],
     missing: list[str],
     duplicates: dict[str, int],
     unexpected: dict[str, int],
@@ -131,7 +132,9 @@ def _judge(
             if r.missing_chunks
             else "their chunks are stored without them"
         )
-        r.problems.append(f"{len(missing)} input samples have no output record ({where}): {_names(missing)}")
+        named = [f"{sample_id} (line {lines[sample_id]})" for sample_id in missing[:SHOWN]]
+        named += missing[SHOWN:]  # counted, not shown
+        r.problems.append(f"{len(missing)} input samples have no output record ({where}): {_names(named)}")
     if duplicates:
         counts = [f"{sample_id} x{n}" for sample_id, n in duplicates.items()]
         r.problems.append(f"{r.duplicated} duplicate output records: {_names(counts)}")
