@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -144,3 +145,105 @@ def test_real_job_exports_loadable_by_datasets_and_reports_with_a_picture(
     text = procs.run("dflash_tasks.output.report", "--output", str(out), "--png", str(tmp_path / "r.png"))
     assert "output tokens" in text.stdout and "gates passed" in text.stdout
     assert (tmp_path / "r.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.fixture
+def messy_job(tmp_path: Path) -> Path:
+    """Chunk 1 not done (chunk 2 is); two failed, two leaking markers, a sample stored twice, UTF-8."""
+    root = tmp_path / "messy"
+    store = LocalStore(root)
+    store.write(JOB_KEY, JobDefinition.create("sha256:y", "in.jsonl", SPEC).to_json())
+    store.write(MANIFEST_KEY, Manifest("j", 9, 9, 0, 3, 3).to_json())
+    chunks = {
+        0: [rec(0, content="café"), rec(1, status="failed", error="e1", content=""), rec(2, status="failed")],
+        2: [rec(6, content="<think> a"), rec(7, reasoning="</think> b"), rec(8), rec(0), rec(8)],
+    }
+    for n, records in chunks.items():
+        store.write(output_key(n), b"".join(json.dumps(r).encode() + b"\n" for r in records))
+    return root
+
+
+def test_export_counts_every_drop_and_describes_itself(messy_job: Path, tmp_path: Path) -> None:
+    out = tmp_path / "train.jsonl"
+    doc = export(str(messy_job), out, "jsonl", ExportOptions(frozenset({"truncated"}), keep_failed=True))
+    assert "café".encode() in out.read_bytes()  # UTF-8 text, not \\u escapes
+    rows = read_jsonl(out)
+    assert [(r["id"], r["status"], r["error"]) for r in rows] == [
+        ("s0", "success", None),
+        ("s1", "failed", "e1"),
+        ("s2", "failed", None),
+        ("s8", "success", None),
+    ]
+    spec = json.loads(JobDefinition.create("sha256:y", "in.jsonl", SPEC).to_json())
+    assert doc == {
+        "job_id": spec["job_id"],
+        "source": str(messy_job),
+        "file": "train.jsonl",
+        "format": "jsonl",
+        "sha256": "sha256:" + hashlib.sha256(out.read_bytes()).hexdigest(),
+        "rows": 4,
+        "success": 2,
+        "failed_kept": 2,
+        "dropped": {"think_marker": 2, "duplicate": 2},
+        "filters": {"drop_checks": ["think_marker", "truncated"], "keep_failed": True},
+        "complete": False,
+        "chunks_missing": 1,
+        "samples_in_job": 9,
+        "spec": spec,
+    }
+    plain = export(str(messy_job), tmp_path / "plain.jsonl", "jsonl", ExportOptions())
+    assert plain["dropped"] == {"failed": 2, "think_marker": 2, "duplicate": 2} and plain["rows"] == 2
+    assert all("error" not in r for r in read_jsonl(tmp_path / "plain.jsonl"))
+
+
+def test_export_to_parquet_holds_the_same_rows(messy_job: Path, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    export(str(messy_job), tmp_path / "a.jsonl", "jsonl", ExportOptions(keep_failed=True))
+    doc = export(str(messy_job), tmp_path / "a.parquet", "parquet", ExportOptions(keep_failed=True))
+    table = pq.read_table(tmp_path / "a.parquet")
+    assert table.column_names == ["id", "status", "conversations", "error"]
+    assert table.to_pylist() == read_jsonl(tmp_path / "a.jsonl") and doc["rows"] == 4
+    assert not (tmp_path / ".a.parquet.tmp").exists()
+    export(str(messy_job), tmp_path / "b.parquet", "parquet", ExportOptions())
+    assert pq.read_table(tmp_path / "b.parquet").column_names == ["id", "status", "conversations"]
+
+
+def test_export_command_infers_the_format_and_reports_drops(
+    messy_job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_tasks.output.export import main
+
+    to = tmp_path / "x.parquet"
+    assert (
+        main(["--output", str(messy_job), "--to", str(to), "--drop-truncated", "--drop-check", "short"]) == 0
+    )
+    manifest = json.loads((tmp_path / "x.parquet.manifest.json").read_text())
+    assert manifest["format"] == "parquet" and manifest["filters"]["drop_checks"] == [
+        "short",
+        "think_marker",
+        "truncated",
+    ]
+    assert capsys.readouterr().err == (
+        f"exported 2 rows to {to} (parquet); dropped: failed 2, think_marker 2, duplicate 2; "
+        "WARNING: 1 chunks not done yet\n"
+    )
+    assert main(["--output", str(messy_job), "--to", str(tmp_path / "y.out"), "--keep-failed"]) == 0
+    assert (
+        "exported 4 rows" in capsys.readouterr().err
+        and read_jsonl(tmp_path / "y.out")[1]["status"] == "failed"
+    )
+    assert main(["--output", str(messy_job), "--to", str(tmp_path / "z.jsonl"), "--drop-check", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: --drop-check 'nope': not a check (one of failed, ")
+
+
+def test_export_of_an_output_without_a_job_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_tasks.output.export import main
+
+    half = LocalStore(tmp_path / "half")
+    half.write(JOB_KEY, JobDefinition.create("sha256:z", "in.jsonl", SPEC).to_json())  # no manifest yet
+    for root in (tmp_path / "none", tmp_path / "half"):
+        assert main(["--output", str(root), "--to", str(tmp_path / "x.jsonl")]) == 2
+        assert capsys.readouterr().err == f"error: {root} holds no staged job\n"
