@@ -277,7 +277,16 @@ def test_queue_missing_registers_seeds_done_and_queues_only_what_it_may(
 ) -> None:
     store = store_with_outputs(tmp_path, [1])
     bk.acquire(JOB, 2, "live", 60)
-    settings = Settings.load({}, broker_url=redis_url(rclient), queue=queue, redis_prefix=bk.prefix)
+    settings = Settings.load(
+        {},
+        broker_url=redis_url(rclient),
+        queue=queue,
+        redis_prefix=bk.prefix,
+        lease_seconds=5,
+        heartbeat_seconds=1,
+    )
+    rclient.delete("unacked", "unacked_index")
+    unacked(rclient, 6, age=10)  # stale for a 5 s lease (the settings'), fresh for the 60 s default
     app = Celery("ut-queue-missing", set_as_current=False)
     configure(app, settings)
     try:
@@ -290,6 +299,7 @@ def test_queue_missing_registers_seeds_done_and_queues_only_what_it_may(
         assert again.queued == {0, 3, 5} and sent == 2  # 4 and 6 now
     finally:
         app.close()
+        rclient.delete("unacked", "unacked_index")
 
 
 def test_registered_location_is_absolute_for_a_folder_and_the_uri_otherwise(tmp_path: Path) -> None:

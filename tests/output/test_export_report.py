@@ -229,12 +229,51 @@ def test_export_command_infers_the_format_and_reports_drops(
         "WARNING: 1 chunks not done yet\n"
     )
     assert main(["--output", str(messy_job), "--to", str(tmp_path / "y.out"), "--keep-failed"]) == 0
+    manifest = json.loads((tmp_path / "y.out.manifest.json").read_text())
+    assert (manifest["format"], manifest["filters"]["drop_checks"]) == ("jsonl", ["think_marker"])
     assert (
         "exported 4 rows" in capsys.readouterr().err
         and read_jsonl(tmp_path / "y.out")[1]["status"] == "failed"
     )
     assert main(["--output", str(messy_job), "--to", str(tmp_path / "z.jsonl"), "--drop-check", "nope"]) == 2
     assert capsys.readouterr().err.startswith("error: --drop-check 'nope': not a check (one of failed, ")
+
+
+def test_export_and_verify_commands_refuse_missing_or_bad_arguments(
+    messy_job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_tasks.output import export as export_cli
+    from dflash_tasks.output import verify as verify_cli
+
+    for main, argv in (
+        (export_cli.main, ["--to", "x.jsonl"]),
+        (export_cli.main, ["--output", str(messy_job)]),
+        (export_cli.main, ["--output", str(messy_job), "--to", "x", "--format", "csv"]),
+        (verify_cli.main, ["--output", str(messy_job)]),
+        (verify_cli.main, ["--input", "p.jsonl"]),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        assert "error: " in capsys.readouterr().err
+    assert (
+        export_cli.main(["--output", str(messy_job), "--to", str(tmp_path / "f"), "--format", "parquet"]) == 0
+    )
+    assert json.loads((tmp_path / "f.manifest.json").read_text())["format"] == "parquet"
+
+
+def test_parquet_is_written_in_batches(
+    messy_job: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow.parquet as pq
+
+    from dflash_tasks.output import export as export_module
+
+    monkeypatch.setattr(export_module, "_PARQUET_BATCH", 3)
+    export(str(messy_job), tmp_path / "a.parquet", "parquet", ExportOptions(keep_failed=True))
+    meta = pq.ParquetFile(tmp_path / "a.parquet").metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [3, 1]
+    assert [r["id"] for r in pq.read_table(tmp_path / "a.parquet").to_pylist()] == ["s0", "s1", "s2", "s8"]
 
 
 def test_export_of_an_output_without_a_job_says_so(

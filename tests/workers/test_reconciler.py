@@ -122,13 +122,14 @@ def test_a_dead_workers_leased_chunk_is_queued_once_not_also_rescued(bk: Bookkee
     store = LocalStore(tmp_path)
     bk.register_job(JOB, str(tmp_path))
     deliver(bk, 2, age=60)  # the dead worker's delivery of the chunk it had leased
+    deliver(bk, 8, age=30)  # and one it had not leased yet
     bk.acquire(JOB, 2, "dead", 0.01)
     time.sleep(0.05)
     calls: list[tuple[str, int]] = []
     rec = reconciler(bk, store, calls)
-    assert rec.run_once() == [(JOB, 2)] and calls == [(JOB, 2)]
+    assert rec.run_once() == [(JOB, 2), (JOB, 8)] and calls == [(JOB, 2), (JOB, 8)]
     bk.client.delete(f"{bk._p}:lock:reconcile")
-    assert rec.run_once() == [] and calls == [(JOB, 2)]  # its new message still waits: not rescued
+    assert rec.run_once() == [] and len(calls) == 2  # the new messages still wait: not rescued
 
 
 def test_each_path_logs_a_recovery_event_naming_it(
@@ -206,14 +207,14 @@ def test_replan_runs_every_time_it_is_due_and_one_failing_job_does_not_stop_it(
 ) -> None:
     from dflash_tasks.core.errors import StoreError
 
-    broken = "00000000000000bb"
-    for job in (broken, JOB):
+    broken, third = "00000000000000bb", "ffffffffffffff03"
+    for job in (broken, JOB, third):
         bk.register_job(job, str(tmp_path))
 
     def replan(job: str) -> list[int]:
         if job == broken:
             raise StoreError("gone")
-        return [1, 2]
+        return [1, 2] if job == JOB else [5]
 
     rec = Reconciler(
         bk,
@@ -226,7 +227,7 @@ def test_replan_runs_every_time_it_is_due_and_one_failing_job_does_not_stop_it(
     )
     for _ in range(2):
         bk.client.delete(f"{bk.prefix}:lock:reconcile")
-        assert rec.run_once() == [(JOB, 1), (JOB, 2)]
+        assert rec.run_once() == [(JOB, 1), (JOB, 2), (third, 5)]
 
 
 def test_rescue_goes_past_deliveries_it_must_leave_alone(
