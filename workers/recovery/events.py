@@ -31,7 +31,7 @@ class RecoveryEvent:
 
 
 def emit(log: logging.Logger, mechanism: str, job_id: str, chunk: int, why: str) -> None:
-    """Count and log that ``chunk`` of ``job_id`` was re-queued by ``mechanism`` (one of :data:`MECHANISMS`)."""
+    """Count and log that ``chunk`` of ``job_id`` was re-queued by ``mechanism`` (see :data:`MECHANISMS`)."""
     if mechanism not in MECHANISMS:
         raise ValueError(f"unknown recovery mechanism {mechanism!r}")
     metrics.chunk_requeued(mechanism)
