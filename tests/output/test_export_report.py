@@ -274,6 +274,11 @@ def test_parquet_is_written_in_batches(
     meta = pq.ParquetFile(tmp_path / "a.parquet").metadata
     assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [3, 1]
     assert [r["id"] for r in pq.read_table(tmp_path / "a.parquet").to_pylist()] == ["s0", "s1", "s2", "s8"]
+    monkeypatch.setattr(export_module, "_PARQUET_BATCH", 1)  # a batch whose errors are all null
+    export(str(messy_job), tmp_path / "b.parquet", "parquet", ExportOptions(keep_failed=True))
+    assert (
+        pq.read_table(tmp_path / "b.parquet").to_pylist() == pq.read_table(tmp_path / "a.parquet").to_pylist()
+    )
 
 
 def test_export_of_an_output_without_a_job_says_so(

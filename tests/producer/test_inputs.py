@@ -685,3 +685,11 @@ def test_a_first_generated_id_far_down_the_file(tmp_path: Path) -> None:
     items = read(write(tmp_path, lines))
     assert items[9999] == Sample("L10000", [user("late")], 10000)
     assert isinstance(items[10000], InvalidLine) and "first seen on line 10000" in items[10000].reason
+
+
+def test_a_number_too_long_to_convert_is_malformed_json_without_the_details(tmp_path: Path) -> None:
+    line = '{"prompt": "x", "n": ' + "1" * 5000 + "}"
+    assert (
+        reason(tmp_path, line)
+        == "malformed JSON: Exceeds the limit (4300 digits) for integer string conversion"
+    )
