@@ -158,9 +158,12 @@ def test_redis_flushall_mid_run_then_rerun_recovers(procs: Processes, tmp_path: 
     sim = procs.simulator("--time-scale", "0.01", "--mean-output-tokens", "1000")
     procs.worker(sim, "gpu0")
     args = enqueue_args(inp, out, "--chunk-size", "20", "--json", "--no-preflight")
-    assert procs.run("dflash_tasks.producer.enqueue", *args).returncode == 0
+    first = procs.run("dflash_tasks.producer.enqueue", *args)
+    assert first.returncode == 0, first.stderr
     wait_until(lambda: done_chunk_count(out) >= 3, 60, "first chunks")
-    redis.Redis.from_url(procs.broker_url).flushall()
+    r = redis.Redis.from_url(procs.broker_url)
+    running = r.hlen(f"t-{procs.queue}:job:{last_json(first.stdout)['job_id']}:owners")
+    r.flushall()
     before = done_chunk_count(out)
     assert before < 30
     rerun = procs.run("dflash_tasks.producer.enqueue", *args, "--wait")
@@ -169,8 +172,10 @@ def test_redis_flushall_mid_run_then_rerun_recovers(procs: Processes, tmp_path: 
     assert summary["chunks_done"] == 30 and summary["job_id"]
     report = verify_ok(procs, inp, out)
     assert report["ok"] == 600 and report["duplicated"] == 0, report
-    # chunks queued twice (the worker's prefetched messages and the re-run's) run once
-    assert generation(inp, [sim]).wasted == 0
+    # A chunk queued twice runs once, except one the re-run queued again before the worker's
+    # heartbeat re-created its lease: at most the chunks running at the flush.
+    gen = generation(inp, [sim])
+    assert gen.ungenerated == 0 and gen.wasted <= 20 * running, (gen, running)
 
 
 def test_server_errors_for_a_while_are_retried(procs: Processes, tmp_path: Path) -> None:

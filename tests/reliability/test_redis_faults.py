@@ -3,7 +3,10 @@
 With AOF (``appendfsync always`` here, ``everysec`` in production) a restarted Redis comes back
 with its queue, unacked deliveries, leases and job registry: workers reconnect and the job
 finishes on its own. Without it (or after ``FLUSHALL``) Redis comes back empty: re-running the
-same ``enqueue`` command re-plans from the store and queues exactly what is missing.
+same ``enqueue`` command re-plans from the store and queues exactly what is missing. A re-run
+that comes before the workers' heartbeats have re-created their leases also queues the chunks
+they are running, and another worker may then generate such a chunk a second time: the waste is
+bounded by the chunks running at the loss (their records are still stored once).
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ def test_redis_flushall_mid_run_then_rerun_enqueue(
     summary = enqueue_ok(procs, inp, out, "--chunk-size", "8")
     chunks = int(summary["chunks"])
     wait_until(lambda: len(outputs(out)) >= 4, 60, "the first chunks")
+    running = owners(procs, str(summary["job_id"]))
     redis_client(procs).flushall()
     lost_at = time.monotonic()
     rerun = enqueue_ok(procs, inp, out, "--chunk-size", "8")
@@ -102,8 +106,9 @@ def test_redis_flushall_mid_run_then_rerun_enqueue(
         recover_s=requeued,
         measured="data lost → re-run enqueue has queued every missing chunk",
         notes=f"re-run: {rerun['chunks_done']} done, {rerun['chunks_running']} running, "
-        f"{rerun['chunks_enqueued']} queued again; a chunk queued twice is skipped, not generated twice",
+        f"{rerun['chunks_enqueued']} queued again; {len(running)} chunks were running at the flush",
         sims=[sim],
+        allowed_waste=8 * len(running),  # re-queued before their leases were re-created
     )
 
 
@@ -118,6 +123,7 @@ def test_redis_without_aof_killed_and_restarted_then_rerun_enqueue(
             summary = enqueue_ok(procs, inp, out, "--chunk-size", "8")
             chunks = int(summary["chunks"])
             wait_until(lambda: len(outputs(out)) >= 4, 60, "the first chunks")
+            running = owners(procs, str(summary["job_id"]))
             server.stop(signal.SIGKILL)
             server.start()
             lost_at = time.monotonic()
@@ -143,8 +149,9 @@ def test_redis_without_aof_killed_and_restarted_then_rerun_enqueue(
                 recover_s=requeued,
                 measured="Redis back → re-run enqueue has queued every missing chunk",
                 notes=f"re-run: {rerun['chunks_done']} done, {rerun['chunks_running']} running, "
-                f"{rerun['chunks_enqueued']} queued again",
+                f"{rerun['chunks_enqueued']} queued again; {len(running)} chunks were running at the loss",
                 sims=[sim],
+                allowed_waste=8 * len(running),
             )
     finally:
         server.stop(signal.SIGKILL)
