@@ -15,7 +15,7 @@ BENCH_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv redis browser sglang-wheel demo test lint format bench reliability clean distclean
+.PHONY: help venv redis browser sglang-wheel demo test lint format bench reliability mutate clean distclean
 
 help:
 	@echo "make venv         create $(VENV) (with $(PYTHON)) and install the package with its dev extras"
@@ -27,6 +27,7 @@ help:
 	@echo "make format       sort imports and format with ruff"
 	@echo "make bench        run the benchmarks (python -m benchmarks), if there are any"
 	@echo "make reliability  run the tests marked 'reliability'"
+	@echo "make mutate       mutation testing (mutmut) of the core modules against their fast tests (docs/testing.md)"
 	@echo "make clean        remove caches, build metadata and demo-output/ (distclean: also $(VENV), .cache/)"
 
 venv: $(STAMP)
@@ -82,8 +83,14 @@ reliability: venv redis
 	@$(BIN)/pytest -q -p no:cacheprovider -m reliability $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "no reliability tests yet"; exit 0; fi; exit $$status
 
+# Mutation testing: see docs/testing.md for the scope, the score and the survivors that remain.
+# mutmut keeps its results in mutants/ and re-runs only what changed; `make clean` starts afresh.
+mutate: venv redis
+	@$(BIN)/mutmut run --max-children 2; status=$$?; \
+	echo "surviving mutants (mutmut show NAME prints one):"; $(BIN)/mutmut results; exit $$status
+
 clean:
-	rm -rf demo-output test-artifacts .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info
+	rm -rf demo-output test-artifacts mutants .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

@@ -10,11 +10,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import redis
+import requests
 
 from dflash_tasks.coord.routing import model_queue
 
@@ -231,3 +234,69 @@ def processes(tmp: Path, broker_url: str, queue: str) -> Iterator[Processes]:
         yield procs
     finally:
         procs.kill_all()
+
+
+# --- generation, as the simulators saw it ------------------------------------------------------
+
+
+def sim_requests(sim: str) -> dict[str, Any]:
+    """``GET /sim/requests`` of the simulator at ``sim`` (take it before killing a simulator)."""
+    doc: dict[str, Any] = requests.get(f"{sim}/sim/requests", timeout=10).json()
+    return doc
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Requests the simulators generated for a job's input samples."""
+
+    generated: int  # generations of the input's prompts, in all
+    wasted: int  # beyond one per input sample
+    ungenerated: int  # input samples never generated (a rejected prompt, or lost work)
+    other: int  # generations of prompts not in the input (another job on the same simulator)
+
+
+def generation(inp: Path, logs: Iterable[dict[str, Any] | str]) -> Generation:
+    """Count generation per input sample from simulators' request logs (URLs or taken snapshots).
+
+    A prompt that two samples share may be generated twice without waste.
+    """
+    from dflash_tasks.core.sample import Sample
+    from dflash_tasks.producer.inputs import read_input
+    from dflash_tasks.sim.requestlog import sample_key
+
+    want = Counter(sample_key(item.messages) for item in read_input(inp) if isinstance(item, Sample))
+    got: Counter[str] = Counter()
+    for log in logs:
+        doc = sim_requests(log) if isinstance(log, str) else log
+        assert not doc["truncated"], "the simulator's request log overflowed"
+        got.update({key: counts["generated"] for key, counts in doc["per_sample"].items()})
+    return Generation(
+        generated=sum(n for key, n in got.items() if key in want),
+        wasted=sum(max(0, got[key] - n) for key, n in want.items()),
+        ungenerated=sum(max(0, n - got[key]) for key, n in want.items()),
+        other=sum(n for key, n in got.items() if key not in want),
+    )
+
+
+def sent_bodies(sim: str) -> list[dict[str, Any]]:
+    """The newest chat request bodies the simulator received (without their messages)."""
+    return list(sim_requests(sim)["recent"])
+
+
+def recovery_events(folder: Path) -> list[Any]:
+    """Every worker recovery event logged in ``folder``'s ``*.log`` files (see workers.recovery.events)."""
+    from workers.recovery.events import parse_events
+
+    found: list[Any] = []
+    for log in sorted(folder.glob("*.log")):
+        found += parse_events(log.read_text(errors="replace"))
+    return found
+
+
+def recovered_by(folder: Path, job_id: str) -> dict[int, set[str]]:
+    """chunk -> the mechanisms that re-queued it, from the workers' logs in ``folder``."""
+    found: dict[int, set[str]] = {}
+    for event in recovery_events(folder):
+        if event.job == job_id:
+            found.setdefault(event.chunk, set()).add(event.mechanism)
+    return found

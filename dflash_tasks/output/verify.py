@@ -45,6 +45,7 @@ class Verification:
     turns_not_sent: int = 0  # turns of conversations that ended early (a failed or truncated turn)
     turn_mismatches: int = 0  # records whose turns do not match their input sample
     problems: list[str] = field(default_factory=list)
+    missing_chunks: list[int] = field(default_factory=list)  # neither stored nor readable
 
     @property
     def passed(self) -> bool:
@@ -62,12 +63,14 @@ def verify(input_path: str, store: Store) -> Verification:
     job, manifest = load_job(store), load_manifest(store)
     mode = job.spec.turns if job is not None else "all"
     expected: dict[str, int] = {}  # sample id -> its user turns
+    lines: dict[str, int] = {}  # sample id -> its input line
     for item in read_input(input_path):
         result.lines = max(result.lines, item.line)
         if isinstance(item, InvalidLine):
             result.invalid += 1
         else:
             expected[item.id] = count_turns(item.messages, mode)
+            lines[item.id] = item.line
     result.valid = len(expected)
     result.turns_expected = sum(expected.values())
     if job is None or manifest is None:
@@ -77,8 +80,10 @@ def verify(input_path: str, store: Store) -> Verification:
     result.chunks = manifest.chunks
     result.invalid_reported = len(read_invalid(store))
     seen: Counter[str] = Counter()
+    stored: set[int] = set()
     for key in sorted(store.list(OUTPUTS_PREFIX)):
-        if parse_chunk_key(key) is None:
+        chunk = parse_chunk_key(key)
+        if chunk is None:
             continue
         try:
             data = store.read(key)  # checks the object's recorded sha256 where the store keeps one
@@ -87,14 +92,18 @@ def verify(input_path: str, store: Store) -> Verification:
             result.problems.append(f"{exc}; delete it and re-run enqueue to generate the chunk again")
             continue
         result.chunks_done += 1
+        stored.add(chunk)
         for number, raw in enumerate(data.splitlines(), 1):
             if not raw.strip():
                 continue
             try:
                 record = json.loads(raw)
                 sample_id = str(record["id"])
-            except (ValueError, KeyError, TypeError):
-                result.problems.append(f"{key}:{number}: not a valid output record")
+            except ValueError:
+                result.problems.append(f"{key}:{number}: not a valid output record (not JSON)")
+                continue
+            except (KeyError, TypeError):
+                result.problems.append(f"{key}:{number}: not a valid output record (no id)")
                 continue
             seen[sample_id] += 1
             _account_turns(result, record, expected.get(sample_id), f"{key}:{number}")
@@ -102,10 +111,14 @@ def verify(input_path: str, store: Store) -> Verification:
                 result.ok += 1
             else:
                 result.failed += 1
-    result.missing = sum(1 for sample_id in expected if sample_id not in seen)
-    result.duplicated = sum(n - 1 for sample_id, n in seen.items() if n > 1)
-    result.unexpected = sum(n for sample_id, n in seen.items() if sample_id not in expected)
-    _judge(result, manifest.invalid)
+    result.missing_chunks = [c for c in range(manifest.chunks) if c not in stored]
+    missing = [sample_id for sample_id in expected if sample_id not in seen]
+    duplicates = {sample_id: n for sample_id, n in seen.items() if n > 1}
+    unexpected = {sample_id: n for sample_id, n in seen.items() if sample_id not in expected}
+    result.missing = len(missing)
+    result.duplicated = sum(n - 1 for n in duplicates.values())
+    result.unexpected = sum(unexpected.values())
+    _judge(result, manifest.invalid, lines, missing, duplicates, unexpected)
     return result
 
 
@@ -129,15 +142,39 @@ def _account_turns(r: Verification, record: dict[str, Any], wanted: int | None, 
         )
 
 
-def _judge(r: Verification, staged_invalid: int) -> None:
-    if r.missing:
-        r.problems.append(
-            f"{r.missing} input samples have no output ({r.chunks - r.chunks_done} chunks not done)"
+#: How many ids (or chunks) a problem names before it says "and N more".
+SHOWN = 5
+
+
+def _names(items: list[str]) -> str:
+    more = len(items) - SHOWN
+    return ", ".join(items[:SHOWN]) + (f" and {more:,} more" if more > 0 else "")
+
+
+def _judge(
+    r: Verification,
+    staged_invalid: int,
+    lines: dict[str, int],
+    missing: list[str],
+    duplicates: dict[str, int],
+    unexpected: dict[str, int],
+) -> None:
+    if missing:
+        where = (
+            f"chunks not stored: {_names([str(c) for c in r.missing_chunks])}"
+            if r.missing_chunks
+            else "their chunks are stored without them"
         )
-    if r.duplicated:
-        r.problems.append(f"{r.duplicated} duplicate output records")
-    if r.unexpected:
-        r.problems.append(f"{r.unexpected} output records whose id is not in the input")
+        named = [f"{sample_id} (line {lines[sample_id]})" for sample_id in missing[:SHOWN]]
+        named += missing[SHOWN:]  # counted, not shown
+        r.problems.append(f"{len(missing)} input samples have no output record ({where}): {_names(named)}")
+    if duplicates:
+        counts = [f"{sample_id} x{n}" for sample_id, n in duplicates.items()]
+        r.problems.append(f"{r.duplicated} duplicate output records: {_names(counts)}")
+    if unexpected:
+        r.problems.append(
+            f"{r.unexpected} output records whose id is not in the input: {_names(list(unexpected))}"
+        )
     if r.invalid != r.invalid_reported or r.invalid != staged_invalid:
         r.problems.append(
             f"{r.invalid} invalid input lines, but {r.invalid_reported} reported in invalid.jsonl "

@@ -17,9 +17,18 @@ Simulator-only endpoints:
   ``http_500 http_503 hang bad_json abort reset unhealthy``; ``{"kind": "clear"}`` removes all.
   ``GET /sim/faults`` lists the active ones.
 * ``GET /sim/stats`` (counters, live counts, peak and time-weighted mean running, occupancy) and
-  ``POST /sim/stats/reset``.
+  ``POST /sim/stats/reset`` (which also clears the request log).
 * ``--record-requests PATH`` appends every chat request body to a JSONL file
   (:mod:`dflash_tasks.sim.recorder`), so tests can check exactly what a client sent.
+* ``GET /sim/requests``: requests received and generated per sample, the wasted ones (generated
+  beyond one per sample) and the newest request bodies without their messages
+  (:mod:`dflash_tasks.sim.requestlog`).
+
+Thinking follows Qwen3's chat template and SGLang's ``qwen3`` reasoning parser: only
+``chat_template_kwargs.enable_thinking`` set to ``false`` turns it off (a short answer, no
+``reasoning_content``); a missing flag (or no ``chat_template_kwargs``) means thinking on, as the
+template's ``enable_thinking is defined and enable_thinking is false`` test defaults it.
+``--ignore-thinking-flag`` plays a misconfigured server that never reasons.
 
 Run it as ``python -m dflash_tasks.sim --port 30000`` (prints ``SIM READY http://HOST:PORT``) or
 in-process::

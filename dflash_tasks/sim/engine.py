@@ -25,6 +25,7 @@ from dflash_tasks.sim.protocol import (
     verify_passes,
 )
 from dflash_tasks.sim.recorder import RequestRecorder
+from dflash_tasks.sim.requestlog import RequestLog
 from dflash_tasks.sim.scheduler import QueueFull, SlotScheduler, Stopped
 from dflash_tasks.sim.textgen import (
     Plan,
@@ -80,6 +81,7 @@ class SimEngine:
         self._spec_total = [0, 0]
         self._spec_last: float | None = None  # the accept length of the last completed interval
         self.recorder = RequestRecorder(config.record_requests) if config.record_requests else None
+        self.requests = RequestLog()  # per-sample counts for GET /sim/requests
 
     # ----------------------------------------------------------------- lifecycle and health
     def stop(self) -> None:
@@ -177,6 +179,7 @@ class SimEngine:
         """Zero the ``/sim/stats`` counters and restart the occupancy window."""
         with self._lock:
             self._counters.clear()
+        self.requests.reset()
         self.scheduler.reset_stats()
 
     # ----------------------------------------------------------------- chat
@@ -201,6 +204,7 @@ class SimEngine:
         except ApiError as err:
             self._count(bad_requests=1)
             return _error_reply(err)
+        self.requests.received(req.prompt, raw)
         self._log(f"chat rid={req.rid} prompt_tokens={req.prompt_tokens} max_new={req.max_new_tokens}")
         return self._admit(req, fault)
 
@@ -281,6 +285,7 @@ class SimEngine:
             generation_tokens=plan.completion_tokens,
             reasoning_tokens=reasoning_tokens,
         )
+        self.requests.generated(req.prompt)
         return Outcome(
             request_id=request_id,
             plan=plan,

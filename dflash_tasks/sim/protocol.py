@@ -159,6 +159,8 @@ def parse_chat_request(content_type: str, raw: bytes, config: SimConfig) -> Chat
         num_messages=len(texts),
         prompt_tokens=prompt_tokens,
         max_new_tokens=max_new,
+        # Qwen3's template turns thinking off only for an explicit false (`enable_thinking is
+        # defined and enable_thinking is false`); SGLang's qwen3 parser agrees. Missing = on.
         thinking=not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False),
         separate_reasoning=body.get("separate_reasoning", True) is not False,
         rid=None if rid is None else str(rid),

@@ -118,6 +118,7 @@ class SimHandler(BaseHTTPRequestHandler):
             "/v1/models": lambda: info.models(engine),
             "/sim/stats": engine.stats,
             "/sim/faults": lambda: {"faults": engine.faults.snapshot()},
+            "/sim/requests": engine.requests.snapshot,
         }
         if path in ("/health", "/health_generate"):
             return Reply(engine.health_status(), b"", "text/plain; charset=utf-8")
@@ -171,7 +172,7 @@ class SimHandler(BaseHTTPRequestHandler):
 _GET_PATHS = frozenset(
     {"/health", "/health_generate", "/ready", "/get_server_info", "/server_info", "/get_model_info"}
     | {"/model_info"}
-    | {"/v1/models", "/metrics", "/sim/stats", "/sim/faults"}
+    | {"/v1/models", "/metrics", "/sim/stats", "/sim/faults", "/sim/requests"}
 )
 _POST_PATHS = frozenset({"/v1/chat/completions", "/sim/faults", "/sim/stats/reset"})
 

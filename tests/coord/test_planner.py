@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
 import uuid
 from pathlib import Path
@@ -14,8 +15,9 @@ from celery import Celery
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.celery_app import TASK_NAME, configure
-from dflash_tasks.coord.planner import plan_job
+from dflash_tasks.coord.planner import plan_job, queue_missing, registered_location
 from dflash_tasks.coord.publish import publish_chunks, queued_chunks, task_id
+from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import RetryableError
 from dflash_tasks.core.job import output_key
 from dflash_tasks.core.settings import Settings
@@ -241,3 +243,70 @@ def test_plan_with_redis_down_is_retryable(tmp_path: Path) -> None:
     down = Bookkeeping.from_url(f"redis://127.0.0.1:{port}/0", "ut-down")
     with pytest.raises(RetryableError):
         plan_job(LocalStore(tmp_path), down, down.client, "q", JOB, 3)
+
+
+def unacked(client: redis.Redis, chunk: int, age: float, job: str = JOB) -> None:
+    tag = uuid.uuid4().hex
+    client.zadd("unacked_index", {tag: time.time() - age})
+    client.hset("unacked", tag, json.dumps([{"headers": {"id": task_id(job, chunk)}, "body": ""}, "", "q"]))
+
+
+def test_plan_counts_deliveries_younger_than_the_lease_as_held(
+    tmp_path: Path, bk: Bookkeeping, rclient: redis.Redis, queue: str
+) -> None:
+    rclient.delete("unacked", "unacked_index")
+    try:
+        unacked(rclient, 1, age=59.5)  # a live worker is about to lease it
+        unacked(rclient, 2, age=60.5)  # its worker died: plan it again
+        unacked(rclient, 3, age=1, job=OTHER)  # another job's
+        store = store_with_outputs(tmp_path, [4])  # chunk 4 == chunks: not this job's
+        plan = plan_job(store, bk, rclient, queue, JOB, 4)  # the default grace: 60 s, the default lease
+        assert plan.queued == {1} and plan.done == frozenset()
+        assert plan.to_enqueue == (0, 2, 3)
+    finally:
+        rclient.delete("unacked", "unacked_index")
+
+
+def test_plan_without_a_broker_client_is_a_dry_run(tmp_path: Path, bk: Bookkeeping) -> None:
+    bk.acquire(JOB, 0, "w", 60)
+    plan = plan_job(LocalStore(tmp_path / "out"), bk, None, "q", JOB, 2)
+    assert plan.running == frozenset() and plan.to_enqueue == (0, 1)
+
+
+def test_queue_missing_registers_seeds_done_and_queues_only_what_it_may(
+    tmp_path: Path, bk: Bookkeeping, rclient: redis.Redis, queue: str
+) -> None:
+    store = store_with_outputs(tmp_path, [1])
+    bk.acquire(JOB, 2, "live", 60)
+    settings = Settings.load(
+        {},
+        broker_url=redis_url(rclient),
+        queue=queue,
+        redis_prefix=bk.prefix,
+        lease_seconds=5,
+        heartbeat_seconds=1,
+    )
+    rclient.delete("unacked", "unacked_index")
+    unacked(rclient, 6, age=10)  # stale for a 5 s lease (the settings'), fresh for the 60 s default
+    app = Celery("ut-queue-missing", set_as_current=False)
+    configure(app, settings)
+    try:
+        plan, sent = queue_missing(store, bk, app, settings, JOB, 7, "m", only=[0, 3, 4, 5], exclude=[4])
+        assert (plan.to_enqueue, sent) == ((0, 3, 4, 5, 6), 3)
+        assert queued_chunks(rclient, model_queue(queue, "m"), JOB) == {0, 3, 5}  # the model's queue
+        assert bk.job_info(JOB)["output"] == str(tmp_path / "out")  # absolute, for every worker
+        assert bk.done_count(JOB) == 1 and bk.job_state(JOB) == ("running", "")
+        again, sent = queue_missing(store, bk, app, settings, JOB, 7, "m")
+        assert again.queued == {0, 3, 5} and sent == 2  # 4 and 6 now
+    finally:
+        app.close()
+        rclient.delete("unacked", "unacked_index")
+
+
+def test_registered_location_is_absolute_for_a_folder_and_the_uri_otherwise(tmp_path: Path) -> None:
+    class Remote:
+        uri = "s3://bucket/prefix"
+
+    relative = LocalStore(os.path.relpath(tmp_path / "out"))
+    assert registered_location(relative) == str(tmp_path / "out")
+    assert registered_location(Remote()) == "s3://bucket/prefix"  # type: ignore[arg-type]

@@ -149,3 +149,25 @@ def test_preflight_adds_a_multi_turn_chunk_when_the_spread_misses_them() -> None
     turns[33] = 100  # the spread already holds one: nothing added
     manifest = Manifest("j", 6400, 6400, 0, 64, 100, turns=sum(turns), chunk_turns=turns)
     assert preflight_chunks(manifest, 200) == [0, 33, 66, 99]
+
+
+def test_short_is_strictly_below_the_minimum_and_missing_usage_counts_as_zero() -> None:
+    settings = QualitySettings(min_completion_tokens=1)
+    no_usage = {k: v for k, v in record().items() if k != "usage"}
+    assert check_record(no_usage, True, settings) == ["short"]
+    at_minimum = record(usage={"completion_tokens": 32})
+    assert check_record(at_minimum, True, QualitySettings()) == []
+
+
+def test_gates_judge_a_single_sample_and_checks_nobody_failed() -> None:
+    assert [f.check for f in evaluate_gates(1, {"failed": 1}, QualitySettings())] == ["failed"]
+    assert evaluate_gates(0, {"failed": 3}, QualitySettings()) == []
+    only_some = evaluate_gates(10, {"short": 5}, QualitySettings())  # the other checks absent
+    assert [(f.check, f.share) for f in only_some] == [("short", 0.5)]
+
+
+def test_every_setting_survives_the_round_trip() -> None:
+    custom = QualitySettings(min_completion_tokens=7, max_share={"failed": 0.5}, window=40, min_samples=9)
+    back = QualitySettings.from_dict(custom.to_dict())
+    assert (back.min_completion_tokens, back.window, back.min_samples) == (7, 40, 9)
+    assert back.max_share["failed"] == 0.5 and back.max_share["short"] == 0.25  # defaults fill the rest

@@ -1,4 +1,8 @@
-"""End-to-end jobs with real processes: Redis, Celery workers, simulators over HTTP."""
+"""End-to-end jobs with real processes: Redis, Celery workers, simulators over HTTP.
+
+Besides the stored records, each job counts generation in the simulators (``GET /sim/requests``):
+a sample generated twice is wasted GPU time even when only one record of it is stored.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,17 @@ from pathlib import Path
 import redis
 import requests
 
-from tests.helpers import Processes, done_chunk_count, read_records, wait_until, write_prompts
+from tests.helpers import (
+    Generation,
+    Processes,
+    done_chunk_count,
+    generation,
+    read_records,
+    recovered_by,
+    sent_bodies,
+    wait_until,
+    write_prompts,
+)
 
 MODEL = "Qwen/Qwen3-8B"
 
@@ -63,6 +77,23 @@ def test_multi_worker_job_with_bad_lines_then_rerun_enqueues_nothing(
     assert [t["input"] for t in shared["turns"]] == [
         [{"role": "user", "content": "Question 1: what is 1 * 7?"}]
     ]
+    gen = generation(inp, sims)
+    assert (gen.generated, gen.wasted, gen.ungenerated) == (1100 - bad, 0, 0), gen
+    # What the workers really sent, not the job spec's copy of it.
+    bodies = [b for sim in sims for b in sent_bodies(sim)]
+    assert len(bodies) == 1100 - bad and len({b["rid"] for b in bodies}) == len(bodies)
+    sent = {json.dumps({k: b.get(k) for k in SAMPLING_SENT}, sort_keys=True) for b in bodies}
+    assert [json.loads(s) for s in sent] == [
+        {
+            "chat_template_kwargs": {"enable_thinking": True},
+            "max_tokens": 4096,
+            "model": MODEL,
+            "separate_reasoning": True,
+            "temperature": 0.6,
+            "top_k": 20,
+            "top_p": 0.95,
+        }
+    ]
 
     again = procs.run(
         "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--chunk-size", "32", "--json")
@@ -76,6 +107,17 @@ def test_multi_worker_job_with_bad_lines_then_rerun_enqueues_nothing(
     assert (
         changed.returncode == 2 and "temperature: the output has 0.6, this run asks for 1.0" in changed.stderr
     )
+
+
+SAMPLING_SENT = (
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "chat_template_kwargs",
+    "separate_reasoning",
+)
 
 
 def test_worker_sigkill_mid_chunk_loses_nothing(procs: Processes, tmp_path: Path) -> None:
@@ -99,9 +141,14 @@ def test_worker_sigkill_mid_chunk_loses_nothing(procs: Processes, tmp_path: Path
     )
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait(10)
+    lost = {c for c in held if not (out / "outputs" / f"chunk-{c:06d}.jsonl").exists()}
     wait_until(lambda: done_chunk_count(out) == 20, 120, "all 20 chunks done")
     report = verify_ok(procs, inp, out)
     assert report["ok"] == 400 and report["duplicated"] == 0
+    by = recovered_by(tmp_path, job_id)  # the survivor's own account of how they came back
+    assert all("lease_expired" in by.get(c, set()) for c in lost), (sorted(lost), by)
+    gen = generation(inp, [sim])
+    assert gen.ungenerated == 0 and gen.wasted <= 20 * len(held), gen  # only the victim's part
     by_chunk = {
         json.loads((out / "outputs" / f"chunk-{c:06d}.jsonl").read_text().splitlines()[0])["worker"]
         for c in held
@@ -115,9 +162,12 @@ def test_redis_flushall_mid_run_then_rerun_recovers(procs: Processes, tmp_path: 
     sim = procs.simulator("--time-scale", "0.01", "--mean-output-tokens", "1000")
     procs.worker(sim, "gpu0")
     args = enqueue_args(inp, out, "--chunk-size", "20", "--json", "--no-preflight")
-    assert procs.run("dflash_tasks.producer.enqueue", *args).returncode == 0
+    first = procs.run("dflash_tasks.producer.enqueue", *args)
+    assert first.returncode == 0, first.stderr
     wait_until(lambda: done_chunk_count(out) >= 3, 60, "first chunks")
-    redis.Redis.from_url(procs.broker_url).flushall()
+    r = redis.Redis.from_url(procs.broker_url)
+    running = r.hlen(f"t-{procs.queue}:job:{last_json(first.stdout)['job_id']}:owners")
+    r.flushall()
     before = done_chunk_count(out)
     assert before < 30
     rerun = procs.run("dflash_tasks.producer.enqueue", *args, "--wait")
@@ -126,6 +176,10 @@ def test_redis_flushall_mid_run_then_rerun_recovers(procs: Processes, tmp_path: 
     assert summary["chunks_done"] == 30 and summary["job_id"]
     report = verify_ok(procs, inp, out)
     assert report["ok"] == 600 and report["duplicated"] == 0, report
+    # A chunk queued twice runs once, except one the re-run queued again before the worker's
+    # heartbeat re-created its lease: at most the chunks running at the flush.
+    gen = generation(inp, [sim])
+    assert gen.ungenerated == 0 and gen.wasted <= 20 * running, (gen, running)
 
 
 def test_server_errors_for_a_while_are_retried(procs: Processes, tmp_path: Path) -> None:
@@ -143,16 +197,24 @@ def test_server_errors_for_a_while_are_retried(procs: Processes, tmp_path: Path)
     assert report["ok"] == 200 and report["failed"] == 0
     attempts = Counter(r["attempts"] for r in read_records(out))
     assert sum(n for a, n in attempts.items() if a > 1) > 0  # the 500s really happened and were retried
+    assert generation(inp, [sim]) == Generation(200, 0, 0, 0)  # refused before generating: nothing wasted
 
 
-def test_too_long_prompt_fails_only_its_own_sample(procs: Processes, tmp_path: Path) -> None:
+def test_too_long_prompt_fails_only_its_own_sample_and_thinking_off_is_sent(
+    procs: Processes, tmp_path: Path
+) -> None:
     inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
     write_prompts(inp, 100, long_at=8)
     sim = procs.simulator("--time-scale", "0.001", "--context-length", "8192")
     procs.worker(sim, "gpu0")
     res = procs.run(
         "dflash_tasks.producer.enqueue",
-        *enqueue_args(inp, out, "--max-tokens", "2048", "--wait", "--json", "--no-preflight"),
+        *enqueue_args(
+            inp,
+            out,
+            *("--max-tokens", "2048", "--no-thinking", "--min-completion-tokens", "1"),
+            *("--wait", "--json", "--no-preflight"),
+        ),
     )
     assert res.returncode == 0, res.stderr
     report = verify_ok(procs, inp, out)
@@ -160,6 +222,15 @@ def test_too_long_prompt_fails_only_its_own_sample(procs: Processes, tmp_path: P
     failed = [r for r in read_records(out) if r["status"] == "failed"]
     assert [r["id"] for r in failed] == ["q8"]
     assert "longer than the model's context length" in failed[0]["error"] and failed[0]["attempts"] == 1
+    assert generation(inp, [sim]) == Generation(99, 0, 1, 0)  # the rejected prompt was never generated
+    bodies = sent_bodies(sim)  # the rejected request never reached the log: it failed validation
+    assert len(bodies) == 99 and {json.dumps(b["chat_template_kwargs"]) for b in bodies} == {
+        '{"enable_thinking": false}'
+    }
+    ok = [r for r in read_records(out) if r["status"] == "ok"]
+    turns = [t for r in ok for t in r["turns"]]
+    assert all(t["content"] and not t["reasoning"] for t in turns)
+    assert not any(r["usage"]["reasoning_tokens"] for r in ok)
 
 
 def test_dead_server_pauses_its_worker_and_chunks_move_on(procs: Processes, tmp_path: Path) -> None:
@@ -181,6 +252,7 @@ def test_dead_server_pauses_its_worker_and_chunks_move_on(procs: Processes, tmp_
     assert {r["worker"].split("@")[0] for r in read_records(out)} == {"gpu0"}
     log = (tmp_path / "gpu1.log").read_text()
     assert "pausing this worker's consumption" in log
+    assert generation(inp, [healthy, doomed]) == Generation(300, 0, 0, 0)  # resets cost no generation
 
 
 def test_job_against_a_loading_server_with_an_api_key(procs: Processes, tmp_path: Path) -> None:

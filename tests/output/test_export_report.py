@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,140 @@ def test_report_accept_length_distribution_from_known_samples() -> None:
     none = build_report(job, [rec(0)], 1, 1)
     assert none.as_dict()["spec_accept_length"]["count"] == 0
     assert "no per-request speculative stats" in render_text(none)
+
+
+@pytest.fixture
+def messy_job(tmp_path: Path) -> Path:
+    """Chunk 1 not done (chunk 2 is); two failed, two leaking markers, a sample stored twice, UTF-8."""
+    root = tmp_path / "messy"
+    store = LocalStore(root)
+    store.write(JOB_KEY, JobDefinition.create("sha256:y", "in.jsonl", SPEC).to_json())
+    store.write(MANIFEST_KEY, Manifest("j", 9, 9, 0, 3, 3).to_json())
+    chunks = {
+        0: [rec(0, content="café"), rec(1, status="failed", error="e1", content=""), rec(2, status="failed")],
+        2: [rec(6, content="<think> a"), rec(7, reasoning="</think> b"), rec(8), rec(0), rec(8)],
+    }
+    for n, records in chunks.items():
+        store.write(output_key(n), b"".join(json.dumps(r).encode() + b"\n" for r in records))
+    return root
+
+
+def test_export_counts_every_drop_and_describes_itself(messy_job: Path, tmp_path: Path) -> None:
+    out = tmp_path / "train.jsonl"
+    doc = export(str(messy_job), out, "jsonl", ExportOptions(frozenset({"truncated"}), keep_failed=True))
+    assert "café".encode() in out.read_bytes()  # UTF-8 text, not \\u escapes
+    rows = read_jsonl(out)
+    assert [(r["id"], r["status"], r["error"]) for r in rows] == [
+        ("s0", "success", None),
+        ("s1", "failed", "e1"),
+        ("s2", "failed", None),
+        ("s8", "success", None),
+    ]
+    spec = json.loads(JobDefinition.create("sha256:y", "in.jsonl", SPEC).to_json())
+    assert (doc["job_id"], doc["source"], doc["file"], doc["format"]) == (
+        spec["job_id"],
+        str(messy_job),
+        "train.jsonl",
+        "jsonl",
+    )
+    assert doc["sha256"] == "sha256:" + hashlib.sha256(out.read_bytes()).hexdigest()
+    assert (doc["rows"], doc["success"], doc["failed_kept"]) == (4, 2, 2)
+    assert doc["dropped"] == {"think_marker": 2, "duplicate": 2}
+    assert {"think_marker", "truncated"} <= set(doc["filters"]["drop_checks"])
+    assert (doc["complete"], doc["chunks_missing"], doc["samples_in_job"], doc["spec"]) == (False, 1, 9, spec)
+    plain = export(str(messy_job), tmp_path / "plain.jsonl", "jsonl", ExportOptions())
+    assert plain["dropped"] == {"failed": 2, "think_marker": 2, "duplicate": 2} and plain["rows"] == 2
+    assert all("error" not in r for r in read_jsonl(tmp_path / "plain.jsonl"))
+
+
+def test_export_to_parquet_holds_the_same_rows(messy_job: Path, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    export(str(messy_job), tmp_path / "a.jsonl", "jsonl", ExportOptions(keep_failed=True))
+    doc = export(str(messy_job), tmp_path / "a.parquet", "parquet", ExportOptions(keep_failed=True))
+    table = pq.read_table(tmp_path / "a.parquet")
+    assert table.column_names == ["id", "status", "conversations", "error"]
+    assert table.to_pylist() == read_jsonl(tmp_path / "a.jsonl") and doc["rows"] == 4
+    assert not (tmp_path / ".a.parquet.tmp").exists()
+    export(str(messy_job), tmp_path / "b.parquet", "parquet", ExportOptions())
+    assert pq.read_table(tmp_path / "b.parquet").column_names == ["id", "status", "conversations"]
+
+
+def test_export_command_infers_the_format_and_reports_drops(
+    messy_job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_tasks.output.export import main
+
+    to = tmp_path / "x.parquet"
+    assert (
+        main(["--output", str(messy_job), "--to", str(to), "--drop-truncated", "--drop-check", "short"]) == 0
+    )
+    manifest = json.loads((tmp_path / "x.parquet.manifest.json").read_text())
+    assert manifest["format"] == "parquet"
+    assert {"short", "think_marker", "truncated"} <= set(manifest["filters"]["drop_checks"])
+    err = capsys.readouterr().err
+    assert err.startswith("exported 2 rows") and f"to {to} (parquet)" in err
+    assert "think_marker" in err and "WARNING: 1 chunks not done yet" in err and "--keep REASON" in err
+    assert main(["--output", str(messy_job), "--to", str(tmp_path / "y.out"), "--keep-failed"]) == 0
+    manifest = json.loads((tmp_path / "y.out.manifest.json").read_text())
+    assert manifest["format"] == "jsonl" and "think_marker" in manifest["filters"]["drop_checks"]
+    assert (
+        "exported 4 rows" in capsys.readouterr().err
+        and read_jsonl(tmp_path / "y.out")[1]["status"] == "failed"
+    )
+    assert main(["--output", str(messy_job), "--to", str(tmp_path / "z.jsonl"), "--drop-check", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: --drop-check 'nope': not a check (one of failed, ")
+
+
+def test_export_and_verify_commands_refuse_missing_or_bad_arguments(
+    messy_job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_tasks.output import export as export_cli
+    from dflash_tasks.output import verify as verify_cli
+
+    for main, argv in (
+        (export_cli.main, ["--to", "x.jsonl"]),
+        (export_cli.main, ["--output", str(messy_job)]),
+        (export_cli.main, ["--output", str(messy_job), "--to", "x", "--format", "csv"]),
+        (verify_cli.main, ["--output", str(messy_job)]),
+        (verify_cli.main, ["--input", "p.jsonl"]),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        assert "error: " in capsys.readouterr().err
+    assert (
+        export_cli.main(["--output", str(messy_job), "--to", str(tmp_path / "f"), "--format", "parquet"]) == 0
+    )
+    assert json.loads((tmp_path / "f.manifest.json").read_text())["format"] == "parquet"
+
+
+def test_parquet_is_written_in_batches(
+    messy_job: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow.parquet as pq
+
+    from dflash_tasks.output import export as export_module
+
+    monkeypatch.setattr(export_module, "_PARQUET_BATCH", 3)
+    export(str(messy_job), tmp_path / "a.parquet", "parquet", ExportOptions(keep_failed=True))
+    meta = pq.ParquetFile(tmp_path / "a.parquet").metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [3, 1]
+    assert [r["id"] for r in pq.read_table(tmp_path / "a.parquet").to_pylist()] == ["s0", "s1", "s2", "s8"]
+    monkeypatch.setattr(export_module, "_PARQUET_BATCH", 1)  # a batch whose errors are all null
+    export(str(messy_job), tmp_path / "b.parquet", "parquet", ExportOptions(keep_failed=True))
+    assert (
+        pq.read_table(tmp_path / "b.parquet").to_pylist() == pq.read_table(tmp_path / "a.parquet").to_pylist()
+    )
+
+
+def test_export_of_an_output_without_a_job_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_tasks.output.export import main
+
+    half = LocalStore(tmp_path / "half")
+    half.write(JOB_KEY, JobDefinition.create("sha256:z", "in.jsonl", SPEC).to_json())  # no manifest yet
+    for root in (tmp_path / "none", tmp_path / "half"):
+        assert main(["--output", str(root), "--to", str(tmp_path / "x.jsonl")]) == 2
+        assert capsys.readouterr().err == f"error: {root} holds no staged job\n"

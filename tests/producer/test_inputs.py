@@ -602,3 +602,94 @@ def test_random_json_lines_classified_consistently(tmp_path: Path, objs: list[An
             assert any(m["role"] == "user" and m["content"].strip() for m in item.messages)
         else:
             assert item.reason
+
+
+# --- edges found by mutation testing (make mutate) ------------------------------------------------
+
+
+def test_summarize_shows_ten_by_default() -> None:
+    items = [InvalidLine("in.jsonl", n, "r") for n in range(1, 13)]
+    assert summarize_invalid(items).splitlines()[-2:] == ["in.jsonl:10: r", "... and 2 more"]
+
+
+def test_corrupt_gzip_header_fails_before_the_first_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl.gz"
+    path.write_bytes(b"\x1f\x8b" + b"garbage" * 10)
+    with pytest.raises(InputError, match=r"gzip stream is corrupt or truncated before the first line: "):
+        read(path)
+
+
+def test_a_path_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
+    import socket
+
+    sock_path = tmp_path / "s.jsonl"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(sock_path))  # exists, but no file to read
+        with pytest.raises(InputError, match=f"^{sock_path}: cannot open input file: "):
+            read(sock_path)
+        with pytest.raises(InputError, match=f"^{sock_path}: cannot read input file: "):
+            input_fingerprint(sock_path)
+    long = tmp_path / ("x" * 300)
+    with pytest.raises(InputError, match=f"^{long}: cannot access input file: "):
+        read(long)
+
+
+def test_json_cut_off_at_the_end_of_the_file_says_end_of_line(tmp_path: Path) -> None:
+    path = tmp_path / "cut.jsonl"
+    path.write_bytes(b'{"prompt": "x"')  # no newline after it
+    (item,) = read(path)
+    assert isinstance(item, InvalidLine)
+    assert item.reason == "malformed JSON: Expecting ',' delimiter at end of line"
+
+
+def test_an_id_with_a_lone_surrogate_is_refused(tmp_path: Path) -> None:
+    assert reason(tmp_path, '{"id": "a\\udc80", "prompt": "x"}') == (
+        "id: contains a lone surrogate escape, not encodable as UTF-8"
+    )
+
+
+def test_a_part_type_that_is_not_a_string_is_named_by_its_type(tmp_path: Path) -> None:
+    line = {"messages": [{"role": "user", "content": [{"type": 5, "text": "x"}]}]}
+    assert "unsupported part type int (only 'text' parts are accepted)" in reason(tmp_path, line)
+
+
+def test_ids_are_quoted_whole_up_to_forty_characters(tmp_path: Path) -> None:
+    forty, longer = "i" * 40, "j" * 41
+    items = read(write(tmp_path, [{"id": i, "prompt": "x"} for i in (forty, forty, longer, longer)]))
+    reasons = [i.reason for i in items if isinstance(i, InvalidLine)]
+    assert reasons == [
+        f"duplicate id '{forty}' (first seen on line 1)",
+        f"duplicate id '{'j' * 40}'... (first seen on line 3)",
+    ]
+
+
+def test_unknown_shapes_list_up_to_eight_keys(tmp_path: Path) -> None:
+    eight = {k: 1 for k in "abcdefgh"}
+    assert reason(tmp_path, eight).endswith("(found keys: 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h')")
+    assert reason(tmp_path, {**eight, "i": 1}).endswith("'f', 'g', 'h', ...)")
+
+
+def test_generated_ids_past_the_first_block_of_lines(tmp_path: Path) -> None:
+    """Generated ids are tracked in blocks of 4096 lines: ids at and past a block's end."""
+    lines: list[Line] = [{"prompt": "x"} for _ in range(4097)]  # L4096 lands on the block's end
+    lines += [{"id": "L4097", "prompt": "y"}, {"id": "L8192", "prompt": "z"}]
+    items = read(write(tmp_path, lines))
+    assert all(isinstance(i, Sample) for i in items[:4097]) and items[4096].id == "L4097"
+    assert isinstance(items[4097], InvalidLine) and "first seen on line 4097" in items[4097].reason
+    assert isinstance(items[4098], Sample)  # just past what is tracked: not a generated id
+
+
+def test_a_first_generated_id_far_down_the_file(tmp_path: Path) -> None:
+    lines: list[Line] = [{"id": f"e{i}", "prompt": "x"} for i in range(9999)] + [{"prompt": "late"}]
+    lines.append({"id": "L10000", "prompt": "clash"})
+    items = read(write(tmp_path, lines))
+    assert items[9999] == Sample("L10000", [user("late")], 10000)
+    assert isinstance(items[10000], InvalidLine) and "first seen on line 10000" in items[10000].reason
+
+
+def test_a_number_too_long_to_convert_is_malformed_json_without_the_details(tmp_path: Path) -> None:
+    line = '{"prompt": "x", "n": ' + "1" * 5000 + "}"
+    assert (
+        reason(tmp_path, line)
+        == "malformed JSON: Exceeds the limit (4300 digits) for integer string conversion"
+    )

@@ -55,7 +55,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_line(line)
     terminalreporter.write_line(
         f"{t['scenarios']} scenarios ({t['failed']} failed): {t['samples_expected']:,} samples expected, "
-        f"{t['stored_once']:,} stored exactly once, {t['lost']} lost, {t['duplicated']} duplicated; "
+        f"{t['stored_once']:,} stored exactly once, {t['lost']} lost, {t['duplicated']} duplicated, "
+        f"{t['wasted']:,} requests wasted; "
         f"suite time {t['suite_s']:.0f} s (set-up, tests and tear-down of tests/reliability)"
     )
     terminalreporter.write_line(

@@ -2,9 +2,10 @@
 
 Every scenario runs real processes (Redis, ``python -m workers``, simulators, moto) and ends
 with :func:`settle`, which counts the job's samples from the stored records against the input
-and from a ``python -m dflash_tasks.export`` of the job, runs ``verify``, and adds one row to
-the session's :class:`Collector`. ``tests/reliability/conftest.py`` prints the table at the end
-of the session and writes ``test-artifacts/reliability.{json,md}``.
+and from a ``python -m dflash_tasks.export`` of the job, counts generation from the simulators'
+request logs (``GET /sim/requests``: requests generated beyond one per sample are wasted), runs
+``verify``, and adds one row to the session's :class:`Collector`. ``tests/reliability/conftest.py``
+prints the table at the end of the session and writes ``test-artifacts/reliability.{json,md}``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -30,7 +31,7 @@ import requests
 from dflash_tasks.coord.publish import queued_chunks
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.producer.inputs import read_input
-from tests.helpers import REPO, Processes, RedisServer, free_port, read_records, wait_until
+from tests.helpers import REPO, Processes, RedisServer, free_port, generation, read_records, wait_until
 
 MODEL = "Qwen/Qwen3-8B"
 ARTIFACTS = REPO / "test-artifacts"
@@ -51,6 +52,7 @@ class Row:
     lost: int | None  # input samples not stored
     duplicated: int | None  # records beyond the first for a sample (store and export together)
     recover_s: float | None  # measured; None where no recovery applies
+    wasted: int | None = None  # generations beyond one per sample (the simulators' count)
     measured: str = ""  # what recover_s measures
     notes: str = ""
     passed: bool = True
@@ -73,10 +75,10 @@ class Collector:
 
     def markdown(self) -> str:
         head = (
-            "| # | fault | runs | samples expected | stored once | lost | duplicated "
+            "| # | fault | runs | samples expected | stored once | lost | duplicated | wasted requests "
             "| time to recover (s) | recovery measured as | notes |"
         )
-        lines = [head, "|---|---|--:|--:|--:|--:|--:|--:|---|---|"]
+        lines = [head, "|---|---|--:|--:|--:|--:|--:|--:|--:|---|---|"]
 
         def n(value: int | None) -> str:
             return "-" if value is None else f"{value:,}"
@@ -86,7 +88,8 @@ class Collector:
             mark = "" if r.passed else " **FAILED**"
             lines.append(
                 f"| {r.family} | {r.fault}{mark} | {r.runs} | {n(r.expected)} | {n(r.stored_once)} "
-                f"| {n(r.lost)} | {n(r.duplicated)} | {rec} | {r.measured or '-'} | {r.notes or ''} |"
+                f"| {n(r.lost)} | {n(r.duplicated)} | {n(r.wasted)} | {rec} | {r.measured or '-'} "
+                f"| {r.notes or ''} |"
             )
         return "\n".join(lines)
 
@@ -98,6 +101,7 @@ class Collector:
             "stored_once": sum(r.stored_once or 0 for r in self.rows),
             "lost": sum(r.lost or 0 for r in self.rows),
             "duplicated": sum(r.duplicated or 0 for r in self.rows),
+            "wasted": sum(r.wasted or 0 for r in self.rows),
             "suite_s": round(self.seconds, 1),
         }
 
@@ -107,7 +111,8 @@ class Collector:
         t = self.totals()
         md.write_text(
             self.markdown() + f"\n\n{t['scenarios']} scenarios, {t['samples_expected']:,} samples expected, "
-            f"{t['stored_once']:,} stored exactly once, {t['lost']} lost, {t['duplicated']} duplicated; "
+            f"{t['stored_once']:,} stored exactly once, {t['lost']} lost, {t['duplicated']} duplicated, "
+            f"{t['wasted']:,} requests wasted (generated beyond one per sample); "
             f"suite time {t['suite_s']:.0f} s.\n"
         )
         js.write_text(json.dumps({"totals": t, "rows": [asdict(r) for r in self.ordered()]}, indent=2) + "\n")
@@ -129,6 +134,8 @@ class Accounting:
     export_rows: int = 0
     export_duplicates: int = 0
     export_missing: int = 0
+    generated: int = 0  # generations of the input's samples (the simulators' count)
+    wasted: int = 0  # beyond one per sample
 
 
 def expected_ids(inp: Path) -> set[str]:
@@ -198,12 +205,22 @@ def settle(
     notes: str = "",
     records: list[dict[str, Any]] | None = None,
     test: str = "",
+    sims: Sequence[str | dict[str, Any]],
+    allowed_waste: int | None = 0,
 ) -> Accounting:
-    """Account for the job, export and verify it, record the row, then assert nothing was lost or doubled."""
+    """Account for the job, export and verify it, record the row, then assert nothing was lost or doubled.
+
+    ``sims``: the simulators that served the job (URLs, or request logs taken with
+    :func:`~tests.helpers.sim_requests` before a simulator was killed); their generations are
+    counted per sample. ``allowed_waste``: how many generations beyond one per sample the scenario
+    may cost (0: none; None: only reported).
+    """
     out = str(out)
     records = read_records(Path(out)) if records is None else records
     acc = account(inp, records)
     export_check(procs, out, expected_ids(inp), acc)
+    gen = generation(inp, sims)
+    acc.generated, acc.wasted = gen.generated, gen.wasted
     rc, report = verify_json(procs, inp, out)
     passed = (
         rc == 0
@@ -212,6 +229,7 @@ def settle(
         and acc.unexpected == 0
         and acc.export_duplicates == 0
         and acc.export_missing == 0
+        and (allowed_waste is None or acc.wasted <= allowed_waste)
     )
     collector.add(
         Row(
@@ -222,6 +240,7 @@ def settle(
             stored_once=acc.stored_once,
             lost=max(acc.lost, acc.export_missing),
             duplicated=acc.duplicated + acc.export_duplicates,
+            wasted=acc.wasted,
             recover_s=None if recover_s is None else round(recover_s, 2),
             measured=measured,
             notes=notes,
@@ -233,6 +252,8 @@ def settle(
     assert acc.lost == 0 and acc.duplicated == 0 and acc.unexpected == 0, acc
     assert acc.export_duplicates == 0 and acc.export_missing == 0, acc
     assert acc.stored_once == acc.expected, acc
+    if allowed_waste is not None:
+        assert acc.wasted <= allowed_waste, f"{acc.wasted} wasted generations > {allowed_waste} allowed"
     return acc
 
 
@@ -401,6 +422,22 @@ def logs(procs: Processes, *names: str) -> str:
 
 def fault(sim: str, kind: str, **how: float) -> None:
     requests.post(f"{sim}/sim/faults", json={"kind": kind, **how}, timeout=5).raise_for_status()
+
+
+def publish_countdown(procs: Processes, job_id: str, chunk: int, seconds: float) -> None:
+    """Queue ``chunk`` to run in ``seconds`` (as a failed chunk is re-queued with a backoff)."""
+    from celery import Celery
+
+    from dflash_tasks.coord.celery_app import configure
+    from dflash_tasks.coord.publish import publish_chunks
+    from dflash_tasks.core.settings import Settings
+
+    app = Celery("reliability-publish", set_as_current=False)
+    configure(app, Settings.load({}, broker_url=procs.broker_url, queue=procs.queue))
+    try:
+        publish_chunks(app, job_id, [chunk], queue=procs.model_queue(), countdown=seconds)
+    finally:
+        app.close()
 
 
 def sim_stats(sim: str) -> dict[str, Any]:

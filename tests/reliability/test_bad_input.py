@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.producer.inputs import InvalidLine, read_input
-from tests.helpers import Processes, RedisServer, processes, read_records
+from tests.helpers import Processes, RedisServer, generation, processes, read_records
 from tests.reliability.support import (
     Collector,
     Row,
@@ -32,6 +32,7 @@ from tests.reliability.support import (
     expected_ids,
     export_check,
     logs,
+    reset_sim_stats,
     start_worker,
     verify_json,
 )
@@ -110,6 +111,7 @@ class Fuzzer:
     procs: Processes
     worker_pid: int
     tmp: Path
+    sim: str
     totals: dict[str, int] = field(default_factory=dict)
 
 
@@ -119,7 +121,7 @@ def fuzzer(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) 
     with processes(tmp, redis_server.url, f"q{uuid.uuid4().hex[:8]}") as procs:
         sim = procs.simulator("--time-scale", "0.0005", "--mean-output-tokens", "300")
         worker = start_worker(procs, sim, "fuzz-gpu0")
-        yield Fuzzer(procs, worker.pid, tmp)
+        yield Fuzzer(procs, worker.pid, tmp, sim)
 
 
 def run_fuzzed_job(fz: Fuzzer, lines: list[bytes]) -> dict[str, Any]:
@@ -129,6 +131,7 @@ def run_fuzzed_job(fz: Fuzzer, lines: list[bytes]) -> dict[str, Any]:
     inp.write_bytes(b"".join(line + b"\n" for line in lines))
     items = list(read_input(inp))
     bad = [i for i in items if isinstance(i, InvalidLine)]
+    reset_sim_stats(fz.sim)  # count this job's generation alone
     summary = enqueue_ok(procs, inp, out, "--chunk-size", "32", "--wait")
     assert summary["invalid"] == len(bad) and summary["samples"] == len(items) - len(bad)
 
@@ -154,6 +157,8 @@ def run_fuzzed_job(fz: Fuzzer, lines: list[bytes]) -> dict[str, Any]:
     assert rc == 0, report
     assert acc.lost == acc.duplicated == acc.unexpected == acc.export_duplicates == acc.export_missing == 0
     assert sum(isinstance(i, Sample) for i in items) == acc.expected
+    gen = generation(inp, [fz.sim])
+    assert gen.wasted == 0 and gen.ungenerated == len(TOO_LONG), gen  # rejected (400): never generated
     return {
         "lines": len(lines),
         "expected": acc.expected,
@@ -162,6 +167,7 @@ def run_fuzzed_job(fz: Fuzzer, lines: list[bytes]) -> dict[str, Any]:
         "duplicated": acc.duplicated + acc.export_duplicates,
         "invalid": len(bad),
         "failed": len(failed),
+        "wasted": gen.wasted,
     }
 
 
@@ -196,6 +202,7 @@ def test_fuzzed_input_files_run_as_jobs(fuzzer: Fuzzer, reliability: Collector) 
                     stored_once=total["stored_once"],
                     lost=total["lost"],
                     duplicated=total["duplicated"],
+                    wasted=total["wasted"],
                     recover_s=None,
                     notes=f"{len(results)} jobs, {total['lines']:,} lines: {total['invalid']} invalid lines "
                     f"each reported with its reason, {total['failed']} too-long prompts stored as failed "

@@ -27,6 +27,7 @@ from tests.reliability.support import (
     enqueue_ok,
     outputs,
     redis_client,
+    reset_sim_stats,
     settle,
     start_worker,
     write_questions,
@@ -121,6 +122,7 @@ def test_enqueue_killed_while_staging_then_while_queuing_converges(
         measured="re-run → every chunk queued exactly once",
         notes=f"killed after >20 of {chunks} staged chunks, then after {queued_at_kill} of {chunks} "
         f"queued; the re-run queued the other {chunks - queued_at_kill}",
+        sims=[sim],
     )
 
 
@@ -137,6 +139,7 @@ def test_same_job_enqueued_again_into_a_second_output_completes(
     sim = procs.simulator("--time-scale", "0.001")
     start_worker(procs, sim, "again-gpu0")
     one = enqueue_ok(procs, inp, first, "--chunk-size", "16", "--wait")
+    reset_sim_stats(sim)  # the second output is generated anew, on purpose: count it alone
     started = time.monotonic()
     two = enqueue_ok(procs, inp, second, "--chunk-size", "16", "--wait")
     assert one["job_id"] == two["job_id"] and two["chunks_done"] == two["chunks"] == 4
@@ -153,4 +156,5 @@ def test_same_job_enqueued_again_into_a_second_output_completes(
         measured="second enqueue --wait → done",
         notes="workers follow the job's newly registered output (was: hung, chunks skipped as done "
         "in the first output)",
+        sims=[sim],
     )

@@ -3,7 +3,10 @@
 With AOF (``appendfsync always`` here, ``everysec`` in production) a restarted Redis comes back
 with its queue, unacked deliveries, leases and job registry: workers reconnect and the job
 finishes on its own. Without it (or after ``FLUSHALL``) Redis comes back empty: re-running the
-same ``enqueue`` command re-plans from the store and queues exactly what is missing.
+same ``enqueue`` command re-plans from the store and queues exactly what is missing. A re-run
+that comes before the workers' heartbeats have re-created their leases also queues the chunks
+they are running, and another worker may then generate such a chunk a second time: the waste is
+bounded by the chunks running at the loss (their records are still stored once).
 """
 
 from __future__ import annotations
@@ -36,17 +39,18 @@ SIM = ("--time-scale", "0.02", "--mean-output-tokens", "800")  # ~0.4 s per requ
 WORKER = ("--max-inflight", "8", "--max-chunks", "2")
 
 
-def _start(procs: Processes) -> None:
+def _start(procs: Processes) -> str:
     sim = procs.simulator(*SIM)
     for name in ("gpu0", "gpu1"):
         start_worker(procs, sim, name, *WORKER)
+    return sim
 
 
 def test_redis_restart_with_aof_mid_run_needs_no_reenqueue(
     procs: Processes, tmp_path: Path, redis_server: RedisServer, reliability: Collector
 ) -> None:
     inp, out = write_questions(tmp_path / "prompts.jsonl", 160, "aof"), tmp_path / "out"
-    _start(procs)
+    sim = _start(procs)
     summary = enqueue_ok(procs, inp, out, "--chunk-size", "8")  # no --wait: nothing re-plans
     job_id, chunks = str(summary["job_id"]), int(summary["chunks"])
     wait_until(lambda: len(outputs(out)) >= 4, 60, "the first chunks")
@@ -69,7 +73,9 @@ def test_redis_restart_with_aof_mid_run_needs_no_reenqueue(
         runs=1,
         recover_s=back,
         measured="Redis back → workers lease new chunks",
-        notes="enqueue not re-run (no --wait): the job finished on its own",
+        notes="enqueue not re-run (no --wait): the job finished on its own; redelivered chunks "
+        "skipped as done or running, none generated twice",
+        sims=[sim],
     )
 
 
@@ -77,10 +83,11 @@ def test_redis_flushall_mid_run_then_rerun_enqueue(
     procs: Processes, tmp_path: Path, reliability: Collector
 ) -> None:
     inp, out = write_questions(tmp_path / "prompts.jsonl", 160, "flush"), tmp_path / "out"
-    _start(procs)
+    sim = _start(procs)
     summary = enqueue_ok(procs, inp, out, "--chunk-size", "8")
     chunks = int(summary["chunks"])
     wait_until(lambda: len(outputs(out)) >= 4, 60, "the first chunks")
+    running = owners(procs, str(summary["job_id"]))
     redis_client(procs).flushall()
     lost_at = time.monotonic()
     rerun = enqueue_ok(procs, inp, out, "--chunk-size", "8")
@@ -99,7 +106,9 @@ def test_redis_flushall_mid_run_then_rerun_enqueue(
         recover_s=requeued,
         measured="data lost → re-run enqueue has queued every missing chunk",
         notes=f"re-run: {rerun['chunks_done']} done, {rerun['chunks_running']} running, "
-        f"{rerun['chunks_enqueued']} queued again",
+        f"{rerun['chunks_enqueued']} queued again; {len(running)} chunks were running at the flush",
+        sims=[sim],
+        allowed_waste=8 * len(running),  # re-queued before their leases were re-created
     )
 
 
@@ -110,10 +119,11 @@ def test_redis_without_aof_killed_and_restarted_then_rerun_enqueue(
     try:
         with processes(tmp_path, server.url, f"q{uuid.uuid4().hex[:8]}") as procs:
             inp, out = write_questions(tmp_path / "prompts.jsonl", 160, "noaof"), tmp_path / "out"
-            _start(procs)
+            sim = _start(procs)
             summary = enqueue_ok(procs, inp, out, "--chunk-size", "8")
             chunks = int(summary["chunks"])
             wait_until(lambda: len(outputs(out)) >= 4, 60, "the first chunks")
+            running = owners(procs, str(summary["job_id"]))
             server.stop(signal.SIGKILL)
             server.start()
             lost_at = time.monotonic()
@@ -141,7 +151,9 @@ def test_redis_without_aof_killed_and_restarted_then_rerun_enqueue(
                 recover_s=requeued,
                 measured="Redis back → re-run enqueue has queued every missing chunk",
                 notes=f"re-run: {rerun['chunks_done']} done, {rerun['chunks_running']} running, "
-                f"{rerun['chunks_enqueued']} queued again",
+                f"{rerun['chunks_enqueued']} queued again; {len(running)} chunks were running at the loss",
+                sims=[sim],
+                allowed_waste=8 * len(running),
             )
     finally:
         server.stop(signal.SIGKILL)

@@ -2,7 +2,9 @@
 client timeout, truncated JSON, ``finish_reason: "abort"``, connection resets.
 
 Each transient fault costs exactly one more request for the sample it hits (the simulator
-counts them), and the sample is stored once, ok. An abort is never stored as a good sample: a
+counts them), and the sample is stored once, ok. Generation is wasted only where the simulator
+did the work before failing the request (a truncated body, an abort, a hang outliving the
+client's timeout): exactly one generation per hit. An abort is never stored as a good sample: a
 persistent one ends as a failed record whose error names the abort.
 """
 
@@ -16,7 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Processes, RedisServer, free_port, processes, read_records, wait_until
+from tests.helpers import (
+    Processes,
+    RedisServer,
+    free_port,
+    generation,
+    processes,
+    read_records,
+    sim_requests,
+    wait_until,
+)
 from tests.reliability.support import (
     Collector,
     enqueue_ok,
@@ -64,6 +75,8 @@ TRANSIENT = {
     "abort": ('finish_reason "abort" (transient)', {}),
     "reset": ("connection reset", {}),
 }
+#: Faults the simulator answers after generating (a hung request generates once the hang ends).
+GENERATED_THEN_FAILED = {"hang", "bad_json", "abort"}
 
 
 @pytest.mark.parametrize("kind", list(TRANSIENT))
@@ -83,7 +96,10 @@ def test_transient_server_fault_is_retried_once_per_hit(
     assert stats["faults_injected"] == hits, stats
     assert all(r["status"] == "ok" and r["finish_reason"] != "abort" for r in records)
     assert sum(r["attempts"] - 1 for r in records) == hits
-    settle(
+    wasted = hits if kind in GENERATED_THEN_FAILED else 0
+    # a hung request generates after the job is done: wait for it before counting
+    wait_until(lambda: generation(inp, [sim]).generated >= 24 + wasted, 30, "the simulator to finish")
+    acc = settle(
         reliability,
         procs,
         family="6",
@@ -94,8 +110,11 @@ def test_transient_server_fault_is_retried_once_per_hit(
         recover_s=max(r["latency_s"] for r in retried),
         measured="a hit sample: first attempt → good answer (worst)",
         notes=f"{stats['requests_total']} requests for 24 samples: one retry per hit, all ok",
+        sims=[sim],
+        allowed_waste=wasted,
     )
     assert stats["requests_total"] == 24 + hits, stats
+    assert acc.wasted == wasted and acc.generated == 24 + wasted, acc
 
 
 def test_persistent_abort_is_a_failed_sample_never_a_good_one(server: Server, reliability: Collector) -> None:
@@ -111,7 +130,7 @@ def test_persistent_abort_is_a_failed_sample_never_a_good_one(server: Server, re
     assert [r["status"] for r in records] == ["failed"] * 3
     assert all("finish_reason 'abort'" in r["error"] and r["attempts"] == ATTEMPTS for r in records), records
     assert not any(t["content"] or t["reasoning"] for r in records for t in r["turns"])
-    settle(
+    acc = settle(
         reliability,
         procs,
         family="6",
@@ -121,8 +140,11 @@ def test_persistent_abort_is_a_failed_sample_never_a_good_one(server: Server, re
         runs=3 * ATTEMPTS,
         recover_s=None,
         notes=f"3 failed records, error: {records[0]['error']}; none stored as ok",
+        sims=[sim],
+        allowed_waste=3 * (ATTEMPTS - 1),  # every attempt was generated (half-way) and thrown away
     )
     assert sim_stats(sim)["requests_total"] == 3 * ATTEMPTS
+    assert acc.wasted == 3 * (ATTEMPTS - 1)
 
 
 def test_server_killed_and_restarted_on_the_same_port(
@@ -137,6 +159,7 @@ def test_server_killed_and_restarted_on_the_same_port(
     summary = enqueue_ok(procs, inp, out, "--chunk-size", "8")
     chunks = int(summary["chunks"])
     wait_until(lambda: len(outputs(out)) >= 2, 60, "the first chunks")
+    before = sim_requests(sim)  # what the first server generated dies with it
     kill_group(server_proc)
     time.sleep(2.0)
     start_simulator(procs, *flags, name="sim-restarted", port=port)
@@ -161,5 +184,7 @@ def test_server_killed_and_restarted_on_the_same_port(
         + (
             "worker paused until healthy" if "pausing this worker's consumption" in log else "no pause needed"
         ),
+        sims=[before, sim],
+        allowed_waste=2 * 8,  # at most the two running chunks' samples generated again
     )
     assert all(r["status"] == "ok" for r in read_records(out))

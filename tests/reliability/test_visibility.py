@@ -80,6 +80,7 @@ def test_visibility_timeout_shorter_than_a_chunk_duplicates_cost_nothing(
         recover_s=None,
         notes=f"{duplicates} duplicate deliveries ({redelivered:.0f} flagged redelivered), each refused by "
         f"the live lease; {stats['requests_total']} requests for 8 samples (no extra generation)",
+        sims=[sim],
     )
     assert duplicates >= 1 and skipped >= 1 and redelivered >= 1
     assert stats["requests_total"] == 8, stats

@@ -17,7 +17,7 @@ from typing import Any, cast
 import redis
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
-from tests.helpers import Processes, wait_until, write_prompts
+from tests.helpers import Processes, generation, recovered_by, wait_until, write_prompts
 from tests.s3_support import ACCESS_KEY, SECRET_KEY, FaultProxy, MotoServer, aws_env
 
 MODEL = "Qwen/Qwen3-8B"
@@ -183,6 +183,8 @@ def test_worker_sigkill_mid_chunk_then_resume_to_s3(
     )
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait(10)
+    stored = set(objects(moto, bucket, f"{prefix}/outputs/"))
+    lost = {c for c in held if f"{prefix}/outputs/chunk-{c:06d}.jsonl" not in stored}
     # Resume as documented: re-run enqueue. Chunks the victim leased come back when their leases
     # expire (the survivor's reconciler); chunks it had reserved but not yet leased, by the re-plan.
     resumed = enqueue(procs, inp, out, "--chunk-size", "20", "--wait", "--json")
@@ -194,6 +196,10 @@ def test_worker_sigkill_mid_chunk_then_resume_to_s3(
     for chunk in held:
         first = json.loads(blobs[f"{prefix}/outputs/chunk-{chunk:06d}.jsonl"].splitlines()[0])
         assert first["worker"].startswith("survivor@"), (chunk, first["worker"])
+    by = recovered_by(tmp_path, job_id)  # the survivor's account: its reconciler saw the leases expire
+    assert all("lease_expired" in by.get(c, set()) for c in lost), (sorted(lost), by)
+    gen = generation(inp, [sim])
+    assert gen.ungenerated == 0 and gen.wasted <= 20 * len(held), gen
 
 
 def test_bad_bucket_or_credentials_fail_enqueue_before_anything_is_queued(

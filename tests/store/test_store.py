@@ -356,3 +356,62 @@ def test_open_store_empty_file_url(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.chdir(tmp_path)
     with pytest.raises(StoreError):
         open_store("file://")
+
+
+def test_a_missing_key_names_itself(store: LocalStore) -> None:
+    with pytest.raises(KeyError) as caught:
+        store.read("outputs/chunk-000009.jsonl")
+    assert caught.value.args == ("outputs/chunk-000009.jsonl",)
+
+
+def test_delete_removes_the_object_and_a_missing_one_is_fine(store: LocalStore) -> None:
+    store.write("outputs/chunk-000001.jsonl", b"x")
+    store.delete("outputs/chunk-000001.jsonl")
+    assert not store.exists("outputs/chunk-000001.jsonl")
+    store.delete("outputs/chunk-000001.jsonl")  # already gone: no error
+    (store.root / "outputs" / "chunk-000002.jsonl").mkdir()
+    with pytest.raises(StoreError, match=r"deleting .*chunk-000002\.jsonl"):
+        store.delete("outputs/chunk-000002.jsonl")
+
+
+def test_check_writable_leaves_nothing_and_names_a_root_it_cannot_write(tmp_path: Path) -> None:
+    good = LocalStore(tmp_path / "new" / "root")
+    good.check_writable()
+    good.check_writable()  # an existing root too
+    assert list((tmp_path / "new" / "root").iterdir()) == []  # the probe is gone
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(StoreError) as caught:
+        LocalStore(tmp_path / "a-file" / "root").check_writable()
+    assert str(caught.value) == f"output {tmp_path / 'a-file' / 'root'} is not writable: Not a directory"
+
+
+def test_an_os_error_without_a_description_still_says_what_failed() -> None:
+    from dflash_tasks.store.local import _translate
+
+    err = _translate(OSError("unnamed trouble"), "writing x")
+    assert isinstance(err, StoreError) and str(err) == "writing x: unnamed trouble"
+
+
+def test_a_corrupt_job_or_manifest_file_is_named(store: LocalStore) -> None:
+    from dflash_tasks.store.jobfiles import load_job, load_manifest
+
+    assert load_job(store) is None and load_manifest(store) is None
+    store.write("job.json", b"{not json")
+    store.write("manifest.json", b"[]")
+    with pytest.raises(StoreError, match=f"{store.uri}/job.json is not a valid dflash job file"):
+        load_job(store)
+    with pytest.raises(StoreError, match=f"{store.uri}/manifest.json is not a valid dflash manifest"):
+        load_manifest(store)
+
+
+def test_records_are_read_in_chunk_order_past_a_chunk_not_done(store: LocalStore) -> None:
+    from dflash_tasks.core.job import Manifest
+    from dflash_tasks.store.records import iter_records
+
+    store.write("outputs/chunk-000000.jsonl", b'{"id": "a"}\n\n{"id": "b"}\n')
+    store.write("outputs/chunk-000002.jsonl", b'{"id": "c"}\n')
+    missing: list[int] = []
+    manifest = Manifest("j", 9, 9, 0, 3, 4)
+    assert [r["id"] for r in iter_records(store, manifest, missing)] == ["a", "b", "c"]
+    assert missing == [1, 3]
+    assert [r["id"] for r in iter_records(store, manifest)] == ["a", "b", "c"]

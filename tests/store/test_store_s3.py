@@ -219,10 +219,16 @@ def test_readers_see_the_old_or_the_whole_new_object(store: S3Store) -> None:
     store.write("outputs/chunk-000000.jsonl", versions[0])
     stop = threading.Event()
     seen: set[bytes] = set()
+    reads: list[int] = []
+    errors: list[BaseException] = []
 
     def reader() -> None:
-        while not stop.is_set():
-            seen.add(store.read("outputs/chunk-000000.jsonl"))
+        try:
+            while not stop.is_set():
+                seen.add(store.read("outputs/chunk-000000.jsonl"))
+                reads.append(1)
+        except BaseException as exc:  # a reader that dies must fail the test, not just warn
+            errors.append(exc)
 
     threads = [threading.Thread(target=reader) for _ in range(3)]
     for t in threads:
@@ -233,7 +239,8 @@ def test_readers_see_the_old_or_the_whole_new_object(store: S3Store) -> None:
     stop.set()
     for t in threads:
         t.join()
-    assert seen and seen <= set(versions)  # never a partial or mixed object
+    assert errors == []
+    assert reads and seen <= set(versions)  # never a partial or mixed object
 
 
 def test_a_failed_put_leaves_the_old_object(moto: MotoServer, bucket: str, proxy: FaultProxy) -> None:

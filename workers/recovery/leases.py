@@ -19,6 +19,7 @@ from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.job import output_key
 from dflash_tasks.store import Store
 from workers.listener import NO_LISTENER, WorkerListener
+from workers.recovery import events
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class Reconciler:
                 requeued += self._reconcile_job(job_id)
             except DflashError as exc:  # one broken job must not stop the others' recovery
                 log.warning("reconciling job %s failed: %s", job_id, exc)
-        requeued += self._rescue_unleased(set(jobs))
+        requeued += self._rescue_unleased(set(jobs), set(requeued))
         if self._replan is not None and time.monotonic() - self._last_replan >= self._replan_seconds:
             self._last_replan = time.monotonic()
             requeued += self._replan_all(jobs)
@@ -131,16 +132,16 @@ class Reconciler:
                 log.warning("re-planning job %s failed: %s", job_id, exc)
                 continue
             for chunk in chunks:
-                self._listener.chunk_requeued("replan")
-                log.warning("re-queued chunk %d of job %s: neither done, running nor queued", chunk, job_id)
+                events.emit(log, self._listener, "replan", job_id, chunk, "neither done, running nor queued")
             requeued += [(job_id, chunk) for chunk in chunks]
         return requeued
 
-    def _rescue_unleased(self, jobs: set[str]) -> list[tuple[str, int]]:
+    def _rescue_unleased(self, jobs: set[str], requeued: set[tuple[str, int]]) -> list[tuple[str, int]]:
         """Re-queue chunks delivered to a worker that died before it could lease them.
 
         Such a message sits in the broker's unacked set until the visibility timeout (hours);
-        the original is skipped cheaply when it finally comes back.
+        the original is skipped cheaply when it finally comes back. A dead worker's delivery of a
+        chunk the lease path has just re-queued (``requeued``) is marked handled, not queued twice.
         """
         rescued: list[tuple[str, int]] = []
         now = time.time()
@@ -150,6 +151,9 @@ class Reconciler:
                 continue
             job_id, chunk = parsed
             try:
+                if parsed in requeued:
+                    self._bk.try_lock(f"rescued:{delivery.tag}", self._owner, self._visibility_timeout)
+                    continue
                 if chunk in self._bk.live_leases(job_id) or self._open(job_id).exists(output_key(chunk)):
                     continue
                 if not self._bk.try_lock(f"rescued:{delivery.tag}", self._owner, self._visibility_timeout):
@@ -159,11 +163,13 @@ class Reconciler:
                 log.warning("rescuing chunk %d of job %s failed: %s", chunk, job_id, exc)
                 continue
             rescued.append((job_id, chunk))
-            self._listener.chunk_requeued("unleased_delivery")
-            log.warning(
-                "re-queued chunk %d of job %s: delivered to a worker that died before starting it",
-                chunk,
+            events.emit(
+                log,
+                self._listener,
+                "unleased_delivery",
                 job_id,
+                chunk,
+                "delivered to a worker that died before starting it",
             )
         return rescued
 
@@ -177,8 +183,9 @@ class Reconciler:
             if self._bk.claim_expired(job_id, chunk) and not store.exists(output_key(chunk)):
                 self._requeue(job_id, chunk)
                 requeued.append((job_id, chunk))
-                self._listener.chunk_requeued("lease_expired")
-                log.warning("re-queued chunk %d of job %s: its lease expired (worker lost)", chunk, job_id)
+                events.emit(
+                    log, self._listener, "lease_expired", job_id, chunk, "its lease expired (worker lost)"
+                )
         return requeued
 
     def start(self) -> None:

@@ -1,0 +1,145 @@
+"""The delivery handler on failing chunks: re-queued with a growing delay, parked after repeated
+permanent failures (left out of re-plans), and ``resume`` queueing them again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from dflash_tasks.coord.publish import queued_chunks
+from dflash_tasks.coord.routing import model_queue
+from dflash_tasks.core.errors import RetryableError
+from dflash_tasks.core.job import input_key, output_key
+from tests.helpers import REPO
+from tests.workers.chunk_support import Staged
+from workers.flow.consumer_switch import ConsumerSwitch
+from workers.flow.health import HealthGate
+from workers.flow.prefetch import PrefetchController
+from workers.requeue import Requeuer
+from workers.runtime import MAX_CHUNK_FAILURES, HeldChunks, WorkerRuntime
+
+
+@pytest.fixture
+def runtime(staged: Staged) -> Iterator[WorkerRuntime]:
+    app = staged.app()
+    rt = WorkerRuntime(
+        staged.settings,
+        app,
+        "ut@host",
+        staged.ctx,
+        HealthGate(lambda: True, 1.0, on_down=lambda: None, on_up=lambda: None),
+        None,  # type: ignore[arg-type]  # no reconciler: nothing here runs in the background
+        PrefetchController(held=lambda: 0, backlog=lambda: 0, low_water=1, max_chunks=1),
+        ConsumerSwitch([staged.settings.queue]),
+        Requeuer(staged.settings, staged.ctx, app),
+        HeldChunks(),
+        None,  # type: ignore[arg-type]  # no monitor: nothing here runs in the background
+    )
+    yield rt
+    app.close()
+
+
+def job_queue(staged: Staged) -> str:
+    """The queue of the job's model: where its chunks are put back."""
+    return model_queue(staged.settings.queue, "Qwen/Qwen3-8B")
+
+
+def queue_length(staged: Staged) -> int:
+    return int(staged.bk.client.llen(job_queue(staged)))
+
+
+def break_input(staged: Staged, chunk: int) -> bytes:
+    """Make reading the chunk's input a permanent store error (a folder where its file should be)."""
+    path = staged.root / input_key(chunk)
+    data = path.read_bytes()
+    path.unlink()
+    path.mkdir()
+    return data
+
+
+def test_a_chunk_failing_permanently_is_parked_after_the_limit_and_left_out_of_replans(
+    staged: Staged, runtime: WorkerRuntime
+) -> None:
+    job = staged.job_id
+    break_input(staged, 1)
+    for n in range(1, MAX_CHUNK_FAILURES):
+        result = runtime.handle_delivery(job, 1, f"t{n}")
+        assert result["status"] == "requeued" and "StoreError" in result["reason"], result
+        assert queue_length(staged) == n  # one message each time, with a growing countdown
+    parked = runtime.handle_delivery(job, 1, "t-last")
+    assert parked["status"] == "parked" and "StoreError" in parked["reason"], parked
+    assert queue_length(staged) == MAX_CHUNK_FAILURES - 1  # not queued again
+    assert list(staged.bk.parked(job)) == [1] and "inputs/chunk-000001.jsonl" in staged.bk.parked(job)[1]
+    assert staged.bk.live_leases(job) == {}
+
+    staged.bk.client.delete(job_queue(staged))  # its messages are gone: only a re-plan finds it
+    assert runtime.replan_job(job) == [0, 2]  # the parked chunk stays out
+    assert queued_chunks(staged.bk.client, job_queue(staged), job) == {0, 2}
+
+
+def test_retryable_failures_are_requeued_however_often_they_come(
+    staged: Staged, runtime: WorkerRuntime
+) -> None:
+    for _ in range(MAX_CHUNK_FAILURES + 2):
+        result = runtime._after_failure(staged.job_id, 2, RetryableError("Redis error while reading leases"))
+        assert result["status"] == "requeued"
+    assert staged.bk.parked(staged.job_id) == {}
+    assert queue_length(staged) == MAX_CHUNK_FAILURES + 2
+
+
+def test_a_paused_jobs_delivery_is_not_run(staged: Staged, runtime: WorkerRuntime) -> None:
+    staged.bk.pause_job(staged.job_id, "quality gate")
+    assert runtime.handle_delivery(staged.job_id, 0, "t1") == {
+        "status": "paused",
+        "reason": "quality gate",
+        "cause": "",
+    }
+    assert staged.sim_log()["received"] == 0 and not staged.store.exists(output_key(0))
+
+
+def resume(staged: Staged) -> dict[str, object]:
+    env = {
+        **os.environ,
+        "DFLASH_BROKER_URL": staged.settings.broker_url,
+        "DFLASH_REDIS_PREFIX": staged.settings.redis_prefix,
+        "DFLASH_QUEUE": staged.settings.queue,
+    }
+    res = subprocess.run(
+        [sys.executable, "-m", "dflash_tasks.producer.resume", "--output", str(staged.root), "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    return dict(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def test_resume_unparks_unpauses_and_queues_only_what_is_missing(
+    staged: Staged, runtime: WorkerRuntime
+) -> None:
+    job = staged.job_id
+    assert runtime.handle_delivery(job, 0, "t0")["status"] == "done"
+    original = break_input(staged, 1)
+    for n in range(MAX_CHUNK_FAILURES):
+        runtime.handle_delivery(job, 1, f"t{n}")
+    assert list(staged.bk.parked(job)) == [1]
+    staged.bk.pause_job(job, "quality gate: too many samples without reasoning")
+    staged.bk.client.delete(job_queue(staged))
+    staged.bk.acquire(job, 2, "alive@h/t9/dddddd", 60)  # running on a live worker
+    (staged.root / input_key(1)).rmdir()
+    (staged.root / input_key(1)).write_bytes(original)  # the cause fixed
+
+    summary = resume(staged)
+    assert summary == {"job_id": job, "was_paused": True, "chunks_enqueued": 1}
+    assert queued_chunks(staged.bk.client, job_queue(staged), job) == {1}  # not 0 (done), not 2 (running)
+    assert staged.bk.job_state(job) == ("running", "")
+    assert staged.bk.parked(job) == {} and staged.bk.count_chunk_failure(job, 1) == 1  # failures forgotten
+    assert runtime.handle_delivery(job, 1, "t-after")["status"] == "done"
+    assert staged.sim_log()["wasted"] == 0
