@@ -93,7 +93,8 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
             fut.add_done_callback(metrics.on_sample_future(job_id))
         records = _collect(futures)
         outcome = _store_chunk(ctx, job, job_id, chunk, records, started)
-        metrics.chunk_stored(job_id, outcome.seconds)
+        if outcome.status == "done":
+            metrics.chunk_stored(job_id, outcome.seconds)
         return outcome
     except BaseException:
         try:
@@ -114,9 +115,16 @@ def _store_chunk(
     for record in records:
         record["checks"] = check_record(record, job.definition.spec.thinking, quality)
         checks.update(record["checks"])
-    job.store.write(
-        output_key(chunk), b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
-    )
+    data = b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
+    if not job.store.write_new(output_key(chunk), data):
+        # Stored meanwhile by another worker: this one ran past its lease (frozen, or cut off from
+        # Redis) and the chunk was taken over. A stored chunk never changes: keep that one.
+        log.warning(
+            "chunk %s of job %s was stored by another worker meanwhile: keeping theirs", chunk, job_id
+        )
+        return ChunkOutcome(
+            "skipped", "stored meanwhile by another worker", seconds=time.monotonic() - started
+        )
     ok = sum(1 for r in records if r["status"] == "ok")
     tokens = sum(int(r["usage"]["completion_tokens"]) for r in records)
     counters = {
