@@ -107,7 +107,7 @@ class Reconciler:
                 requeued += self._reconcile_job(job_id)
             except DflashError as exc:  # one broken job must not stop the others' recovery
                 log.warning("reconciling job %s failed: %s", job_id, exc)
-        requeued += self._rescue_unleased(set(jobs))
+        requeued += self._rescue_unleased(set(jobs), set(requeued))
         if self._replan is not None and time.monotonic() - self._last_replan >= self._replan_seconds:
             self._last_replan = time.monotonic()
             requeued += self._replan_all(jobs)
@@ -134,11 +134,12 @@ class Reconciler:
             requeued += [(job_id, chunk) for chunk in chunks]
         return requeued
 
-    def _rescue_unleased(self, jobs: set[str]) -> list[tuple[str, int]]:
+    def _rescue_unleased(self, jobs: set[str], requeued: set[tuple[str, int]]) -> list[tuple[str, int]]:
         """Re-queue chunks delivered to a worker that died before it could lease them.
 
         Such a message sits in the broker's unacked set until the visibility timeout (hours);
-        the original is skipped cheaply when it finally comes back.
+        the original is skipped cheaply when it finally comes back. A chunk ``requeued`` in this
+        pass for its expired lease (its worker froze or died mid-chunk) has a message already.
         """
         rescued: list[tuple[str, int]] = []
         now = time.time()
@@ -148,6 +149,9 @@ class Reconciler:
                 continue
             job_id, chunk = parsed
             try:
+                if (job_id, chunk) in requeued:  # and never rescue this delivery later either
+                    self._bk.try_lock(f"rescued:{delivery.tag}", self._owner, self._visibility_timeout)
+                    continue
                 if chunk in self._bk.live_leases(job_id) or self._open(job_id).exists(output_key(chunk)):
                     continue
                 if not self._bk.try_lock(f"rescued:{delivery.tag}", self._owner, self._visibility_timeout):
