@@ -8,8 +8,10 @@ arguments. Needs root: network namespaces, veth links and a tmpfs.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 from tests.chaos.config import ARTIFACTS, Options
 
@@ -54,10 +56,15 @@ def parse(argv: list[str] | None = None) -> Options:
     return opts
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # the run tears everything down on its way out
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = parse(argv)
     from tests.chaos.runner import main_run
 
+    signal.signal(signal.SIGTERM, _interrupt)
     result = main_run(opts, say=lambda line: print(line, flush=True))
     return 0 if result.passed else 1
 

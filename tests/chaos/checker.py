@@ -110,12 +110,19 @@ def account(expected: set[str], records: Iterable[dict[str, Any]]) -> Accounting
 def check_history(events: list[dict[str, Any]]) -> list[str]:
     """The invariants that the history alone decides (store rewrites, counters, mid-run verify)."""
     problems: list[str] = []
+    counted: dict[int, float] = {}  # chunk -> when a verify run during the job first counted it
     for e in events:
         kind = e["type"]
+        if kind == "verify":
+            for chunk in e.get("counted") or ():
+                counted.setdefault(int(chunk), float(e["t"]))
         if kind == "chunk_rewritten":
+            number = int(e["chunk"].split("-")[1].split(".")[0])
+            when = counted.get(number)
+            seen = f" after verify counted it at t={when:.1f}s" if when is not None and when < e["t"] else ""
             problems.append(
-                f"t={e['t']:.1f}s {e['chunk']} rewritten with other contents ({e['first']} -> {e['now']}; "
-                f"failed records {e['failed_before']} -> {e['failed_now']})"
+                f"t={e['t']:.1f}s {e['chunk']} rewritten with other contents{seen} ({e['first']} -> "
+                f"{e['now']}; failed records {e['failed_before']} -> {e['failed_now']})"
             )
         elif kind == "chunk_vanished":
             problems.append(f"t={e['t']:.1f}s {e['chunk']} vanished from the store")

@@ -56,6 +56,7 @@ class Node:
         self.port_base = self._pick_ports()
         self.proc: subprocess.Popen[bytes] | None = None
         self.killed = False
+        self.terminated = False
         self.started_at: float | None = None
 
     @property
@@ -152,11 +153,17 @@ class Node:
         self.proc.wait(30)
         return pids
 
+    def terminate(self) -> None:
+        """SIGTERM, once: a second one tells the supervisor to stop waiting for running chunks."""
+        if self.proc is not None and self.proc.poll() is None and not self.terminated:
+            self.proc.send_signal(signal.SIGTERM)
+            self.terminated = True
+
     def stop(self, timeout: float = 90.0) -> bool:
         """SIGTERM (warm shutdown of the workers, then the servers); False if it had to be killed."""
         if self.proc is None or self.proc.poll() is not None:
             return True
-        self.proc.send_signal(signal.SIGTERM)
+        self.terminate()
         try:
             self.proc.wait(timeout)
             return True

@@ -285,6 +285,7 @@ class Run:
         """Stop the nodes as an operator would; then nothing of the run may be left running."""
         steps: list[tuple[str, Callable[[], None]]] = [
             ("stopping the recorder", lambda: self.recorder.finish() if self.recorder else None),
+            ("healing what is still broken", self._heal_quietly),
             ("stopping the nodes", self._stop_nodes),
             ("looking for processes left behind", self._left_behind),
             ("stopping Redis", lambda: self.redis.stop() if self.redis else None),
@@ -300,9 +301,22 @@ class Run:
         if self.history is not None:
             self.history.close()
 
+    def _heal_quietly(self) -> None:
+        """After an interrupted run too: a partitioned or frozen worker would stall its node's stop."""
+        if self.net is not None:
+            self.net.heal_all()
+        if self.output is not None:
+            self.output.unfail()
+        world = getattr(self, "world", None)
+        for pid in world.paused.values() if world is not None else ():
+            procs.send(pid, signal.SIGCONT)
+
     def _stop_nodes(self) -> None:
-        for node in self.nodes.values():
-            if node.proc is not None and node.proc.poll() is None and not node.killed and not node.stop():
+        running = [n for n in self.nodes.values() if n.proc is not None and n.proc.poll() is None]
+        for node in running:  # all at once: each waits for its workers' running chunks
+            node.terminate()
+        for node in running:
+            if not node.stop():
                 self.problems.append(f"node {node.name} did not stop within 90 s of SIGTERM (killed)")
         if self.producer is not None and self.producer.running():
             self.producer.kill(0)
