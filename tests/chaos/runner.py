@@ -461,18 +461,22 @@ def main_run(opts: Options, say: Callable[[str], None] = print) -> Result:
             raise
     finally:
         run.teardown()
-    if run.history is None or run.recorder is None:
+    if run.history is None or run.recorder is None:  # it never got to the fault window
         run.result.violations = run.problems
+        for v in run.problems:
+            say(f"chaos: INVARIANT BROKEN: {v}")
+        say(f"chaos: logs kept in {run.dir}; replay: {opts.replay()}")
+        say(run.result.summary_line())
         return run.result
     result = run.check()
+    if result.passed and not opts.keep:
+        shutil.rmtree(run.dir, ignore_errors=True)
+        result.run_dir = ""
     md, js = checker.write_artifacts(result, opts.artifacts)
     for v in result.violations:
         say(f"chaos: INVARIANT BROKEN: {v}")
     say(f"chaos: results in {md} and {js}")
-    if result.passed and not opts.keep:
-        shutil.rmtree(run.dir, ignore_errors=True)
-        result.run_dir = ""
-    else:
+    if result.run_dir:
         say(f"chaos: logs and history kept in {run.dir} (history.jsonl, nodes/*/, producer.log, redis/)")
         if not result.passed:
             say(f"chaos: replay: {opts.replay()}")

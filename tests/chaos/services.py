@@ -228,6 +228,8 @@ class S3Output(Output):
         self.bucket = self.moto.new_bucket("chaos")
         self.uri = f"s3://{self.bucket}/job"
         self.proxies = {a: FaultProxy(self.moto.port, host=a) for a in ["127.0.0.1", *addresses]}
+        for proxy in self.proxies.values():  # a killed client resets its connection: no traceback
+            proxy.server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
         self._client = self.moto.client()
 
     def endpoint(self, address: str) -> str:
