@@ -18,10 +18,15 @@ and each fault's recovery time.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+from tests.helpers import REPO
 
 
 @dataclass
@@ -105,6 +110,46 @@ def account(expected: set[str], records: Iterable[dict[str, Any]]) -> Accounting
         unexpected=sum(n for i, n in seen.items() if i not in expected),
         failed=failed,
     )
+
+
+def verify_and_export(
+    inp: Path, output: str, expected: set[str], bad_lines: int, folder: Path, env: dict[str, str]
+) -> list[str]:
+    """``verify`` passes and counts every bad line as reported; an ``export`` has every sample once."""
+    problems: list[str] = []
+    verify = [sys.executable, "-m", "dflash_tasks.verify", "--input", str(inp), "--output", output, "--json"]
+    res = subprocess.run(verify, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    try:
+        doc = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return [f"verify printed no JSON: {res.stderr[-500:]}"]
+    if res.returncode != 0 or not doc.get("passed"):
+        problems.append(f"verify failed: {doc.get('problems')}")
+    if doc.get("invalid") != bad_lines or doc.get("invalid_reported") != bad_lines:
+        problems.append(
+            f"{bad_lines} bad input lines: verify saw {doc.get('invalid')}, "
+            f"reported {doc.get('invalid_reported')}"
+        )
+    to = folder / "export.jsonl"
+    export = [
+        sys.executable,
+        "-m",
+        "dflash_tasks.export",
+        "--output",
+        output,
+        "--to",
+        str(to),
+        "--keep-failed",
+    ]
+    res = subprocess.run(export, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        return [*problems, f"export failed: {res.stderr[-500:]}"]
+    ids = [json.loads(line)["id"] for line in to.read_text().splitlines() if line.strip()]
+    dupes = len(ids) - len(set(ids))
+    missing = len(expected - set(ids))
+    if dupes or missing or len(ids) != len(expected):
+        problems.append(f"export: {len(ids)} rows, {dupes} duplicates, {missing} samples missing")
+    return problems
 
 
 def check_history(events: list[dict[str, Any]]) -> list[str]:

@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import redis
 import requests
@@ -33,8 +33,14 @@ from dflash_tasks.coord.keys import Keys
 from dflash_tasks.coord.publish import queued_chunks
 from dflash_tasks.core.job import Manifest
 from tests.chaos.cluster import Node
-from tests.chaos.services import Blob, Output, RedisProc, blob
+from tests.chaos.services import Blob, Output, blob
 from tests.helpers import REPO
+
+
+class RedisHandle(Protocol):
+    """Where the recorder gets a Redis client (the run's :class:`~tests.chaos.services.RedisProc`)."""
+
+    def client(self) -> redis.Redis: ...
 
 
 class History:
@@ -108,7 +114,7 @@ class Recorder(threading.Thread):
         self,
         history: History,
         output: Output,
-        redis_proc: RedisProc,
+        redis_proc: RedisHandle,
         nodes: dict[str, Node],
         prefix: str,
         queue: str,

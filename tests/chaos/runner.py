@@ -7,8 +7,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,6 +21,7 @@ from tests.chaos.checker import Result
 from tests.chaos.cluster import Node, Producer
 from tests.chaos.config import INFLIGHT, LEASE_S, RECOVERY_BOUND_S, REQUEST_S, TIMINGS, Options
 from tests.chaos.history import History, Recorder, verify_argv
+from tests.chaos.inputs import write_input
 from tests.chaos.nemeses import Skip, World, nemeses
 from tests.chaos.netns import NetLab, available
 from tests.chaos.services import LocalOutput, Output, RedisProc, S3Output, new_run_id
@@ -31,41 +30,6 @@ from tests.helpers import REPO
 #: faults whose victims are the chunks held by the target's workers when it strikes
 _WORKER_FAULTS = {S.WORKER_KILL, S.WORKER_TERM, S.WORKER_PAUSE, S.SIM_RESTART}
 _NODE_FAULTS = {S.NODE_KILL, S.PARTITION_REDIS, S.PARTITION_ALL}
-BAD_EVERY = 97
-
-
-def write_input(path: Path, count: int) -> tuple[set[str], int]:
-    """``count`` lines in every accepted one-turn shape, every ``BAD_EVERY``-th one malformed.
-
-    Returns the ids of the valid samples and the number of bad lines.
-    """
-    bad_shapes = ['{"messages": [', '{"prompt": ""}', "[1, 2]", "not json at all"]
-    ids: set[str] = set()
-    bad = 0
-    with open(path, "w") as fh:
-        for i in range(count):
-            if i % BAD_EVERY == BAD_EVERY - 1:
-                fh.write(bad_shapes[bad % len(bad_shapes)] + "\n")
-                bad += 1
-                continue
-            text = f"chaos question {i}: what is {i} * 7, and why?"
-            sid = f"c{i}"
-            shape = i % 3
-            if shape == 0:
-                doc: dict[str, Any] = {"id": sid, "messages": [{"role": "user", "content": text}]}
-            elif shape == 1:
-                doc = {"id": sid, "prompt": text}
-            else:
-                doc = {
-                    "id": sid,
-                    "conversations": [
-                        {"role": "system", "content": "Be brief."},
-                        {"role": "user", "content": text},
-                    ],
-                }
-            ids.add(sid)
-            fh.write(json.dumps(doc) + "\n")
-    return ids, bad
 
 
 class Run:
@@ -132,6 +96,7 @@ class Run:
                 time.sleep(0.2)
         producer_env = {**env, "DFLASH_BROKER_URL": self.redis.url()}
         self.producer = Producer(self.dir, producer_env, self.inp, self.output, opts.chunk_size())
+        self.env_store = self.producer.env  # verify and export reach the store as the producer does
 
     # --- the fault window -----------------------------------------------------------------------
     def inject(self) -> None:
@@ -368,7 +333,11 @@ class Run:
         r.invalid_lines = self.bad_lines
         if acc.lost or acc.duplicated or acc.unexpected or acc.stored_once != acc.expected:
             self.problems.append(f"store: {acc}")
-        self.problems.extend(self.final_verify_and_export())
+        self.problems.extend(
+            checker.verify_and_export(
+                self.inp, self.output.uri, self.expected, self.bad_lines, self.dir, self.env_store
+            )
+        )
         self.store_checked = True
 
     def check(self) -> Result:
@@ -391,43 +360,6 @@ class Run:
         v += checker.check_history(events)
         r.violations = v
         return r
-
-    def final_verify_and_export(self) -> list[str]:
-        assert self.output and self.producer
-        problems: list[str] = []
-        env = self.producer.env
-        res = subprocess.run(
-            verify_argv(self.inp, self.output.uri),
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        try:
-            doc = json.loads(res.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return [f"verify printed no JSON: {res.stderr[-500:]}"]
-        if res.returncode != 0 or not doc.get("passed"):
-            problems.append(f"verify failed: {doc.get('problems')}")
-        if doc.get("invalid") != self.bad_lines or doc.get("invalid_reported") != self.bad_lines:
-            problems.append(
-                f"{self.bad_lines} bad input lines: verify saw {doc.get('invalid')}, "
-                f"reported {doc.get('invalid_reported')}"
-            )
-        to = self.dir / "export.jsonl"
-        export = [sys.executable, "-m", "dflash_tasks.export", "--output", self.output.uri, "--to", str(to)]
-        res = subprocess.run(
-            [*export, "--keep-failed"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-        )
-        if res.returncode != 0:
-            return [*problems, f"export failed: {res.stderr[-500:]}"]
-        ids = [json.loads(line)["id"] for line in to.read_text().splitlines() if line.strip()]
-        dupes = len(ids) - len(set(ids))
-        missing = len(self.expected - set(ids))
-        if dupes or missing or len(ids) != len(self.expected):
-            problems.append(f"export: {len(ids)} rows, {dupes} duplicates, {missing} samples missing")
-        return problems
 
 
 def _short(detail: dict[str, Any]) -> str:

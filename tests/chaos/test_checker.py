@@ -130,7 +130,7 @@ def test_the_recorder_sees_a_chunk_rewritten_with_other_bytes_and_counters_ahead
         "q",
         ["true"],
         {},
-        verify_every=1e9,  # type: ignore[arg-type]
+        verify_every=1e9,
     )
     chunk = root / "outputs" / "chunk-000000.jsonl"
     chunk.write_bytes(_records("ok", "ok", "failed", "ok"))
