@@ -48,6 +48,16 @@ RECOVERY_BOUND_S = 60.0
 MODEL = "Qwen/Qwen3-8B"
 
 
+def job_queue(base: str, model: str = MODEL) -> str:
+    """The broker list the job's chunk messages wait in: the model's queue where chunks are routed
+    per model (``dflash_tasks.coord.routing``), else the base queue itself."""
+    try:
+        from dflash_tasks.coord.routing import model_queue
+    except ImportError:
+        return base
+    return str(model_queue(base, model))
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     """A simulated GPU node: ``python -m workers.node --simulate`` serving ``gpus``."""

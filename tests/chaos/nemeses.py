@@ -31,7 +31,7 @@ class World:
     output: Output
     producer: Producer
     net: NetLab | None
-    queue: str
+    queue: str  # the broker list the job's chunk messages wait in
     bank_sim: Callable[[Node, int], None]  # read a simulator's counters before it is killed
     paused: dict[int, int] = field(default_factory=dict)  # fault index -> SIGSTOPped pid
 
@@ -233,7 +233,7 @@ class ProducerKill(Nemesis):
     def _wait_for(self, phase: str, fault: S.Fault, world: World) -> dict[str, Any]:
         """Poll tightly until staging (some chunk inputs written) or queuing (messages sent) shows."""
         producer, out = world.producer, world.output
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 30  # never hold the rest of the schedule back for long
         client = world.redis.client()
         while time.monotonic() < deadline and producer.running():
             if phase == "staging":

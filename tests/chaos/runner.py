@@ -19,7 +19,7 @@ from tests.chaos import checker, procs
 from tests.chaos import schedule as S
 from tests.chaos.checker import Result
 from tests.chaos.cluster import Node, Producer
-from tests.chaos.config import INFLIGHT, LEASE_S, RECOVERY_BOUND_S, REQUEST_S, TIMINGS, Options
+from tests.chaos.config import INFLIGHT, LEASE_S, RECOVERY_BOUND_S, REQUEST_S, TIMINGS, Options, job_queue
 from tests.chaos.history import History, Recorder, verify_argv
 from tests.chaos.inputs import write_input
 from tests.chaos.nemeses import Skip, World, nemeses
@@ -110,12 +110,13 @@ class Run:
             self.redis,
             self.nodes,
             self.env["DFLASH_REDIS_PREFIX"],
-            self.queue,
+            job_queue(self.queue),
             verify_argv(self.inp, self.output.uri),
             verify_env,
             verify_every=max(20.0, self.opts.window_s / 10),
         )
-        world = World(self.nodes, self.redis, self.output, self.producer, self.net, self.queue, rec.poll_sim)
+        queue = job_queue(self.queue)
+        world = World(self.nodes, self.redis, self.output, self.producer, self.net, queue, rec.poll_sim)
         self.world = world
         rec.start()
         table = nemeses()
