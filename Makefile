@@ -8,14 +8,16 @@ STAMP := $(VENV)/.installed
 # 1 = make sure Debian's chromium is installed: the Flower test drives it (headless, through
 # Playwright's Python package; never `playwright install`). 0 = skip it (those tests then skip).
 BROWSER_TESTS ?= 1
-# Extra arguments: make test PYTEST_ARGS='-k leases -x', make demo DEMO_ARGS='--prompts 500'.
+# Extra arguments: make test PYTEST_ARGS='-k leases -x', make demo DEMO_ARGS='--prompts 500',
+# make chaos CHAOS_ARGS='--minutes 3 --seed 1'.
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
+CHAOS_ARGS ?=
 BENCH_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv redis browser sglang-wheel demo test lint format bench reliability mutate clean distclean
+.PHONY: help venv redis browser sglang-wheel demo test lint format bench reliability mutate chaos clean distclean
 
 help:
 	@echo "make venv         create $(VENV) (with $(PYTHON)) and install the package with its dev extras"
@@ -28,6 +30,7 @@ help:
 	@echo "make bench        run the benchmarks (python -m benchmarks), if there are any"
 	@echo "make reliability  run the tests marked 'reliability'"
 	@echo "make mutate       mutation testing (mutmut) of the core modules against their fast tests (docs/testing.md)"
+	@echo "make chaos        10 min of overlapping faults on a multi-node job, checked (root; CHAOS_ARGS='--help')"
 	@echo "make clean        remove caches, build metadata and demo-output/ (distclean: also $(VENV), .cache/)"
 
 venv: $(STAMP)
@@ -88,6 +91,10 @@ reliability: venv redis
 mutate: venv redis
 	@$(BIN)/mutmut run --max-children 2; status=$$?; \
 	echo "surviving mutants (mutmut show NAME prints one):"; $(BIN)/mutmut results; exit $$status
+
+# Needs root (network namespaces, a tmpfs); exits 1 when an invariant broke and prints how to replay.
+chaos: venv redis
+	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf demo-output test-artifacts mutants .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info

@@ -1,6 +1,7 @@
 """S3 test support: moto's standalone S3 server as a real process, and a fault-injecting HTTP proxy.
 
-Both listen on loopback only. The proxy sits between boto3 and moto and, on request, answers
+Both listen on loopback (a proxy may be given another local address: the chaos run puts one on
+each network-namespace link). The proxy sits between boto3 and moto and, on request, answers
 503 SlowDown / 500 InternalError, resets connections (before or after forwarding), truncates
 response bodies, or refuses requests signed with a given access key (403 InvalidAccessKeyId,
 as AWS does for unknown keys; moto itself does not check credentials).
@@ -165,11 +166,11 @@ _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encodin
 class FaultProxy:
     """A threaded HTTP/1.1 proxy in front of ``upstream`` (host, port) that injects S3 failures."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
         self.upstream_port = upstream_port
         self.state = _State()
         handler = type("Handler", (_Handler,), {"proxy": self})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server = ThreadingHTTPServer((host, 0), handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(
             target=self.server.serve_forever, args=(0.05,), name="s3-fault-proxy", daemon=True
@@ -178,7 +179,8 @@ class FaultProxy:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}"
 
     def inject(
         self, kind: str, count: int, method: str = "PUT", path_contains: str = "", every: int = 1

@@ -113,7 +113,8 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
         records = _collect(futures)
         ctx.server.confirm(model)  # the server may have restarted with another model meanwhile
         outcome = _store_chunk(ctx, job, job_id, chunk, records, started)
-        ctx.listener.chunk_stored(job_id, outcome.seconds)
+        if outcome.status == Delivery.DONE:
+            ctx.listener.chunk_stored(job_id, outcome.seconds)
         return outcome
     except BaseException:
         try:
@@ -134,9 +135,19 @@ def _store_chunk(
     for record in records:
         record["checks"] = check_turns(record, job.definition.spec.thinking, quality)
         checks.update(record["checks"])
-    job.store.write(
-        output_key(chunk), b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
-    )
+    data = b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
+    if not job.store.write_new(output_key(chunk), data):
+        # Stored meanwhile by another worker: this one ran past its lease (frozen, or cut off from
+        # Redis) and the chunk was taken over. A stored chunk never changes: keep that one.
+        log.warning(
+            "chunk %s of job %s was stored by another worker meanwhile: keeping theirs", chunk, job_id
+        )
+        return ChunkOutcome(
+            Delivery.SKIPPED,
+            "stored meanwhile by another worker",
+            Cause.ALREADY_DONE,
+            seconds=time.monotonic() - started,
+        )
     ok = sum(1 for r in records if r["status"] == "ok")
     tokens = sum(int(r["usage"]["completion_tokens"]) for r in records)
     spec_pairs = [spec_counts(r) for r in records]

@@ -34,6 +34,14 @@ class Store(Protocol):
         """Write ``data`` atomically: readers see the old object, or the whole new one."""
         ...
 
+    def write_new(self, key: str, data: bytes) -> bool:
+        """Create ``key`` with ``data`` atomically unless it exists; never replace it.
+
+        True when ``key`` now holds ``data`` (this call wrote it, or it held these very bytes),
+        False when it holds other bytes (another writer got there first; they are kept).
+        """
+        ...
+
     def exists(self, key: str) -> bool:
         """Whether ``key`` exists."""
         ...

@@ -55,6 +55,33 @@ class LocalStore:
                 tmp.unlink()
             raise _translate(exc, f"writing {path}") from exc
 
+    def write_new(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, path)  # atomic, and fails if the key exists: a rename would replace it
+            except FileExistsError:
+                return path.read_bytes() == data
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+                if path.exists():  # a filesystem without hard links: check, then rename (best effort)
+                    return path.read_bytes() == data
+                os.replace(tmp, path)
+            _fsync_dir(path.parent)
+            return True
+        except OSError as exc:
+            raise _translate(exc, f"writing {path}") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
@@ -87,6 +114,10 @@ class LocalStore:
         for entry in entries:
             if entry.is_file() and not entry.name.startswith("."):
                 yield base + entry.name
+
+
+#: link() refused by the filesystem itself (FAT, some FUSE mounts), not by the key existing
+_NO_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK)
 
 
 def _fsync_dir(path: Path) -> None:

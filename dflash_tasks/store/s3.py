@@ -209,6 +209,35 @@ class S3Store:
         except (BotoCoreError, ClientError, Urllib3HTTPError, OSError) as exc:
             raise self._translate(exc, f"writing {self._uri}/{key}") from None
 
+    def write_new(self, key: str, data: bytes) -> bool:
+        """A conditional PUT (``If-None-Match: *``): S3 answers 412 when the key exists.
+
+        A retried PUT whose first try took effect unseen also gets 412: the object is read back,
+        and holding ``data`` counts as written by this call.
+        """
+        full = self._key(key)
+        digest = hashlib.sha256(data).digest()
+        try:
+            self._client.put_object(
+                Bucket=self._bucket,
+                Key=full,
+                Body=data,
+                IfNoneMatch="*",
+                ChecksumSHA256=base64.b64encode(digest).decode(),
+                Metadata={SHA256_METADATA: digest.hex()},
+                ContentType=_content_type(key),
+            )
+        except ClientError as exc:
+            if _code(exc) not in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                raise self._translate(exc, f"writing {self._uri}/{key}") from None
+            try:
+                return self.read(key) == data
+            except KeyError:  # a conflicting write that did not land: try again later
+                raise RetryableError(f"writing {self._uri}/{key}: S3 answered {_code(exc)}") from None
+        except (BotoCoreError, Urllib3HTTPError, OSError) as exc:
+            raise self._translate(exc, f"writing {self._uri}/{key}") from None
+        return True
+
     def exists(self, key: str) -> bool:
         full = self._key(key)
         try:

@@ -140,8 +140,10 @@ class Reconciler:
         """Re-queue chunks delivered to a worker that died before it could lease them.
 
         Such a message sits in the broker's unacked set until the visibility timeout (hours);
-        the original is skipped cheaply when it finally comes back. A dead worker's delivery of a
-        chunk the lease path has just re-queued (``requeued``) is marked handled, not queued twice.
+        the original is skipped cheaply when it finally comes back. A chunk with a lease record,
+        live or expired, is left to the lease path (so each chunk has one way back), and a dead
+        worker's delivery of a chunk the lease path has just re-queued (``requeued``) is marked
+        handled, not queued twice.
         """
         rescued: list[tuple[str, int]] = []
         now = time.time()
@@ -151,10 +153,11 @@ class Reconciler:
                 continue
             job_id, chunk = parsed
             try:
-                if parsed in requeued:
+                if (job_id, chunk) in requeued:  # and never rescue this delivery later either
                     self._bk.try_lock(f"rescued:{delivery.tag}", self._owner, self._visibility_timeout)
                     continue
-                if chunk in self._bk.live_leases(job_id) or self._open(job_id).exists(output_key(chunk)):
+                # A chunk with a lease, live or expired, is the lease path's: the two never overlap.
+                if chunk in self._bk.owners(job_id) or self._open(job_id).exists(output_key(chunk)):
                     continue
                 if not self._bk.try_lock(f"rescued:{delivery.tag}", self._owner, self._visibility_timeout):
                     continue

@@ -1,0 +1,144 @@
+"""What a chaos run is told (:class:`Options`), the nodes it starts (:class:`NodeSpec`), its timings."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.helpers import REPO
+
+ARTIFACTS = REPO / "test-artifacts"
+
+#: Short timings, as in tests/reliability, so recovery takes seconds (production: lease 60 s,
+#: heartbeat 10 s, reconcile 15 s, replan 300 s).
+LEASE_S = 3.0
+TIMINGS = {
+    "DFLASH_LEASE_SECONDS": str(LEASE_S),
+    "DFLASH_HEARTBEAT_SECONDS": "0.5",
+    "DFLASH_RECONCILE_SECONDS": "1",
+    "DFLASH_REPLAN_SECONDS": "5",
+    "DFLASH_RETRY_BACKOFF": "0.1",
+    "DFLASH_RETRY_BACKOFF_MAX": "1",
+    "DFLASH_HEALTH_POLL_SECONDS": "0.5",
+    "DFLASH_REQUEST_TIMEOUT": "10",
+    "DFLASH_REQUEST_ATTEMPTS": "8",
+    "DFLASH_REQUEUE_BACKOFF": "0.5",
+    "DFLASH_PROGRESS_SECONDS": "2",
+    "DFLASH_METRICS_PORT": "0",
+    "DFLASH_MAX_CHUNKS": "3",
+}
+CLIENT_TIMEOUT_S = 10.0  # DFLASH_REQUEST_TIMEOUT above: a "hang" fault outlasts it
+HANG_S = 14.0
+INFLIGHT = 4  # requests per simulated GPU (the simulator's running cap too)
+MEAN_TOKENS = 200
+TOKENS_PER_S = 40.0  # the simulator's default decode speed per request
+REQUEST_S = 3.0  # mean simulated request time: MEAN_TOKENS / TOKENS_PER_S * time scale
+SIM_FLAGS = (
+    "--time-scale",
+    f"{REQUEST_S * TOKENS_PER_S / MEAN_TOKENS:g}",
+    "--mean-output-tokens",
+    str(MEAN_TOKENS),
+    "--output-tokens-sigma",
+    "0.2",
+)
+#: The job must be done this long after the last fault ended, at most (plus the work left then:
+#: see :func:`finish_bound`).
+RECOVERY_BOUND_S = 60.0
+MODEL = "Qwen/Qwen3-8B"
+
+
+def job_queue(base: str, model: str = MODEL) -> str:
+    """The broker list the job's chunk messages wait in: the model's queue where chunks are routed
+    per model (``dflash_tasks.coord.routing``), else the base queue itself."""
+    try:
+        from dflash_tasks.coord.routing import model_queue
+    except ImportError:
+        return base
+    return str(model_queue(base, model))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """A simulated GPU node: ``python -m workers.node --simulate`` serving ``gpus``."""
+
+    name: str  # n1, n2, ...
+    gpus: tuple[int, ...]
+    netns: bool  # inside its own network namespace (can be partitioned)
+    joins: bool = False  # started mid-run by the schedule, not at the start
+
+    @property
+    def workers(self) -> tuple[str, ...]:
+        return tuple(f"gpu{g}" for g in self.gpus)
+
+
+def topology(nodes: int) -> tuple[NodeSpec, ...]:
+    """``nodes`` nodes at the start plus one that joins mid-run.
+
+    n1 runs on the host with two GPUs when there are four nodes or more; the others have one GPU
+    each and alternate: namespaced, namespaced, host, ...; the joining node is namespaced.
+    """
+    if nodes < 2:
+        raise ValueError("a chaos run needs at least 2 nodes")
+    specs: list[NodeSpec] = []
+    gpu = 0
+    for i in range(1, nodes + 2):
+        count = 2 if i == 1 and nodes >= 4 else 1
+        joins = i == nodes + 1
+        netns = joins or (i > 1 and (i - 2) % 3 != 2)
+        specs.append(NodeSpec(f"n{i}", tuple(range(gpu, gpu + count)), netns, joins))
+        gpu += count
+    return tuple(specs)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """One chaos run (``python -m tests.chaos --help``)."""
+
+    minutes: float = 10.0
+    seed: int = 1
+    store: str = "local"  # local (a tmpfs that can be filled) | s3 (moto behind fault proxies)
+    nodes: int = 4
+    prompts: int = 0  # 0: sized so the job takes about 70% of the fault window with every GPU busy
+    keep: bool = False  # keep the run folder even when every invariant holds
+    label: str = ""  # the row name in test-artifacts/chaos.{json,md}; default from minutes
+    artifacts: Path = ARTIFACTS
+    run_dir: Path | None = None
+    extra: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def window_s(self) -> float:
+        return self.minutes * 60.0
+
+    @property
+    def topology(self) -> tuple[NodeSpec, ...]:
+        return topology(self.nodes)
+
+    @property
+    def gpus_at_start(self) -> int:
+        return sum(len(n.gpus) for n in self.topology if not n.joins)
+
+    def prompt_count(self) -> int:
+        """Prompts in the job: what the GPUs at the start would finish in the window, unfaulted."""
+        if self.prompts:
+            return self.prompts
+        per_s = self.gpus_at_start * INFLIGHT / REQUEST_S
+        return max(200, int(per_s * self.window_s))
+
+    def chunk_size(self) -> int:
+        """About 150 chunks: small enough that faults hit many, large enough to stay cheap."""
+        return max(4, min(16, self.prompt_count() // 150))
+
+    def replay(self) -> str:
+        """The one command that replays this run's schedule."""
+        args = [f"--minutes {self.minutes:g}", f"--seed {self.seed}"]
+        if self.store != "local":
+            args.append(f"--store {self.store}")
+        if self.nodes != 4:
+            args.append(f"--nodes {self.nodes}")
+        if self.prompts:
+            args.append(f"--prompts {self.prompts}")
+        return f"make chaos CHAOS_ARGS={shlex.quote(' '.join(args))}"
+
+    def name(self) -> str:
+        return self.label or f"{self.minutes:g} min, seed {self.seed}, {self.store} store"

@@ -1,0 +1,76 @@
+"""The fault schedule: same seed, same schedule; every kind of fault; faults overlap; sane targets."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chaos import schedule as S
+from tests.chaos.config import Options, topology
+from tests.chaos.schedule import build
+
+
+def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> None:
+    nodes = topology(4)
+    one, again, other = build(1, 600, nodes), build(1, 600, nodes), build(2, 600, nodes)
+    assert one.to_json() == again.to_json()
+    assert one.lines() == again.lines()
+    assert one.to_json() != other.to_json()
+
+
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_a_ten_minute_run_has_every_kind_of_fault_several_at_once(store: str) -> None:
+    sched = build(3, 600, topology(4), store)
+    wanted = set(S.RATES) | {S.NODE_KILL, S.NODE_JOIN}
+    if store == "local":
+        wanted.discard(S.PARTITION_ALL)  # a local store is no network path: nothing to cut
+    assert sched.kinds() == wanted
+    assert sched.max_overlap() >= 4
+    assert len(sched.faults) >= 50
+    assert all(f.at >= 0 and f.end <= 600 for f in sched.faults)
+    sim = {f.param("fault") for f in sched.faults if f.kind == S.SIM_FAULT}
+    assert {"http_500", "http_503", "hang", "bad_json", "abort", "reset"} <= sim
+    pauses = [f.duration for f in sched.faults if f.kind == S.WORKER_PAUSE]
+    assert max(pauses) >= 60  # SIGCONT minutes later: the worker wakes with long-expired leases
+
+
+def test_the_short_run_of_make_test_overlaps_too() -> None:
+    opts = Options(minutes=1.5, seed=7, nodes=3)
+    sched = build(opts.seed, opts.window_s, opts.topology)
+    assert sched.max_overlap() >= 3
+    assert {S.NODE_KILL, S.NODE_JOIN, S.WORKER_PAUSE, S.PARTITION_REDIS, S.REDIS_FLUSHALL} <= sched.kinds()
+    assert {S.REDIS_RESTART, S.REDIS_RESTART_EMPTY, S.STORE_FAIL, S.PRODUCER_KILL} <= sched.kinds()
+
+
+@pytest.mark.parametrize("seed", range(1, 9))
+def test_targets_are_alive_and_partitions_hit_namespaced_nodes(seed: int) -> None:
+    nodes = topology(4)
+    sched = build(seed, 600, nodes, "s3")
+    by_name = {n.name: n for n in nodes}
+    kill = next(f for f in sched.faults if f.kind == S.NODE_KILL)
+    join = next(f for f in sched.faults if f.kind == S.NODE_JOIN)
+    assert by_name[join.target].joins and not by_name[kill.target].joins
+    assert kill.target != nodes[0].name  # n1 always stays
+    for f in sched.faults:
+        if not f.target or f.kind in (S.NODE_KILL, S.NODE_JOIN):
+            continue
+        node = f.target.split("/")[0]
+        assert not (node == kill.target and f.end + 1 >= kill.at), f  # nothing aims at a dead node
+        assert not (node == join.target and f.at < join.at + 15), f  # nor at one not yet started
+        if f.kind in (S.PARTITION_REDIS, S.PARTITION_ALL):
+            assert by_name[node].netns, f
+        if "/" in f.target:
+            assert f.target.split("/")[1] in by_name[node].workers, f
+
+
+def test_the_producer_is_killed_while_staging_then_while_queuing_first() -> None:
+    sched = build(5, 180, topology(4))
+    first, second = sched.faults[0], sched.faults[1]
+    assert (first.kind, first.param("phase")) == (S.PRODUCER_KILL, "staging")
+    assert (second.kind, second.param("phase")) == (S.PRODUCER_KILL, "queuing")
+    assert first.at == second.at == 0.0 and first.param("after_staged") >= 2
+
+
+def test_replay_command_names_every_non_default_option() -> None:
+    assert Options(minutes=3, seed=1).replay() == "make chaos CHAOS_ARGS='--minutes 3 --seed 1'"
+    replay = Options(minutes=1.5, seed=7, nodes=3, store="s3").replay()
+    assert replay == "make chaos CHAOS_ARGS='--minutes 1.5 --seed 7 --store s3 --nodes 3'"
