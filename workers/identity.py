@@ -38,8 +38,10 @@ class ServerModel:
         self,
         fetch: Callable[[], ServerIdentity],
         on_change: Callable[[ServerIdentity | None, ServerIdentity], None] | None = None,
+        quick: Callable[[], ServerIdentity] | None = None,
     ) -> None:
         self._fetch = fetch
+        self._quick = quick  # the model alone (``/model_info``), for the check before each store
         self._on_change = on_change
         self._current: ServerIdentity | None = None
         self._lock = threading.Lock()
@@ -87,7 +89,23 @@ class ServerModel:
             )
 
     def confirm(self, job_model: str) -> None:
-        """:meth:`check` against a fresh reading (the last one when the server does not answer)."""
+        """:meth:`check` against a fresh reading (the last one when the server does not answer).
+
+        With ``quick`` (``/model_info`` alone), an unchanged model costs one cheap call; only a
+        change reads the whole identity again (``/server_info`` asks SGLang's scheduler).
+        """
+        current = self._current
+        if self._quick is not None and current is not None:
+            try:
+                seen = self._quick()
+            except DflashError:
+                seen = None
+            if seen is not None and (seen.model_path, seen.served_model_name) == (
+                current.model_path,
+                current.served_model_name,
+            ):
+                self.check(job_model)
+                return
         self.try_refresh()
         self.check(job_model)
 

@@ -74,7 +74,7 @@ class WorkerRuntime:
         def on_model(old: ServerIdentity | None, new: ServerIdentity) -> None:
             switch.set_queues(server_queues(settings.queue, new.served_model_name, new.model_path))
 
-        server = ServerModel(client.identity, on_change=on_model)
+        server = ServerModel(client.identity, on_change=on_model, quick=client.model_identity)
         stats = WorkerStats(bk, hostname, min(FLUSH_SECONDS, settings.progress_seconds))
         prometheus = PrometheusListener(hostname, settings.endpoint)
         listener = Listeners([prometheus, StatsListener(stats)])

@@ -160,6 +160,14 @@ class SGLangClient:
         """``GET /model_info`` (``/get_model_info`` on releases without it); errors as :meth:`server_info`."""
         return self._info(MODEL_INFO_PATHS, timeout)
 
+    def model_identity(self, timeout: float = 10.0) -> ServerIdentity:
+        """What ``/model_info`` alone says the server serves (no version): one cheap call."""
+        model = self.model_info(timeout)
+        model_path = str(model.get("model_path") or "")
+        if not model_path:
+            raise RetryableError(f"{self.endpoint} reports no model_path in /model_info")
+        return ServerIdentity(model_path, str(model.get("served_model_name") or model_path), "")
+
     def identity(self, timeout: float = 10.0) -> ServerIdentity:
         """The server's :class:`ServerIdentity`, from ``/model_info`` and ``/server_info``.
 

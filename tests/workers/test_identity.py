@@ -74,6 +74,37 @@ def test_confirm_keeps_the_last_reading_when_the_server_does_not_answer() -> Non
     assert server.try_refresh() is None and server.current == A
 
 
+def test_confirm_with_a_quick_reading_reads_everything_only_when_the_model_changed() -> None:
+    full = Readings(A, B)
+    calls: list[str] = []
+
+    def fetch() -> ServerIdentity:
+        calls.append("full")
+        return full()
+
+    quick = Readings(ServerIdentity(A.model_path, A.served_model_name, ""), B)
+
+    def model_only() -> ServerIdentity:
+        calls.append("quick")
+        return quick()
+
+    server = ServerModel(fetch, quick=model_only)
+    server.refresh()
+    server.confirm("Model-A")  # the same model: /model_info alone, the version kept
+    assert calls == ["full", "quick"] and server.current == A
+    with pytest.raises(WrongModel):
+        server.confirm("Model-A")  # another model: the whole identity read again
+    assert calls == ["full", "quick", "quick", "full"] and server.current == B
+
+
+def test_the_clients_quick_reading_is_the_model_alone() -> None:
+    config = SimConfig(port=0, model="/dev/shm/models/Qwen3.6-27B", served_model_name="qwen-27b")
+    with start_simulator(config) as sim:
+        assert SGLangClient(sim.url).model_identity() == ServerIdentity(
+            "/dev/shm/models/Qwen3.6-27B", "qwen-27b", ""
+        )
+
+
 # --- the consumer switch follows the model -------------------------------------------------------
 
 
