@@ -30,6 +30,7 @@ from typing import Any
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.settings import Settings, redact_url
 from dflash_tasks.producer.inputs import InvalidLine, read_input
+from workers.node.main import port_in_use
 from workers.node.procs import Child, stop_all
 
 MODEL = "Qwen/Qwen3-8B"
@@ -209,16 +210,6 @@ def write_prompts(path: Path, count: int, seed: int) -> tuple[int, int]:
 # --- the demo ----------------------------------------------------------------------------------
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -230,7 +221,7 @@ def _free_port_range(count: int) -> int:
     """A base port B with B .. B+count-1 all free on 127.0.0.1."""
     for _ in range(100):
         base = _free_port()
-        if base + count < 65536 and all(_port_free(base + i) for i in range(count)):
+        if base + count < 65536 and all(not port_in_use(base + i) for i in range(count)):
             return base
     raise DemoError(f"no run of {count} free ports found on 127.0.0.1")
 
@@ -296,7 +287,7 @@ def run_demo(args: argparse.Namespace, children: Children) -> Outcome:
     urls = [f"http://127.0.0.1:{port_base + i}" for i in range(args.gpus)]
     metrics_ports = [metrics_base + i for i in range(args.gpus)]
 
-    flower_port = args.flower_port if _port_free(args.flower_port) else _free_port()
+    flower_port = args.flower_port if not port_in_use(args.flower_port) else _free_port()
     given = settings.flower_password
     password = given or secrets.token_urlsafe(12)
     flower_env = {**env, "DFLASH_FLOWER_PASSWORD": password}  # not on the command line
