@@ -96,7 +96,7 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
         if job.store.exists(out_key):  # finished by another worker between the check and the lease
             ctx.bookkeeping.release(job_id, chunk, owner)
             return ChunkOutcome(Delivery.SKIPPED, "already done", Cause.ALREADY_DONE)
-        samples = decode_chunk(job.store.read(input_key(chunk)))
+        samples = decode_chunk(job.store.read(input_key(chunk)), input_key(chunk))
         spec = job.definition.spec
         rid_prefix = f"{job_id}-{chunk}-{owner.rsplit('/', 1)[-1]}"
         # Each sample's turns go through the shared pool one after the other; the chunk is stored

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from dflash_tasks.core.errors import StoreError
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -39,11 +41,17 @@ def encode_chunk(samples: list[Sample]) -> bytes:
     return ("\n".join([_encode(s) for s in samples]) + "\n").encode()
 
 
-def decode_chunk(data: bytes) -> list[Sample]:
-    """The samples of a staged chunk file."""
+def decode_chunk(data: bytes, where: str = "staged chunk") -> list[Sample]:
+    """The samples of a staged chunk file; a damaged file raises :class:`StoreError` (permanent:
+    retrying cannot repair it, so the worker parks the chunk after a few tries)."""
     out: list[Sample] = []
-    for raw in data.splitlines():
+    for number, raw in enumerate(data.splitlines(), 1):
         if raw.strip():
-            doc = json.loads(raw)
-            out.append(Sample(id=doc["id"], messages=doc["messages"], line=doc["line"]))
+            try:
+                doc = json.loads(raw)
+                out.append(Sample(id=doc["id"], messages=doc["messages"], line=doc["line"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise StoreError(
+                    f"{where}:{number} is not a staged sample ({type(exc).__name__}: {exc})"
+                ) from None
     return out

@@ -82,6 +82,15 @@ def test_a_chunk_failing_permanently_is_parked_after_the_limit_and_left_out_of_r
     assert queued_chunks(staged.bk.client, job_queue(staged), job) == {0, 2}
 
 
+def test_a_corrupt_staged_chunk_is_parked_not_retried_forever(staged: Staged, runtime: WorkerRuntime) -> None:
+    (staged.root / input_key(2)).write_bytes(b'{"id": "q1", "messages": [')  # a damaged staged file
+    for n in range(1, MAX_CHUNK_FAILURES):
+        result = runtime.handle_delivery(staged.job_id, 2, f"c{n}")
+        assert result["status"] == "requeued" and "inputs/chunk-000002.jsonl:1" in result["reason"], result
+    parked = runtime.handle_delivery(staged.job_id, 2, "c-last")
+    assert parked["status"] == "parked" and "not a staged sample" in parked["reason"], parked
+
+
 def test_retryable_failures_are_requeued_however_often_they_come(
     staged: Staged, runtime: WorkerRuntime
 ) -> None:
