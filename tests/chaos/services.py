@@ -171,13 +171,24 @@ class LocalOutput(Output):
         self.filler = mount / "filler"
 
     def fail(self) -> str:
+        import errno
         import os
 
         st = os.statvfs(self.mount)
         free = st.f_bavail * st.f_frsize
-        with open(self.filler, "ab") as fh:  # leave 4 KiB: less than any chunk file
-            fh.write(b"\0" * max(0, free - 4096))
-        return f"tmpfs filled ({free // 1024} KiB taken, 4 KiB left)"
+        target, written = max(0, free - 4096), 0  # leave 4 KiB: less than any chunk file
+        # Workers write into the same tmpfs meanwhile: the space can run out before the target
+        # does, and that is the fault we want, not an error of the run.
+        fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            while written < target:
+                written += os.write(fd, b"\0" * min(1 << 20, target - written))
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+        finally:
+            os.close(fd)
+        return f"tmpfs filled ({written // 1024} KiB taken, about 4 KiB left)"
 
     def unfail(self) -> None:
         self.filler.unlink(missing_ok=True)
