@@ -41,6 +41,18 @@ class LocalStore:
 
     def write(self, key: str, data: bytes) -> None:
         path = self._path(key)
+        tmp = self._durable_temp(path, data)
+        try:
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            raise _translate(exc, f"writing {path}") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+    def _durable_temp(self, path: Path, data: bytes) -> Path:
+        """``data`` in a temp file beside ``path``, fsynced: renamed or linked into place next."""
         tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,22 +60,16 @@ class LocalStore:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, path)
-            _fsync_dir(path.parent)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise _translate(exc, f"writing {path}") from exc
+        return tmp
 
     def write_new(self, key: str, data: bytes) -> bool:
         path = self._path(key)
-        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+        tmp = self._durable_temp(path, data)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
             try:
                 os.link(tmp, path)  # atomic, and fails if the key exists: a rename would replace it
             except FileExistsError:

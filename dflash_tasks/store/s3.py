@@ -195,19 +195,23 @@ class S3Store:
         return data
 
     def write(self, key: str, data: bytes) -> None:
-        full = self._key(key)
-        digest = hashlib.sha256(data).digest()
         try:
-            self._client.put_object(
-                Bucket=self._bucket,
-                Key=full,
-                Body=data,
-                ChecksumSHA256=base64.b64encode(digest).decode(),
-                Metadata={SHA256_METADATA: digest.hex()},
-                ContentType=_content_type(key),
-            )
+            self._put(key, data)
         except (BotoCoreError, ClientError, Urllib3HTTPError, OSError) as exc:
             raise self._translate(exc, f"writing {self._uri}/{key}") from None
+
+    def _put(self, key: str, data: bytes, **conditions: str) -> None:
+        """One PUT carrying the SHA-256 checksum S3 verifies and ``verify`` re-checks."""
+        digest = hashlib.sha256(data).digest()
+        self._client.put_object(
+            Bucket=self._bucket,
+            Key=self._key(key),
+            Body=data,
+            ChecksumSHA256=base64.b64encode(digest).decode(),
+            Metadata={SHA256_METADATA: digest.hex()},
+            ContentType=_content_type(key),
+            **conditions,
+        )
 
     def write_new(self, key: str, data: bytes) -> bool:
         """A conditional PUT (``If-None-Match: *``): S3 answers 412 when the key exists.
@@ -215,18 +219,8 @@ class S3Store:
         A retried PUT whose first try took effect unseen also gets 412: the object is read back,
         and holding ``data`` counts as written by this call.
         """
-        full = self._key(key)
-        digest = hashlib.sha256(data).digest()
         try:
-            self._client.put_object(
-                Bucket=self._bucket,
-                Key=full,
-                Body=data,
-                IfNoneMatch="*",
-                ChecksumSHA256=base64.b64encode(digest).decode(),
-                Metadata={SHA256_METADATA: digest.hex()},
-                ContentType=_content_type(key),
-            )
+            self._put(key, data, IfNoneMatch="*")
         except ClientError as exc:
             if _code(exc) not in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
                 raise self._translate(exc, f"writing {self._uri}/{key}") from None
