@@ -17,7 +17,7 @@ from dflash_tasks.coord.jobs_cache import JobCache, JobHandle, UnknownChunk
 from dflash_tasks.core.job import input_key, output_key
 from dflash_tasks.core.quality import check_turns
 from dflash_tasks.core.sample import decode_chunk
-from dflash_tasks.core.spec_stats import spec_counts
+from dflash_tasks.core.spec_stats import sample_counts
 from dflash_tasks.core.states import Cause, Delivery
 from workers.conversation import start_conversation
 from workers.flow.request_pool import RequestPool
@@ -148,18 +148,18 @@ def _store_chunk(
             Cause.ALREADY_DONE,
             seconds=time.monotonic() - started,
         )
-    ok = sum(1 for r in records if r["status"] == "ok")
-    tokens = sum(int(r["usage"]["completion_tokens"]) for r in records)
-    spec_pairs = [spec_counts(r) for r in records]
+    each = [sample_counts(r) for r in records]
+    ok = sum(c.ok for c in each)
+    tokens = sum(c.completion_tokens for c in each)
     counters = {
         "samples_ok": ok,
         "samples_failed": len(records) - ok,
         "completion_tokens": tokens,
-        "prompt_tokens": sum(int(r["usage"]["prompt_tokens"]) for r in records),
-        "spec_tokens": sum(t for t, _ in spec_pairs),
-        "spec_verify_ct": sum(v for _, v in spec_pairs),
-        "turns": sum(int(r["user_turns"]) for r in records),
-        "generations": sum(len(r["turns"]) for r in records),
+        "prompt_tokens": sum(c.prompt_tokens for c in each),
+        "spec_tokens": sum(c.spec_tokens for c in each),
+        "spec_verify_ct": sum(c.verify for c in each),
+        "turns": sum(c.turns for c in each),
+        "generations": sum(c.generations for c in each),
         "chunk_seconds": time.monotonic() - started,
         **{f"check_{name}": n for name, n in checks.items()},
     }
@@ -187,10 +187,10 @@ def _collect(futures: list[Future[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def _report_sample(listener: WorkerListener, job_id: str) -> Callable[[Future[dict[str, Any]]], None]:
-    """A done-callback for a sample's future: its record to ``listener.sample_done``."""
+    """A done-callback for a sample's future: its counts, read once, to ``listener.sample_done``."""
 
     def done(future: Future[dict[str, Any]]) -> None:
         if not future.cancelled() and future.exception() is None:
-            listener.sample_done(job_id, future.result())
+            listener.sample_done(job_id, sample_counts(future.result()))
 
     return done

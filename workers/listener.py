@@ -13,6 +13,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from dflash_tasks.core.spec_stats import SampleCounts
+
 log = logging.getLogger(__name__)
 
 
@@ -22,8 +24,8 @@ class WorkerListener(Protocol):
     def request_failed(self, exc: BaseException, will_retry: bool) -> None:
         """A generation attempt failed with ``exc``; ``will_retry`` when another attempt follows."""
 
-    def sample_done(self, job_id: str, record: Mapping[str, Any]) -> None:
-        """A sample's output record is ready (once per sample, as it finishes)."""
+    def sample_done(self, job_id: str, counts: SampleCounts) -> None:
+        """A sample finished; ``counts`` were read from its record once, for every listener."""
 
     def chunk_started(self, job_id: str) -> None:
         """This worker took the lease of one of ``job_id``'s chunks."""
@@ -54,8 +56,8 @@ class Listeners:
     def request_failed(self, exc: BaseException, will_retry: bool) -> None:
         self._each("request_failed", exc, will_retry)
 
-    def sample_done(self, job_id: str, record: Mapping[str, Any]) -> None:
-        self._each("sample_done", job_id, record)
+    def sample_done(self, job_id: str, counts: SampleCounts) -> None:
+        self._each("sample_done", job_id, counts)
 
     def chunk_started(self, job_id: str) -> None:
         self._each("chunk_started", job_id)

@@ -36,8 +36,8 @@ from dflash_tasks.coord.progress_keys import (
 from dflash_tasks.coord.routing import server_queues
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.spec_stats import SampleCounts
 from dflash_tasks.core.spec_stats import accept_length as ratio
-from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.monitoring import metrics
 from dflash_tasks.monitoring.metrics import PrometheusListener
 from dflash_tasks.monitoring.progress_writer import ProgressWriter, registered_jobs
@@ -196,16 +196,9 @@ class StatsListener:
     def request_failed(self, exc: BaseException, will_retry: bool) -> None:
         pass
 
-    def sample_done(self, job_id: str, record: Mapping[str, Any]) -> None:
-        usage = record.get("usage") or {}
-        spec_tokens, verify = spec_counts(record)
+    def sample_done(self, job_id: str, counts: SampleCounts) -> None:
         self.stats.sample_done(
-            job_id,
-            record.get("status") == "ok",
-            int(usage.get("completion_tokens") or 0),
-            spec_tokens,
-            verify,
-            turns=int(record.get("user_turns") or 1),
+            job_id, counts.ok, counts.completion_tokens, counts.spec_tokens, counts.verify, turns=counts.turns
         )
 
     def chunk_started(self, job_id: str) -> None:

@@ -9,6 +9,7 @@ the samples that report verify passes: the token-weighted mean, the figure the G
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 #: Where an accept length shown to users comes from.
@@ -48,3 +49,32 @@ def accept_length(tokens: float, verify: float) -> float | None:
 def sample_accept_length(record: Mapping[str, Any]) -> float | None:
     """One sample's accept length, or None when its record has no speculative stats."""
     return accept_length(*spec_counts(record))
+
+
+@dataclass(frozen=True, slots=True)
+class SampleCounts:
+    """What one finished sample adds to the counters, read from its record once."""
+
+    ok: bool
+    completion_tokens: int
+    prompt_tokens: int
+    spec_tokens: int  # completion tokens of its turns that report verify passes
+    verify: int  # their verify passes
+    turns: int  # its user turns (generations settled)
+    generations: int  # turns recorded (requests that returned)
+
+
+def sample_counts(record: Mapping[str, Any]) -> SampleCounts:
+    """The :class:`SampleCounts` of an output record."""
+    usage = record.get("usage") or {}
+    spec_tokens, verify = spec_counts(record)
+    turns = record.get("turns")
+    return SampleCounts(
+        ok=record.get("status") == "ok",
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        spec_tokens=spec_tokens,
+        verify=verify,
+        turns=int(record.get("user_turns") or 1),
+        generations=len(turns) if isinstance(turns, list) else 1,
+    )

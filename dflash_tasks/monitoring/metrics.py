@@ -51,7 +51,7 @@ from prometheus_client.registry import Collector
 
 from dflash_tasks.coord.progress_keys import queue_keys
 from dflash_tasks.core.errors import DflashError
-from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, spec_counts
+from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, SampleCounts
 from dflash_tasks.core.states import Cause, Delivery, ErrorKind
 
 log = logging.getLogger(__name__)
@@ -145,16 +145,13 @@ class PrometheusListener:
         if will_retry:
             RETRIES.labels(self.worker, kind).inc()
 
-    def sample_done(self, job_id: str, record: Mapping[str, Any]) -> None:
-        ok = record.get("status") == "ok"
-        usage = record.get("usage") or {}
-        SAMPLES.labels(self.worker, job_id, "ok" if ok else "failed").inc()
-        TOKENS.labels(self.worker, job_id).inc(int(usage.get("completion_tokens") or 0))
-        PROMPT_TOKENS.labels(self.worker, job_id).inc(int(usage.get("prompt_tokens") or 0))
-        spec_tokens, verify = spec_counts(record)
-        if verify:
-            SPEC_TOKENS.labels(self.worker, job_id).inc(spec_tokens)
-            SPEC_VERIFY.labels(self.worker, job_id).inc(verify)
+    def sample_done(self, job_id: str, counts: SampleCounts) -> None:
+        SAMPLES.labels(self.worker, job_id, "ok" if counts.ok else "failed").inc()
+        TOKENS.labels(self.worker, job_id).inc(counts.completion_tokens)
+        PROMPT_TOKENS.labels(self.worker, job_id).inc(counts.prompt_tokens)
+        if counts.verify:
+            SPEC_TOKENS.labels(self.worker, job_id).inc(counts.spec_tokens)
+            SPEC_VERIFY.labels(self.worker, job_id).inc(counts.verify)
 
     def chunk_started(self, job_id: str) -> None:
         pass

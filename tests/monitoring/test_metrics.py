@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from dflash_tasks.core.errors import RetryableError
+from dflash_tasks.core.spec_stats import SampleCounts, sample_counts
 from dflash_tasks.core.states import ErrorKind
 from dflash_tasks.monitoring import metrics
 from dflash_tasks.monitoring.metrics import PrometheusListener
@@ -82,21 +83,20 @@ def test_a_broken_observer_never_reaches_the_worker(monkeypatch: pytest.MonkeyPa
     seen: list[str] = []
 
     class Recorder:
-        def sample_done(self, job_id: str, record: dict[str, Any]) -> None:
+        def sample_done(self, job_id: str, counts: SampleCounts) -> None:
             seen.append(job_id)
 
         def delivery(self, result: dict[str, Any], redelivered: bool) -> None:
             seen.append("delivery")
 
     monkeypatch.setattr(metrics, "SAMPLES", Broken())
-    record = {"status": "ok", "usage": {"completion_tokens": 5}}
+    counts = sample_counts({"status": "ok", "usage": {"completion_tokens": 5}})
     with pytest.raises(RuntimeError):
-        PROM.sample_done("jm", record)  # the listener itself raises
+        PROM.sample_done("jm", counts)  # the listener itself raises
     fan_out = Listeners([PROM, Recorder()])  # type: ignore[list-item]
-    fan_out.sample_done("jm", record)  # what the worker calls swallows it, and the others still hear
-    fan_out.sample_done("jm", {"usage": "not a dict"})
+    fan_out.sample_done("jm", counts)  # what the worker calls swallows it, and the others still hear
     fan_out.delivery(None, False)  # type: ignore[arg-type]
-    assert seen == ["jm", "jm", "delivery"]
+    assert seen == ["jm", "delivery"]
 
 
 def test_a_taken_port_disables_metrics_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -119,8 +119,10 @@ def test_spec_counters_and_the_accept_length_gauge(monkeypatch: pytest.MonkeyPat
         "usage": {"completion_tokens": 300, "prompt_tokens": 9},
         "meta_info": {"spec_verify_ct": 120, "spec_accept_length": 2.5},
     }
-    PROM.sample_done("js", spec_record)
-    PROM.sample_done("js", {"status": "ok", "usage": {"completion_tokens": 50}, "meta_info": None})
+    PROM.sample_done("js", sample_counts(spec_record))
+    PROM.sample_done(
+        "js", sample_counts({"status": "ok", "usage": {"completion_tokens": 50}, "meta_info": None})
+    )
     assert value("dflash_spec_tokens_total", job="js") == tokens + 300  # only the sample with verify passes
     assert value("dflash_spec_verify_passes_total", job="js") == verify + 120
 

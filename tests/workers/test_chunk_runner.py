@@ -10,7 +10,6 @@ import dataclasses
 import json
 import threading
 import time
-from typing import Any
 
 import pytest
 
@@ -18,6 +17,7 @@ from dflash_tasks.coord.jobs_cache import JobHandle, UnknownChunk
 from dflash_tasks.core.errors import ServerUnavailable
 from dflash_tasks.core.job import output_key
 from dflash_tasks.core.quality import QualitySettings
+from dflash_tasks.core.spec_stats import SampleCounts
 from dflash_tasks.store import LocalStore
 from tests.helpers import wait_until
 from tests.workers.chunk_support import CHUNK_SIZE, Staged, stage_job
@@ -125,8 +125,8 @@ class _Sink:
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
 
-    def sample_done(self, job_id: str, record: dict[str, Any]) -> None:
-        self.calls.append(("sample", job_id, str(record["status"] == "ok")))
+    def sample_done(self, job_id: str, counts: SampleCounts) -> None:
+        self.calls.append(("sample", job_id, str(counts.ok)))
 
     def chunk_started(self, job_id: str) -> None:
         self.calls.append(("started", job_id))
