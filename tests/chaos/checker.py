@@ -21,12 +21,12 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.helpers import REPO
+from tests.reliability.support import account_ids
 
 
 @dataclass
@@ -86,30 +86,7 @@ class Result:
         return doc
 
 
-@dataclass(frozen=True, slots=True)
-class Accounting:
-    expected: int
-    stored_once: int
-    lost: int
-    duplicated: int
-    unexpected: int
-    failed: int
-
-
-def account(expected: set[str], records: Iterable[dict[str, Any]]) -> Accounting:
-    seen: Counter[str] = Counter()
-    failed = 0
-    for record in records:
-        seen[str(record["id"])] += 1
-        failed += record.get("status") != "ok"
-    return Accounting(
-        expected=len(expected),
-        stored_once=sum(1 for i in expected if seen[i] == 1),
-        lost=sum(1 for i in expected if seen[i] == 0),
-        duplicated=sum(n - 1 for n in seen.values() if n > 1),
-        unexpected=sum(n for i, n in seen.items() if i not in expected),
-        failed=failed,
-    )
+account = account_ids  # every sample stored once: the same count as the single-fault suite
 
 
 def verify_and_export(

@@ -144,7 +144,11 @@ def expected_ids(inp: Path) -> set[str]:
 
 def account(inp: Path, records: Iterable[dict[str, Any]]) -> Accounting:
     """Count the stored records against the input's valid samples."""
-    wanted = expected_ids(inp)
+    return account_ids(expected_ids(inp), records)
+
+
+def account_ids(wanted: set[str], records: Iterable[dict[str, Any]]) -> Accounting:
+    """Count the stored records against the sample ids ``wanted`` (each stored once, none else)."""
     seen: Counter[str] = Counter()
     ok = failed = 0
     for record in records:
