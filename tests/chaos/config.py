@@ -6,6 +6,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_tasks.coord.routing import model_queue
 from tests.helpers import REPO
 
 ARTIFACTS = REPO / "test-artifacts"
@@ -49,13 +50,8 @@ MODEL = "Qwen/Qwen3-8B"
 
 
 def job_queue(base: str, model: str = MODEL) -> str:
-    """The broker list the job's chunk messages wait in: the model's queue where chunks are routed
-    per model (``dflash_tasks.coord.routing``), else the base queue itself."""
-    try:
-        from dflash_tasks.coord.routing import model_queue
-    except ImportError:
-        return base
-    return str(model_queue(base, model))
+    """The broker list the job's chunk messages wait in: its model's queue."""
+    return model_queue(base, model)
 
 
 @dataclass(frozen=True, slots=True)
