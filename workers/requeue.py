@@ -65,6 +65,7 @@ class Requeuer:
             job_id,
             job.manifest.chunks,
             self.settings.lease_seconds,
+            claim_expired=False,  # the reconciler's lease path re-queues those
         )
         if len(plan.done) >= job.manifest.chunks:
             self.ctx.bookkeeping.finish_job(job_id)

@@ -44,19 +44,26 @@ def plan_job(
     job_id: str,
     chunks: int,
     lease_grace: float = 60.0,
+    claim_expired: bool = True,
 ) -> Plan:
     """Plan ``job_id``; with ``bookkeeping=None`` (a dry run) Redis is not consulted.
 
     ``queue``: the job's model queue (:func:`~dflash_tasks.coord.routing.model_queue`).
     ``lease_grace``: how long a live worker may hold a delivery before leasing it (the lease time).
+    ``claim_expired``: take over expired leases and plan their chunks (the producer); False
+    leaves them to the live workers' reconciler, whose lease path re-queues them (a worker's own
+    re-plan), so each chunk has one way back.
     """
     done = frozenset(c for c in done_chunks(store) if c < chunks)
     running: frozenset[int] = frozenset()
     queued: frozenset[int] = frozenset()
     if bookkeeping is not None and broker is not None:
-        for chunk in bookkeeping.expired_leases(job_id):
-            bookkeeping.claim_expired(job_id, chunk)
-        running = frozenset(bookkeeping.live_leases(job_id))
+        if claim_expired:
+            for chunk in bookkeeping.expired_leases(job_id):
+                bookkeeping.claim_expired(job_id, chunk)
+            running = frozenset(bookkeeping.live_leases(job_id))
+        else:
+            running = frozenset(bookkeeping.owners(job_id))  # live or expired: the lease path's
         # Waiting in the queue, or delivered to a live worker that has not leased it yet
         # (e.g. a re-queued chunk waiting for its countdown).
         held = held_chunks(broker, job_id, time.time(), lease_grace)
