@@ -24,7 +24,7 @@ from tests.deploy.test_compose import SERVICES, argv, interpolate
 from tests.model_configs import DEEPSEEK_V3, QWEN3_8B, QWEN3_30B_A3B, QWEN36_27B
 from tests.sglang_cli import Nargs, cli_options, mtp_architectures, parse_args, reasoning_parsers
 from tests.sglang_wheel import SglangSource, WheelUnavailable, ensure_wheel, wheel_name
-from workers.node.launch import NodeOptions, plan_node, split_args
+from workers.node.launch import LAUNCHER_FLAGS, NodeOptions, plan_node, split_args
 from workers.node.profiles import MTP_ARCHITECTURES, NEXTN
 from workers.node.sglang_release import SGLANG_IMAGE, SGLANG_PIP_SPEC, SGLANG_VERSION
 
@@ -121,6 +121,11 @@ def test_our_mtp_architectures_are_the_releases(release: Release) -> None:
     assert {"Qwen3_5ForConditionalGeneration", "Qwen3NextForCausalLM", "DeepseekV3ForCausalLM"} <= (
         release.mtp_architectures
     )
+
+
+def test_every_flag_the_launcher_may_set_is_a_release_flag(release: Release) -> None:
+    # The abbreviation check (launch.check_user_flags) compares the user's flags with these.
+    assert set(LAUNCHER_FLAGS) <= set(release.options), set(LAUNCHER_FLAGS) - set(release.options)
 
 
 # --- our launch lines --------------------------------------------------------------------------------

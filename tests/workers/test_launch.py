@@ -176,6 +176,43 @@ def test_user_flags_replace_the_profiles() -> None:
     assert merge_flags([("--a", ("1",)), ("--b", ())], ["--a=2", "x"]) == ["--b", "--a=2", "x"]
 
 
+@pytest.mark.parametrize(
+    ("arg", "full"),
+    [
+        ("--speculative-algo", "--speculative-algorithm"),
+        ("--speculative-num-draft=6", "--speculative-num-draft-tokens"),
+        ("--max-running", "--max-running-requests"),
+    ],
+)
+def test_an_abbreviation_of_a_launcher_flag_is_refused(arg: str, full: str) -> None:
+    # SGLang would read it as the full flag, and the server would get ours and the user's.
+    with pytest.raises(ConfigError, match=f"--sglang-arg '{arg}': .* abbreviates {full}"):
+        plans(sglang_args=(arg, "x"))
+
+
+def test_full_flags_and_flags_we_do_not_set_pass_the_abbreviation_check() -> None:
+    argv = plans(sglang_args=("--mem-fraction-static", "0.8", "--speculative-algorithm=NGRAM"))[0].server_argv
+    assert "--speculative-algorithm=NGRAM" in argv and "--mem-fraction-static" in argv
+
+
+def test_node_cli_refuses_an_abbreviated_launcher_flag(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    model = write_model(tmp_path, "Qwen3.6-27B", QWEN36_27B)
+    args = [
+        "--print-commands",
+        "--gpus",
+        "0",
+        "--model",
+        str(model),
+        "--sglang-arg",
+        "--speculative-algo NGRAM",
+    ]
+    assert node_main(args) == 2
+    err = capsys.readouterr().err
+    assert "--speculative-algo abbreviates --speculative-algorithm" in err
+
+
 def test_sglang_python_may_differ_from_the_workers() -> None:
     plan = plans(sglang_python="/opt/sglang/bin/python")[0]
     assert plan.server_argv[0] == "/opt/sglang/bin/python"

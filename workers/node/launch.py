@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError
-from workers.node.profiles import FlagPair, Profile, choose_profile
+from workers.node.profiles import FlagPair, Profile, SpecDecode, choose_profile
 
 HOST = "127.0.0.1"
 HEALTH_PATH = "/health_generate"
@@ -114,6 +114,42 @@ def _flag_name(arg: str) -> str | None:
     return arg.split("=", 1)[0] if arg.startswith("--") else None
 
 
+#: Every flag the launcher itself may give a server: a user's flag replaces ours only when spelled
+#: the same way, so an abbreviation of one of these is refused (:func:`check_user_flags`).
+LAUNCHER_FLAGS = frozenset(
+    {
+        "--model-path",
+        "--host",
+        "--port",
+        "--reasoning-parser",
+        "--max-running-requests",
+        "--cuda-graph-max-bs-decode",
+        "--enable-metrics",
+        *(flag for flag, _ in SpecDecode("EAGLE3", draft_model_path="x").flag_pairs()),
+    }
+)
+
+
+def check_user_flags(user: Sequence[str], ours: frozenset[str] = LAUNCHER_FLAGS) -> None:
+    """Refuse a user flag that abbreviates one of ours (``--speculative-algo``).
+
+    SGLang's argparse reads an unambiguous prefix as the full flag, so the server would get both
+    ours and the user's and the launcher could not tell that the user's replaces ours (or, for
+    ``--speculative-algorithm``, that the user chose speculation). Raises :class:`ConfigError`
+    naming the flag and its full spelling.
+    """
+    for arg in user:
+        name = _flag_name(arg)
+        if name is None or name in ours or len(name) <= 2:
+            continue
+        full = sorted(flag for flag in ours if flag.startswith(name))
+        if full:
+            raise ConfigError(
+                f"--sglang-arg {arg!r}: {name} abbreviates {' or '.join(full)}, which the launcher "
+                "also sets; spell it in full so that yours replaces the launcher's"
+            )
+
+
 def merge_flags(ours: Sequence[FlagPair], user: Sequence[str]) -> list[str]:
     """Our flags, less every one the user also gives, then the user's args as given: each flag
     appears once, and the user's value is the one SGLang sees."""
@@ -147,7 +183,9 @@ def sglang_command(
 
 
 def node_profile(options: NodeOptions) -> Profile:
-    """The speculative-decoding profile every server of this node gets."""
+    """The speculative-decoding profile every server of this node gets; raises
+    :class:`ConfigError` for a user flag that abbreviates one of the launcher's."""
+    check_user_flags(options.sglang_args)
     return choose_profile(options.model_path, options.model_config, options.draft_model, options.sglang_args)
 
 
