@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from workers import runtime as worker_runtime
+    from workers.task import register_chunk_task
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s [%(name)s] %(message)s"
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     configure(app, settings)
     runtime = worker_runtime.WorkerRuntime.build(settings, app)
     runtime.ctx.server.try_refresh()  # its model decides the queues; else learnt once the server answers
-    worker_runtime.install(runtime)
+    register_chunk_task(app, runtime)
     signals.worker_ready.connect(lambda **_: runtime.start_background(), weak=False)
     app.steps["consumer"].add(prefetch_step(runtime))
     concurrency = settings.max_chunks

@@ -44,8 +44,6 @@ log = logging.getLogger(__name__)
 #: A chunk failing this many times with a permanent error is parked until ``resume``.
 MAX_CHUNK_FAILURES = 5
 
-_current: WorkerRuntime | None = None
-
 
 @dataclass(slots=True)
 class WorkerRuntime:
@@ -260,15 +258,3 @@ class HeldChunks:
 def delivery_result(status: Delivery, reason: str, cause: Cause = Cause.NONE) -> dict[str, Any]:
     """The task's result for a delivery that did not run to a stored chunk."""
     return {"status": status.value, "reason": reason, "cause": cause.value}
-
-
-def install(runtime: WorkerRuntime) -> None:
-    """Make ``runtime`` the one the chunk task uses in this process."""
-    global _current
-    _current = runtime
-
-
-def current() -> WorkerRuntime:
-    if _current is None:
-        raise RuntimeError("no worker runtime: start workers with `python -m workers`")
-    return _current

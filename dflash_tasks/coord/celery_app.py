@@ -63,5 +63,5 @@ def configure(app: Celery, settings: Settings) -> Celery:
     return app
 
 
-app = Celery("dflash_tasks", include=["workers.task"])
+app = Celery("dflash_tasks")
 configure(app, Settings.load())
