@@ -9,6 +9,7 @@ quality gates (``--preflight N``, ``--no-preflight``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -57,6 +58,12 @@ log = logging.getLogger("dflash_tasks.producer.enqueue")
 EXIT_PREFLIGHT_FAILED = 3
 
 
+#: GenerationSpec's defaults, which the flags show and use.
+_SPEC_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(GenerationSpec) if f.default is not dataclasses.MISSING
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dflash_tasks.enqueue", description=__doc__.splitlines()[0])
     p.add_argument("--input", required=True, help="prompts JSONL (.jsonl or .jsonl.gz)")
@@ -67,16 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model", help="the model's served name or the last part of its path, e.g. Qwen3-8B (required)"
     )
-    p.add_argument("--max-tokens", type=int, default=4096)
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--top-k", type=int, default=20)
+    spec = _SPEC_DEFAULTS  # the job spec holds the only defaults
+    p.add_argument("--max-tokens", type=int, default=spec["max_tokens"], help="default %(default)s")
+    p.add_argument("--temperature", type=float, default=spec["temperature"], help="default %(default)s")
+    p.add_argument("--top-p", type=float, default=spec["top_p"], help="default %(default)s")
+    p.add_argument("--top-k", type=int, default=spec["top_k"], help="default %(default)s")
     p.add_argument("--no-thinking", action="store_true", help="generate without thinking mode")
-    p.add_argument("--chunk-size", type=int, default=64, help="prompts per task (default 64)")
+    p.add_argument(
+        "--chunk-size", type=int, default=spec["chunk_size"], help="prompts per task (default %(default)s)"
+    )
     p.add_argument(
         "--turns",
         choices=TURNS_MODES,
-        default="all",
+        default=spec["turns"],
         help="all (default): regenerate every assistant turn in order from the model's own answers; "
         "last: send the source's history as is and regenerate the last turn only",
     )
