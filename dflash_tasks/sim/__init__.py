@@ -18,11 +18,10 @@ Simulator-only endpoints:
   ``GET /sim/faults`` lists the active ones.
 * ``GET /sim/stats`` (counters, live counts, peak and time-weighted mean running, occupancy) and
   ``POST /sim/stats/reset`` (which also clears the request log).
-* ``--record-requests PATH`` appends every chat request body to a JSONL file
-  (:mod:`dflash_tasks.sim.recorder`), so tests can check exactly what a client sent.
 * ``GET /sim/requests``: requests received and generated per sample, the wasted ones (generated
-  beyond one per sample) and the newest request bodies without their messages
-  (:mod:`dflash_tasks.sim.requestlog`).
+  beyond one per sample) and the newest request bodies without their messages; and
+  ``--record-requests PATH``, which appends every chat request body to a JSONL file, so tests can
+  check exactly what a client sent. One request log serves both (:mod:`dflash_tasks.sim.requestlog`).
 
 Thinking follows Qwen3's chat template and SGLang's ``qwen3`` reasoning parser: only
 ``chat_template_kwargs.enable_thinking`` set to ``false`` turns it off (a short answer, no

@@ -99,7 +99,7 @@ class SimConfig:
     api_key: str | None = field(default=None, repr=False)
     faults: tuple[FaultSpec, ...] = field(default_factory=tuple)
     verbose: bool = False
-    #: Append every chat request body to this JSONL file (see :mod:`dflash_tasks.sim.recorder`).
+    #: Append every chat request body to this JSONL file (see :mod:`dflash_tasks.sim.requestlog`).
     record_requests: str | None = None
 
     def __post_init__(self) -> None:

@@ -24,7 +24,6 @@ from dflash_tasks.sim.protocol import (
     queue_full_error,
     verify_passes,
 )
-from dflash_tasks.sim.recorder import RequestRecorder
 from dflash_tasks.sim.requestlog import RequestLog
 from dflash_tasks.sim.scheduler import QueueFull, SlotScheduler, Stopped
 from dflash_tasks.sim.textgen import (
@@ -80,16 +79,15 @@ class SimEngine:
         self._spec_pending = [0, 0]  # tokens, verify passes
         self._spec_total = [0, 0]
         self._spec_last: float | None = None  # the accept length of the last completed interval
-        self.recorder = RequestRecorder(config.record_requests) if config.record_requests else None
-        self.requests = RequestLog()  # per-sample counts for GET /sim/requests
+        # GET /sim/requests, and every request body appended to --record-requests PATH
+        self.requests = RequestLog(config.record_requests)
 
     # ----------------------------------------------------------------- lifecycle and health
     def stop(self) -> None:
         """Wake every sleeping or waiting request; they end without an answer."""
         self._stopping.set()
         self.scheduler.stop()
-        if self.recorder is not None:
-            self.recorder.close()
+        self.requests.close()
 
     def http_up(self) -> None:
         """HTTP is listening: the warmup (``--startup-seconds``) starts now."""
@@ -191,8 +189,7 @@ class SimEngine:
         are served as soon as HTTP is up, during the warmup too.
         """
         self._count(requests_total=1)
-        if self.recorder is not None:
-            self.recorder.record(raw)
+        record = self.requests.arrived(raw)
         fault = self.faults.take_chat()
         if fault is not None:
             self._count(faults_injected=1)
@@ -204,7 +201,7 @@ class SimEngine:
         except ApiError as err:
             self._count(bad_requests=1)
             return _error_reply(err)
-        self.requests.received(req.prompt, raw)
+        self.requests.received(req.prompt, record)
         self._log(f"chat rid={req.rid} prompt_tokens={req.prompt_tokens} max_new={req.max_new_tokens}")
         return self._admit(req, fault)
 

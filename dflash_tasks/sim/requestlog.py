@@ -1,17 +1,22 @@
-"""Which chat requests the simulator received and generated, per sample (``GET /sim/requests``).
+"""The chat requests the simulator receives: one log behind ``GET /sim/requests`` and ``--record-requests``.
 
-Tests count generation with it, not only stored records: a sample generated twice is GPU time
-wasted even when its second record replaced the first. A *sample key* is a digest of the
-request's message texts (the same prompt is the same sample); :func:`sample_key` computes it
-from a sample's messages, so a test can map its input to the keys.
+Each ``POST /v1/chat/completions`` becomes one :class:`RequestRecord` (its body, parsed once, and
+its sample key once validated), which the log serves two ways:
 
-* ``received``: requests that passed validation (a fault injected before that is not counted);
-* ``generated``: requests whose generation ran to its end (an injected ``abort`` or
-  ``bad_json`` answer included: the work was done), i.e. GPU time spent;
-* ``recent``: the newest request bodies, ``messages`` left out, as the simulator received them.
+* ``GET /sim/requests`` (:meth:`RequestLog.snapshot`): per sample, the requests *received*
+  (passed validation: a fault injected before that is not counted) and *generated* (generation
+  ran to its end, an injected ``abort`` or ``bad_json`` answer included: the work was done, i.e.
+  GPU time spent), the *wasted* ones (generated beyond one per sample), and the newest records
+  without their ``messages``. Tests count generation with it, not only stored records: a sample
+  generated twice is GPU time wasted even when its second record replaced the first.
+* ``--record-requests PATH`` (``SimConfig.record_requests``): every record's body appended to
+  ``PATH`` as one JSON line, in arrival order, before the request is validated or any fault
+  applies, so retries and rejected requests are recorded too; :func:`read_requests` reads them.
 
-Memory stays bounded: at most ``max_keys`` samples are counted (``truncated`` says when more
-were seen) and the newest ``keep`` bodies are kept.
+A *sample key* is a digest of the request's message texts (the same prompt is the same sample);
+:func:`sample_key` computes it from a sample's messages, so a test can map its input to the keys.
+Memory stays bounded: at most ``max_keys`` samples are counted (``truncated`` says when more were
+seen) and the newest ``keep`` records are kept; the file is never cleared (nor by a reset).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import json
 import threading
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 PROMPT_SEPARATOR = "\x1e"
@@ -36,24 +43,62 @@ def sample_key(messages: Iterable[dict[str, Any]]) -> str:
     return prompt_key(PROMPT_SEPARATOR.join(str(m.get("content", "")) for m in messages))
 
 
-class RequestLog:
-    """Thread-safe per-sample request counts and the newest request bodies."""
+@dataclass(frozen=True)
+class RequestRecord:
+    """One chat request as it arrived."""
 
-    def __init__(self, keep: int = 10_000, max_keys: int = 1_000_000) -> None:
+    #: The body as parsed JSON, or ``{"raw": text}`` when it is not JSON.
+    body: Any
+    #: The sample key, once the request passed validation.
+    sample: str | None = None
+
+    @classmethod
+    def parse(cls, raw: bytes) -> RequestRecord:
+        """The record of a request body, as it arrived."""
+        try:
+            body: Any = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            body = {"raw": raw.decode("utf-8", errors="replace")}
+        return cls(body)
+
+    def summary(self) -> dict[str, Any]:
+        """The record as ``GET /sim/requests`` lists it: its sample key and body, without ``messages``."""
+        fields = self.body.items() if isinstance(self.body, dict) else ()
+        return {"sample": self.sample, **{k: v for k, v in fields if k != "messages"}}
+
+
+class RequestLog:
+    """Thread-safe per-sample request counts, the newest records, and an optional JSONL file."""
+
+    def __init__(self, path: str | Path | None = None, keep: int = 10_000, max_keys: int = 1_000_000) -> None:
         self._lock = threading.Lock()
         self._max_keys = max_keys
         self._received: dict[str, int] = {}
         self._generated: dict[str, int] = {}
-        self._recent: deque[tuple[str, bytes]] = deque(maxlen=keep)
+        self._recent: deque[dict[str, Any]] = deque(maxlen=keep)
         self._truncated = False
+        self._file = None if path is None else open(path, "a", encoding="utf-8")  # noqa: SIM115 - close()
 
-    def received(self, prompt: str, raw: bytes) -> str:
-        """Count a validated request; ``raw`` is its body. Returns the sample key."""
+    def arrived(self, raw: bytes) -> RequestRecord:
+        """A request arrived (not yet validated): its record, appended to the file when recording."""
+        record = RequestRecord.parse(raw)
+        if self._file is not None:
+            line = json.dumps(record.body, ensure_ascii=False) + "\n"
+            with self._lock:
+                if not self._file.closed:
+                    self._file.write(line)
+                    self._file.flush()
+        return record
+
+    def received(self, prompt: str, record: RequestRecord) -> RequestRecord:
+        """Count a validated request for ``prompt``; returns its record with the sample key."""
         key = prompt_key(prompt)
+        record = replace(record, sample=key)
+        summary = record.summary()  # the messages are dropped now, not kept until a snapshot
         with self._lock:
             self._bump(self._received, key)
-            self._recent.append((key, raw))
-        return key
+            self._recent.append(summary)
+        return record
 
     def generated(self, prompt: str) -> None:
         """Count a request for ``prompt`` whose generation ran to its end."""
@@ -68,11 +113,18 @@ class RequestLog:
             self._truncated = True
 
     def reset(self) -> None:
+        """Forget the counts and records (``POST /sim/stats/reset``); the file keeps its lines."""
         with self._lock:
             self._received.clear()
             self._generated.clear()
             self._recent.clear()
             self._truncated = False
+
+    def close(self) -> None:
+        """Close the file (later requests are no longer written to it)."""
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
 
     def snapshot(self) -> dict[str, Any]:
         """The ``GET /sim/requests`` document."""
@@ -90,10 +142,11 @@ class RequestLog:
             "wasted": sum(n - 1 for n in generated.values() if n > 1),
             "truncated": truncated,
             "per_sample": per_sample,
-            "recent": [_summary(key, raw) for key, raw in recent],
+            "recent": recent,
         }
 
 
-def _summary(key: str, raw: bytes) -> dict[str, Any]:
-    body = json.loads(raw)  # validated when it was received
-    return {"sample": key, **{k: v for k, v in body.items() if k != "messages"}}
+def read_requests(path: str | Path) -> list[dict[str, Any]]:
+    """The request bodies recorded by ``--record-requests``, in arrival order."""
+    text = Path(path).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

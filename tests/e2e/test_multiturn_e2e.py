@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from dflash_tasks.sim.recorder import read_requests
+from dflash_tasks.sim.requestlog import read_requests
 from tests.e2e.test_pipeline_e2e import enqueue_args, last_json, verify_ok
 from tests.helpers import Processes, done_chunk_count, read_records, wait_until
 from tests.output.specforge_rules import validate_file

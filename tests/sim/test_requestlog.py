@@ -1,15 +1,16 @@
-"""The simulator's request log (GET /sim/requests) and its thinking default, over real HTTP."""
+"""The simulator's request log (GET /sim/requests, --record-requests) and thinking default, over HTTP."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
-from dflash_tasks.sim.requestlog import RequestLog, sample_key
+from dflash_tasks.sim.requestlog import RequestLog, RequestRecord, read_requests, sample_key
 
 
 @pytest.fixture
@@ -70,10 +71,33 @@ def test_the_log_stays_bounded() -> None:
     small = RequestLog(keep=2, max_keys=2)
     for text in ("a", "b", "c", "a"):
         small.generated(text)
-        small.received(text, b'{"rid": "%s"}' % text.encode())
+        small.received(text, RequestRecord.parse(b'{"rid": "%s"}' % text.encode()))
     doc = small.snapshot()
     assert doc["truncated"] is True and doc["samples"] == 2 and doc["generated"] == 3
     assert [r["rid"] for r in doc["recent"]] == ["c", "a"]
+
+
+def test_one_log_serves_the_endpoint_and_the_recorded_file(tmp_path: Path) -> None:
+    path = tmp_path / "requests.jsonl"
+    with start_simulator(SimConfig(port=0, time_scale=0.0, record_requests=str(path))) as running:
+        assert ask(running.url, "one", rid="a-1").ok
+        assert ask(running.url, "bad", rid="b-1", top_p=7).status_code == 400  # in the file only
+        requests.post(f"{running.url}/sim/stats/reset", timeout=5).raise_for_status()
+        assert ask(running.url, "two", rid="c-1").ok
+        doc = log(running.url)
+    bodies = read_requests(path)  # every body, as sent, a reset notwithstanding
+    assert [b["rid"] for b in bodies] == ["a-1", "b-1", "c-1"]
+    assert bodies[0]["messages"] == [{"role": "user", "content": "one"}] and bodies[1]["top_p"] == 7
+    two = sample_key([{"content": "two"}])
+    assert doc["per_sample"] == {two: {"received": 1, "generated": 1}}
+    assert doc["recent"] == [{"sample": two, **{k: v for k, v in bodies[2].items() if k != "messages"}}]
+
+
+def test_a_record_keeps_any_body() -> None:
+    assert RequestRecord.parse(b"not json") == RequestRecord({"raw": "not json"})
+    assert RequestRecord.parse(b"[1, 2]").summary() == {"sample": None}
+    record = RequestRecord.parse(b'{"rid": "r", "messages": [], "max_tokens": 5}')
+    assert record.summary() == {"sample": None, "rid": "r", "max_tokens": 5}
 
 
 @pytest.mark.parametrize(

@@ -730,7 +730,7 @@ def test_cli_loading_line_model_names_and_api_key() -> None:
 def test_record_requests_appends_every_chat_body_in_arrival_order(
     start_sim: StartSim, tmp_path: Path
 ) -> None:
-    from dflash_tasks.sim.recorder import read_requests
+    from dflash_tasks.sim.requestlog import read_requests
 
     path = tmp_path / "requests.jsonl"
     sim = start_sim(record_requests=str(path))

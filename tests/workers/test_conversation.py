@@ -20,7 +20,7 @@ from dflash_tasks.core.errors import ServerUnavailable
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
-from dflash_tasks.sim.recorder import read_requests
+from dflash_tasks.sim.requestlog import read_requests
 from workers.conversation import generate_sample, start_conversation
 from workers.flow.request_pool import RequestPool
 from workers.generation import RetryPolicy, WorkerIdentity
