@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-import redis
-
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.settings import Settings, redact_url
@@ -190,8 +188,9 @@ def render_spec(spec: dict[str, Any]) -> str:
 
 
 def _bookkeeping(settings: Settings) -> Bookkeeping | None:
-    client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=3)
-    bk = Bookkeeping(client, settings.redis_prefix)
+    bk = Bookkeeping.from_url(
+        settings.broker_url, settings.redis_prefix, timeout=5, connect_timeout=3, health_check_interval=0
+    )
     try:
         bk.ping()
     except DflashError as exc:
