@@ -244,7 +244,8 @@ def check_redis(url: str) -> None:
     try:
         ping(url, timeout=3)
     except RetryableError as exc:
-        raise DemoError(f"no Redis at {redact_url(url)} ({exc}); `make redis` starts one") from None
+        reason = exc.__cause__ or exc  # redis-py's own words, as before
+        raise DemoError(f"no Redis at {redact_url(url)} ({reason}); `make redis` starts one") from None
 
 
 def _say(message: str) -> None:
