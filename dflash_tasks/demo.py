@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from dflash_tasks.core.errors import DflashError
+from dflash_tasks.core.errors import DflashError, RetryableError
 from dflash_tasks.core.settings import Settings, redact_url
 from dflash_tasks.producer.inputs import InvalidLine, read_input
 from workers.node.main import port_in_use
@@ -239,12 +239,13 @@ def _wait_port(port: int, child: Child, timeout: float) -> bool:
 
 def check_redis(url: str) -> None:
     """Raise DemoError unless Redis answers at ``url``."""
-    import redis
+    from dflash_tasks.coord.connection import ping
 
     try:
-        redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3).ping()
-    except redis.RedisError as exc:
-        raise DemoError(f"no Redis at {redact_url(url)} ({exc}); `make redis` starts one") from None
+        ping(url, timeout=3)
+    except RetryableError as exc:
+        reason = exc.__cause__ or exc  # redis-py's own words, as before
+        raise DemoError(f"no Redis at {redact_url(url)} ({reason}); `make redis` starts one") from None
 
 
 def _say(message: str) -> None:

@@ -1,4 +1,5 @@
-"""The layout's rules, checked on the code: lower layers never import higher ones, no import cycles.
+"""The layout's rules, checked on the code: lower layers never import higher ones, no import cycles,
+only ``dflash_tasks.coord`` talks to Redis (imports redis or kombu).
 
 Layers, lowest first (docs/architecture.md): core, sim | store | coord | monitoring | producer |
 output | workers, and on top the entry-point modules (``dflash_tasks/<command>.py``, ``demo``).
@@ -76,6 +77,21 @@ def test_the_worker_side_does_not_import_the_producer() -> None:
         if t.startswith("dflash_tasks.producer")
     ]
     assert not wrong, "\n".join(wrong)
+
+
+#: Third-party packages only ``dflash_tasks.coord`` may import: the one room that knows Redis.
+COORD_ONLY = ("redis", "kombu")
+
+
+def test_only_coord_imports_redis_and_kombu() -> None:
+    wrong = [
+        f"{me} imports {t}"
+        for me, targets in imports().items()
+        if not me.startswith("dflash_tasks.coord")
+        for t in targets
+        if t.split(".")[0] in COORD_ONLY
+    ]
+    assert not wrong, "\n".join(sorted(wrong))
 
 
 def test_no_import_cycles_between_modules() -> None:

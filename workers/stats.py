@@ -1,14 +1,14 @@
 """A worker's live statistics and its share of writing ``progress.json``.
 
 :class:`WorkerStats` counts the samples this worker finishes, in memory, and pushes the counts
-to Redis every couple of seconds (one pipeline), into 5-second rate buckets and per-worker
-totals, with a heartbeat of the worker's own state (see :mod:`dflash_tasks.coord.progress_keys` for the
-keys). Beside the token counts go the speculative-decoding counts of the samples that report them
-(their completion tokens and verify passes), so that any window's accept length is a ratio of
-sums. :class:`WorkerMonitor` runs that flush, polls the server's lifetime accept length (the
-fallback when samples carry no per-request stats), serves the Prometheus endpoint, and every
-``progress_seconds`` offers to write the ``progress.json`` of every registered job (one process
-per job wins each period).
+to Redis every couple of seconds in one round trip (:class:`~dflash_tasks.coord.live_progress.LiveProgress`),
+into 5-second rate buckets and per-worker totals, with a heartbeat of the worker's own state
+(keys: :mod:`dflash_tasks.coord.keys`). Beside the token counts go the speculative-decoding
+counts of the samples that report them (their completion tokens and verify passes), so that any
+window's accept length is a ratio of sums. :class:`WorkerMonitor` runs that flush, polls the
+server's lifetime accept length (the fallback when samples carry no per-request stats), serves
+the Prometheus endpoint, and every ``progress_seconds`` offers to write the ``progress.json`` of
+every registered job (one process per job wins each period).
 """
 
 from __future__ import annotations
@@ -19,22 +19,14 @@ import threading
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, cast
-
-import redis
+from typing import TYPE_CHECKING, Any
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.jobs_cache import JobCache
-from dflash_tasks.coord.lua import load_script
-from dflash_tasks.coord.progress_keys import (
-    BUCKET_TTL,
-    WINDOW_SECONDS,
-    WORKER_TTL,
-    Keys,
-    bucket_start,
-)
+from dflash_tasks.coord.live_progress import Field, LiveProgress
+from dflash_tasks.coord.progress_keys import WINDOW_SECONDS, bucket_start
 from dflash_tasks.coord.routing import server_queues
-from dflash_tasks.core.errors import DflashError
+from dflash_tasks.core.errors import DflashError, RetryableError
 from dflash_tasks.core.settings import Settings
 from dflash_tasks.core.spec_stats import SampleCounts
 from dflash_tasks.core.spec_stats import accept_length as ratio
@@ -59,8 +51,7 @@ class WorkerStats:
     """This worker's sample counts since the last flush, and the flush itself."""
 
     def __init__(self, bookkeeping: Bookkeeping, worker: str, beat: float = FLUSH_SECONDS) -> None:
-        self._r = bookkeeping.client
-        self._keys = Keys(bookkeeping.prefix)
+        self._live = LiveProgress.of(bookkeeping)
         self._worker = worker
         self._beat = beat
         self._lock = threading.Lock()
@@ -68,7 +59,6 @@ class WorkerStats:
         self._totals: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self._first: dict[str, float] = {}
         self._recent: deque[tuple[float, int, int]] = deque()  # (time, spec tokens, verify passes)
-        self._set_min = load_script(self._r, "set_min")
         #: Set when a chunk is stored: the flush loop pushes the counts at once.
         self.wake = threading.Event()
 
@@ -122,35 +112,18 @@ class WorkerStats:
     def flush(self, state: Mapping[str, Any], now: float | None = None) -> None:
         """Push the counts gathered since the last flush and this worker's heartbeat, in one round trip.
 
-        On a Redis error the counts are kept for the next flush and the error is raised.
+        On a Redis error the counts are kept for the next flush and :class:`RetryableError` is raised.
         """
         now = time.time() if now is None else now
         with self._lock:
             buckets, self._buckets = self._buckets, defaultdict(Counter)
             totals, self._totals = self._totals, defaultdict(Counter)
             first, self._first = self._first, {}
-        w, k = self._worker, self._keys
+        beat: dict[str, Field] = {"last_seen": now, "beat_s": self._beat, "pid": os.getpid()}
+        beat.update({name: _field(v) for name, v in state.items()})
         try:
-            pipe = self._r.pipeline(transaction=False)
-            for (job_id, start), counts in buckets.items():
-                key = k.bucket(job_id, start)
-                for name, n in counts.items():
-                    pipe.hincrby(key, name, n)
-                pipe.expire(key, BUCKET_TTL)
-            for job_id, counts in totals.items():
-                for name, n in counts.items():
-                    pipe.hincrby(k.job_workers(job_id), f"{w}|{name}", n)
-            for job_id, t in first.items():
-                self._set_min(keys=[k.job_workers(job_id)], args=[f"{w}|first", t], client=pipe)
-                self._set_min(keys=[k.job(job_id)], args=["started_at", t], client=pipe)
-            beat: dict[str, str | float | int] = {"last_seen": now, "beat_s": self._beat, "pid": os.getpid()}
-            beat.update({name: _field(v) for name, v in state.items()})
-            pipe.hset(k.worker(w), mapping=cast(Any, beat))
-            pipe.expire(k.worker(w), WORKER_TTL)
-            pipe.sadd(k.workers(), w)
-            pipe.expire(k.workers(), WORKER_TTL)
-            pipe.execute()
-        except redis.RedisError:
+            self._live.push(self._worker, buckets, totals, first, beat)
+        except RetryableError:
             with self._lock:
                 for key2, counts in buckets.items():
                     self._buckets[key2].update(counts)
@@ -161,7 +134,7 @@ class WorkerStats:
             raise
 
 
-def _field(value: Any) -> str | float | int:
+def _field(value: Any) -> Field:
     if isinstance(value, bool):
         return "1" if value else "0"
     if value is None:
@@ -290,7 +263,7 @@ class WorkerMonitor:
             held,
             healthy,
         )
-        prometheus.watch_queue(ctx.bookkeeping.client, queues)
+        prometheus.watch_queue(LiveProgress.of(ctx.bookkeeping), queues)
         return monitor
 
     def start(self) -> None:
@@ -344,7 +317,7 @@ class WorkerMonitor:
             try:
                 self.flush_now()
                 failing = False
-            except redis.RedisError as exc:
+            except RetryableError as exc:
                 if not failing:
                     log.warning("could not push live stats (will retry): %s", exc)
                 failing = True

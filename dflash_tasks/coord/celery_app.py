@@ -57,6 +57,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+def consumer_event_loop() -> Any:
+    """The kombu event loop of the worker's consumer (None outside one): where QoS changes run."""
+    from kombu.asynchronous import get_event_loop
+
+    return get_event_loop()
+
+
 def configure(app: Celery, settings: Settings) -> Celery:
     """Apply ``settings`` to ``app`` (entry points call this after parsing their flags)."""
     app.conf.update(celery_config(settings))

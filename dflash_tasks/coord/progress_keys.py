@@ -1,9 +1,11 @@
 """Where a job's live progress lives: its store key and the time buckets of its rates.
 
-Workers write these keys (:mod:`workers.stats`); :mod:`dflash_tasks.monitoring.snapshot`
-reads them and :mod:`dflash_tasks.monitoring.progress_writer` bills GPU time into them.
+Workers push their counts into 5-second rate buckets (:mod:`workers.stats`);
+:mod:`dflash_tasks.monitoring.snapshot` reads the last minute of them and
+:mod:`dflash_tasks.monitoring.progress_writer` bills GPU time, all through
+:class:`dflash_tasks.coord.live_progress.LiveProgress`.
 
-Key names: :mod:`dflash_tasks.coord.keys`.
+Key names: :mod:`dflash_tasks.coord.keys`; their expiry: :mod:`dflash_tasks.coord.live_progress`.
 
 ``spec_tokens`` and ``verify`` count the samples that reported speculative-decoding stats: their
 completion tokens and verify passes (an accept length is the ratio of the two sums).
@@ -14,22 +16,14 @@ GPU time are re-seeded from the last ``progress.json``.
 
 from __future__ import annotations
 
-from dflash_tasks.coord.keys import Keys, queue_keys
-
-__all__ = ["Keys", "queue_keys"]
-
 #: The progress document's key in the output store.
 PROGRESS_KEY = "progress.json"
 #: Width of a rate bucket (s).
 BUCKET_SECONDS = 5
 #: The "last minute" of windowed rates (s).
 WINDOW_SECONDS = 60
-#: Rate buckets expire after this long (s).
-BUCKET_TTL = 15 * 60
 #: Workers push their counts at least this often (s); the window ends this long before now.
 FLUSH_LAG = 2.5
-#: Redis hashes expire after this long without a write (s).
-WORKER_TTL = 24 * 3600
 
 
 def bucket_start(t: float) -> int:

@@ -44,13 +44,12 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from dflash_tasks.coord.progress_keys import queue_keys
-from dflash_tasks.core.errors import DflashError
+from dflash_tasks.coord.live_progress import LiveProgress
+from dflash_tasks.core.errors import DflashError, RetryableError
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, SampleCounts
 from dflash_tasks.core.states import Cause, Delivery, ErrorKind
 
@@ -188,9 +187,9 @@ class PrometheusListener:
         HELD.labels(self.worker).set_function(held)
         HEALTHY.labels(self.worker, self.endpoint).set_function(lambda: 1.0 if healthy() else 0.0)
 
-    def watch_queue(self, client: redis.Redis, queues: Callable[[], Sequence[str]]) -> None:
-        """Export the depth of the queues ``queues()`` names."""
-        _register_once(QueueDepth(client, queues))
+    def watch_queue(self, live: LiveProgress, queues: Callable[[], Sequence[str]]) -> None:
+        """Export the depth of the queues ``queues()`` names (read through ``live``)."""
+        _register_once(QueueDepth(live, queues))
 
 
 def _unknown() -> float | None:
@@ -250,8 +249,8 @@ def error_kind(exc: BaseException) -> str:
 class QueueDepth(Collector):
     """``dflash_queue_depth{queue}``: LLEN of each queue the worker consumes, read at scrape time."""
 
-    def __init__(self, client: redis.Redis, queues: Callable[[], Sequence[str]]) -> None:
-        self._client = client
+    def __init__(self, live: LiveProgress, queues: Callable[[], Sequence[str]]) -> None:
+        self._live = live
         self._queues = queues
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -259,18 +258,12 @@ class QueueDepth(Collector):
             "dflash_queue_depth", "Messages waiting in the broker queue.", labels=["queue"]
         )
         try:
-            queues = list(self._queues())
-            pipe = self._client.pipeline(transaction=False)
-            for queue in queues:
-                for key in queue_keys(queue):
-                    pipe.llen(key)
-            lengths = [int(n) for n in pipe.execute()]
-            per = len(lengths) // len(queues) if queues else 0
-            for i, queue in enumerate(queues):
-                family.add_metric([queue], float(sum(lengths[i * per : (i + 1) * per])))
-        except redis.RedisError as exc:
+            depths = self._live.queue_depths(self._queues())
+        except RetryableError as exc:
             log.debug("queue depth unavailable: %s", exc)
             return
+        for queue, depth in depths.items():
+            family.add_metric([queue], float(depth))
         yield family
 
 

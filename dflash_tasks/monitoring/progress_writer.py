@@ -9,16 +9,14 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-import redis
-
 from dflash_tasks.coord.bookkeeping import Bookkeeping
-from dflash_tasks.coord.lua import load_script
-from dflash_tasks.coord.progress_keys import FLUSH_LAG, PROGRESS_KEY, Keys
-from dflash_tasks.core.errors import DflashError
+from dflash_tasks.coord.live_progress import LiveProgress
+from dflash_tasks.coord.progress_keys import FLUSH_LAG, PROGRESS_KEY
+from dflash_tasks.core.errors import DflashError, RetryableError
 from dflash_tasks.core.job import JobDefinition, Manifest
 from dflash_tasks.monitoring.fleet import alive
 from dflash_tasks.monitoring.progress import GPU_GAP_CAP, summarize
-from dflash_tasks.monitoring.snapshot import Snapshot, decode_hash, num, read_progress, read_snapshot
+from dflash_tasks.monitoring.snapshot import Snapshot, num, read_progress, read_snapshot
 from dflash_tasks.store import Store
 
 log = logging.getLogger(__name__)
@@ -44,12 +42,11 @@ class ProgressWriter:
         default_gpu_hour_usd: float = 0.0,
     ) -> None:
         self._bk = bookkeeping
-        self._keys = Keys(bookkeeping.prefix)
+        self._live = LiveProgress.of(bookkeeping)
         self._owner = owner
         self._period = period
         self._queue = queue
         self._price = default_gpu_hour_usd
-        self._set_min = load_script(bookkeeping.client, "set_min")
 
     def write_if_due(
         self,
@@ -74,11 +71,10 @@ class ProgressWriter:
     ) -> dict[str, Any]:
         """Compute, bill GPU time, and write ``progress.json`` now (the caller holds the lock)."""
         now = time.time() if now is None else now
-        r = self._bk.client
         try:
-            if not r.hexists(self._keys.job(job_id), "gpu_tick"):  # a new job, or Redis lost its keys
+            if not self._live.has_gpu_clock(job_id):  # a new job, or Redis lost its keys
                 self._seed(job_id, store)
-        except redis.RedisError as exc:
+        except RetryableError as exc:
             log.debug("could not seed progress of job %s: %s", job_id, exc)
         snap = read_snapshot(
             store,
@@ -92,16 +88,16 @@ class ProgressWriter:
         )
         if snap.redis_ok:
             try:
-                snap = self._tick(r, snap, now)
-            except redis.RedisError as exc:
+                snap = self._tick(snap, now)
+            except RetryableError as exc:
                 log.debug("could not bill GPU time of job %s: %s", job_id, exc)
         doc = summarize(snap, now, self._owner)
         store.write(PROGRESS_KEY, (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode())
         settled = now - (doc["finished_at"] or now) >= FINAL_AFTER  # late worker counts have landed
         if doc["state"] == "done" and snap.redis_ok and settled:
             try:
-                r.hset(self._keys.job(job_id), "progress_final", "1")
-            except redis.RedisError as exc:
+                self._live.mark_progress_final(job_id)
+            except RetryableError as exc:
                 log.debug("could not mark the progress of job %s final: %s", job_id, exc)
         return doc
 
@@ -110,34 +106,26 @@ class ProgressWriter:
         previous = read_progress(store)
         if not previous or previous.get("job_id") != job_id:
             return
-        key = self._keys.job(job_id)
-        if previous.get("started_at"):
-            self._set_min(keys=[key], args=["started_at", previous["started_at"]])
-        cost_doc = previous.get("cost") or {}
-        pipe = self._bk.client.pipeline()
-        if isinstance(cost_doc, dict):
-            pipe.hsetnx(key, "gpu_seconds", float(cost_doc.get("gpu_hours") or 0.0) * 3600.0)
-            if cost_doc.get("gpu_hour_usd"):
-                pipe.hsetnx(key, "gpu_hour_usd", cost_doc["gpu_hour_usd"])
-        pipe.hsetnx(key, "gpu_tick", previous.get("updated_at") or time.time())
-        pipe.execute()
+        cost = previous.get("cost") or {}
+        if not isinstance(cost, dict):  # not a cost section: carry no GPU time or price over
+            cost = None
+        self._live.seed_gpu_clock(
+            job_id,
+            gpu_tick=previous.get("updated_at") or time.time(),
+            started_at=previous.get("started_at"),
+            gpu_seconds=None if cost is None else float(cost.get("gpu_hours") or 0.0) * 3600.0,
+            gpu_hour_usd=None if cost is None else cost.get("gpu_hour_usd"),
+        )
 
-    def _tick(self, r: redis.Redis, snap: Snapshot, now: float) -> Snapshot:
+    def _tick(self, snap: Snapshot, now: float) -> Snapshot:
         """Bill ``live GPUs * time since the last tick`` and, once done, stamp ``finished_at``."""
         job = dict(snap.job)
         if job.get("finished_at"):
             return snap
-        key = self._keys.job(snap.job_id)
         live = sum(1 for name in snap.per_worker if alive(snap.workers.get(name, {}), now))
         last = num(job.get("gpu_tick")) or num(job.get("started_at"))
         billed = live * min(max(0.0, now - last), GPU_GAP_CAP) if last else 0.0
-        pipe = r.pipeline()
-        pipe.hincrbyfloat(key, "gpu_seconds", billed)
-        pipe.hset(key, "gpu_tick", now)
-        if snap.done_chunks >= snap.total_chunks:
-            pipe.hsetnx(key, "finished_at", now)
-        pipe.hgetall(key)
-        job = decode_hash(pipe.execute()[-1])
+        job = self._live.bill_gpu(snap.job_id, billed, now, finished=snap.done_chunks >= snap.total_chunks)
         return replace(snap, job=job)
 
 
@@ -145,8 +133,8 @@ def record_gpu_price(bookkeeping: Bookkeeping, job_id: str, gpu_hour_usd: float)
     """Record the job's price per GPU-hour, so every writer (and ``status``) prices it alike."""
     if gpu_hour_usd > 0:
         try:
-            bookkeeping.client.hset(Keys(bookkeeping.prefix).job(job_id), "gpu_hour_usd", gpu_hour_usd)
-        except redis.RedisError as exc:
+            LiveProgress.of(bookkeeping).set_gpu_price(job_id, gpu_hour_usd)
+        except RetryableError as exc:
             log.warning("could not record the GPU price of job %s: %s", job_id, exc)
 
 

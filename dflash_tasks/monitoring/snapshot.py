@@ -7,6 +7,8 @@ Sources, by trust:
   chunks (failed samples, tokens), the job's state and pause reason;
 * Redis, written by workers (:mod:`dflash_tasks.coord.progress_keys`): windowed rates, per-worker
   numbers, accept lengths.
+
+Redis is read through :class:`dflash_tasks.coord.live_progress.LiveProgress`, in one pass.
 """
 
 from __future__ import annotations
@@ -18,12 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-import redis
-
-from dflash_tasks.coord.bookkeeping import Bookkeeping, read_heartbeats
-from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, PROGRESS_KEY, Keys, queue_keys, window_bounds
+from dflash_tasks.coord.bookkeeping import Bookkeeping
+from dflash_tasks.coord.live_progress import LiveJob, LiveProgress
+from dflash_tasks.coord.progress_keys import PROGRESS_KEY, window_bounds
 from dflash_tasks.coord.routing import model_queue
-from dflash_tasks.core.errors import ConfigError, DflashError, StoreError
+from dflash_tasks.core.errors import ConfigError, DflashError, RetryableError, StoreError
 from dflash_tasks.core.job import JobDefinition, Manifest
 from dflash_tasks.store import Store
 from dflash_tasks.store.jobfiles import done_chunks, load_job, load_manifest
@@ -104,71 +105,30 @@ def read_snapshot(
     if bookkeeping is None:
         return snap
     try:
-        snap = _read_redis(snap, bookkeeping.client, Keys(bookkeeping.prefix), done, now, job_queue)
-    except redis.RedisError as exc:
+        live = LiveProgress.of(bookkeeping).read_job(job_id, now, window_bounds(now), job_queue)
+    except RetryableError as exc:
         log.warning("progress of job %s without Redis: %s", job_id, exc)
         return snap
+    snap = _with_live(snap, live, done)
     if gpu_hour_usd is None and num(snap.job.get("gpu_hour_usd")) > 0:
         snap = replace(snap, gpu_hour_usd=num(snap.job.get("gpu_hour_usd")))
     return snap
 
 
-def _read_redis(
-    snap: Snapshot, r: redis.Redis, keys: Keys, done: set[int], now: float, queue: str
-) -> Snapshot:
-    job_id = snap.job_id
-    start, end = window_bounds(now)
-    starts = list(range(start, end, BUCKET_SECONDS))
-    qkeys = queue_keys(queue) if queue else []
-    pipe = r.pipeline(transaction=False)
-    pipe.hgetall(keys.job(job_id))
-    pipe.hgetall(keys.stats(job_id))
-    pipe.hgetall(keys.job_workers(job_id))
-    pipe.zrangebyscore(keys.leases(job_id), now, "+inf")
-    for b in starts:
-        pipe.hgetall(keys.bucket(job_id, b))
-    for q in qkeys:
-        pipe.llen(q)
-    res = pipe.execute()
-    job_hash, stats, per_worker_raw, leased = res[0], res[1], res[2], res[3]
-    bucket_rows = res[4 : 4 + len(starts)]
-    lengths = res[4 + len(starts) :]
-    per_worker: dict[str, dict[str, float]] = {}
-    for raw_field, raw_value in decode_hash(per_worker_raw).items():
-        name, _, what = raw_field.rpartition("|")
-        if name:
-            per_worker.setdefault(name, {})[what] = num(raw_value)
-    pipe = r.pipeline(transaction=False)
-    names = sorted(per_worker)
-    for name in names:
-        pipe.hgetall(keys.worker(name))
-    workers = {name: decode_hash(row) for name, row in zip(names, pipe.execute(), strict=True) if row}
-    fleet = read_heartbeats(r, keys)
-    running = {int(m) for m in cast(list[bytes], leased)} - done
+def _with_live(snap: Snapshot, live: LiveJob, done: set[int]) -> Snapshot:
+    """``snap`` with what Redis holds: its strings as numbers, its running chunks not yet stored."""
     return replace(
         snap,
-        running_chunks=len(running),
-        queue_depth=sum(int(n) for n in lengths) if qkeys else None,
-        job=decode_hash(job_hash),
-        stats={k: num(v) for k, v in decode_hash(stats).items()},
-        per_worker=per_worker,
-        workers=workers,
-        fleet=fleet,
-        buckets={
-            b: {k: num(v) for k, v in decode_hash(row).items()}
-            for b, row in zip(starts, bucket_rows, strict=True)
-            if row
-        },
+        running_chunks=len(live.leased - done),
+        queue_depth=live.queue_depth,
+        job=live.job,
+        stats={k: num(v) for k, v in live.stats.items()},
+        per_worker={name: {k: num(v) for k, v in counts.items()} for name, counts in live.per_worker.items()},
+        workers=live.workers,
+        fleet=live.fleet,
+        buckets={b: {k: num(v) for k, v in row.items()} for b, row in live.buckets.items()},
         redis_ok=True,
     )
-
-
-def decode_hash(raw: Any) -> dict[str, str]:
-    """A Redis hash (bytes or str keys and values) as str -> str."""
-    return {
-        (k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
-        for k, v in cast(Mapping[Any, Any], raw or {}).items()
-    }
 
 
 def num(value: object) -> float:

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-import redis
 from rich.console import Console
 from rich.live import Live
 
@@ -88,8 +87,9 @@ def watch(
 
 
 def _bookkeeping(settings: Settings) -> Bookkeeping | None:
-    client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=3)
-    bk = Bookkeeping(client, settings.redis_prefix)
+    bk = Bookkeeping.from_url(
+        settings.broker_url, settings.redis_prefix, timeout=5, connect_timeout=3, health_check_interval=0
+    )
     try:
         bk.ping()
     except DflashError as exc:

@@ -7,7 +7,7 @@ from dataclasses import replace
 import redis
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
-from dflash_tasks.coord.progress_keys import Keys
+from dflash_tasks.coord.keys import Keys
 from dflash_tasks.monitoring.fleet import FleetWorker, capacity, check_serving, live_fleet, serving_warning
 from dflash_tasks.monitoring.progress import summarize
 from dflash_tasks.monitoring.snapshot import Snapshot

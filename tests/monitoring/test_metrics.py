@@ -8,12 +8,16 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
+import redis
 
+from dflash_tasks.coord.keys import queue_keys
+from dflash_tasks.coord.live_progress import LiveProgress
 from dflash_tasks.core.errors import RetryableError
 from dflash_tasks.core.spec_stats import SampleCounts, sample_counts
 from dflash_tasks.core.states import ErrorKind
 from dflash_tasks.monitoring import metrics
 from dflash_tasks.monitoring.metrics import PrometheusListener
+from tests.helpers import free_port
 from workers.chunk_runner import _report_sample
 from workers.listener import Listeners
 
@@ -137,3 +141,18 @@ def test_spec_counters_and_the_accept_length_gauge(monkeypatch: pytest.MonkeyPat
     assert gauge("server_lifetime") == 3.6 and gauge("per_request") is None
     PROM.recent_accept = lambda: 2.75
     assert gauge("per_request") == 2.75 and gauge("server_lifetime") is None  # one series: the best source
+
+
+def test_queue_depth_is_read_at_scrape_time(rclient: redis.Redis, prefix: str) -> None:
+    live = LiveProgress(rclient, prefix)
+    queue = f"{prefix}-q"
+    gauge = metrics.QueueDepth(live, lambda: [queue])
+    rclient.rpush(queue, b"a", b"b")
+    rclient.rpush(queue_keys(queue)[1], b"c")  # a priority list counts too
+    try:
+        (family,) = gauge.collect()
+        assert [(s.labels, s.value) for s in family.samples] == [({"queue": queue}, 3.0)]
+    finally:
+        rclient.delete(*queue_keys(queue))
+    down = metrics.QueueDepth(LiveProgress(redis.Redis(port=free_port()), prefix), lambda: [queue])
+    assert list(down.collect()) == []  # Redis away: no sample rather than a wrong one

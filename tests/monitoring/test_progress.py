@@ -468,3 +468,24 @@ def test_a_multi_turn_job_is_measured_in_turns() -> None:
     assert "from the last-minute turn rate" in text
     single = summarize(snapshot(done_samples=500, done_chunks=5, job={"started_at": str(NOW - 1000)}), NOW)
     assert single["eta_unit"] == "samples" and single["turns"]["total"] == 1000  # a turn per sample
+
+
+def test_a_flush_while_redis_is_away_keeps_the_counts_for_the_next(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis")
+    try:
+        bk = Bookkeeping(server.client(), "ut-away")
+        stats = WorkerStats(bk, "gpu0@h")
+        stats.chunk_started("j", now=NOW - 10)
+        stats.sample_done("j", ok=True, tokens=50, now=NOW - 5)
+        stats.chunk_done("j")
+        server.stop()
+        with pytest.raises(RetryableError, match="pushing live stats"):  # what the flush loop catches
+            stats.flush({}, now=NOW)
+        stats.sample_done("j", ok=False, tokens=0, now=NOW - 1)
+        server.start()
+        stats.flush({}, now=NOW)
+        per_worker = bk.client.hgetall("ut-away:job:j:workers")
+        assert per_worker[b"gpu0@h|samples"] == b"2" and per_worker[b"gpu0@h|failed"] == b"1"
+        assert per_worker[b"gpu0@h|chunks"] == b"1" and float(per_worker[b"gpu0@h|first"]) == NOW - 10
+    finally:
+        server.stop()

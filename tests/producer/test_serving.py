@@ -7,7 +7,7 @@ import io
 import redis
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
-from dflash_tasks.coord.progress_keys import Keys
+from dflash_tasks.coord.keys import Keys
 from dflash_tasks.producer.serving import CHECK_SECONDS, ServingWatch
 from tests.helpers import redis_url
 

@@ -54,9 +54,9 @@ class PrefetchController:
         ``hub`` is the consumer's event loop (default: the current kombu event loop, if any).
         """
         if hub is None:
-            from kombu.asynchronous import get_event_loop
+            from dflash_tasks.coord.celery_app import consumer_event_loop
 
-            hub = get_event_loop()
+            hub = consumer_event_loop()
         self._qos, self._hub = qos, hub
         self._apply(self.target())
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.errors import ConfigError, DflashError
 from dflash_tasks.core.settings import Settings, redact_url
 from workers.node.launch import NodeOptions, node_profile, parse_gpus, plan_node, split_args
 from workers.node.procs import redact_argv
@@ -155,12 +155,13 @@ def port_in_use(port: int) -> bool:
 
 
 def broker_reachable(url: str) -> bool:
-    import redis
+    from dflash_tasks.coord.connection import ping
 
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3).ping())
-    except (redis.RedisError, ValueError):
+        ping(url, timeout=3)
+    except DflashError:  # unreachable, or not a Redis URL
         return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
