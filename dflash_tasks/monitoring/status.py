@@ -20,7 +20,7 @@ import redis
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.core.errors import DflashError
-from dflash_tasks.core.settings import Settings, redact_url
+from dflash_tasks.core.settings import CommonSettings, MonitorSettings, redact_url
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER
 from dflash_tasks.monitoring.progress import compute_progress
 from dflash_tasks.monitoring.progress_bar import format_duration
@@ -189,7 +189,7 @@ def render_spec(spec: dict[str, Any]) -> str:
 # --- the command ------------------------------------------------------------------------------
 
 
-def _bookkeeping(settings: Settings) -> Bookkeeping | None:
+def _bookkeeping(settings: CommonSettings) -> Bookkeeping | None:
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=3)
     bk = Bookkeeping(client, settings.redis_prefix)
     try:
@@ -203,7 +203,7 @@ def _bookkeeping(settings: Settings) -> Bookkeeping | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = Settings.load(broker_url=args.broker_url, queue=args.queue)
+        settings = MonitorSettings.load(broker_url=args.broker_url, queue=args.queue)
         if args.gpu_hour_usd is not None and args.gpu_hour_usd < 0:
             raise DflashError(f"--gpu-hour-usd must be >= 0, got {args.gpu_hour_usd}")
         store = open_store(args.output, settings)
