@@ -96,6 +96,7 @@ class CommonSettings:
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first invalid field: the base class's checks
         first, then those of each class down to this one (each class checks its own fields)."""
+        # Walked by hand: zero-argument super() fails in slots dataclasses before Python 3.14.
         for klass in reversed(type(self).__mro__):
             check = vars(klass).get("_check_own")
             if check is not None:
