@@ -5,6 +5,6 @@ settings, so workers, the producer and Flower always agree.
 """
 
 from dflash_tasks.coord.celery_app import celery_config
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings
 
-globals().update(celery_config(Settings.load()))
+globals().update(celery_config(CommonSettings.load()))

@@ -28,7 +28,7 @@ from types import FrameType
 from typing import Any
 
 from dflash_tasks.core.errors import DflashError, RetryableError
-from dflash_tasks.core.settings import Settings, redact_url
+from dflash_tasks.core.settings import MonitorSettings, redact_url
 from dflash_tasks.producer.inputs import InvalidLine, read_input
 from workers.node.main import port_in_use
 from workers.node.procs import Child, stop_all
@@ -261,7 +261,7 @@ class Outcome:
 
 def run_demo(args: argparse.Namespace, children: Children) -> Outcome:
     py = sys.executable
-    settings = Settings.load()
+    settings = MonitorSettings.load()
     check_redis(settings.broker_url)
     out = Path(args.out).resolve()
     prompts, completions, logs = out / "prompts.jsonl", out / "completions", out / "logs"

@@ -1,17 +1,21 @@
-"""Write docs/configuration.md from the ``Settings`` dataclass: its fields, defaults and ``#:`` comments.
+"""Write docs/configuration.md from the settings classes: their fields, defaults and ``#:`` comments.
 
-``python scripts/config_doc.py`` rewrites the page; ``--check`` exits 1 when the page is stale
-(the test suite runs the check, so a new setting cannot land undocumented).
+One section per class of ``dflash_tasks.core.settings`` (each role and the bases they share), in
+source order: the class docstring says which commands read it, the table lists the fields the
+class itself declares. ``python scripts/config_doc.py`` rewrites the page; ``--check`` exits 1 when
+the page is stale (the test suite runs the check, so a new setting cannot land undocumented).
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 import sys
 from pathlib import Path
 
-from dflash_tasks.core.settings import ENV_PREFIX, Settings
+from dflash_tasks.core import settings as settings_module
+from dflash_tasks.core.settings import ENV_PREFIX, ROLES, CommonSettings
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = REPO / "docs" / "configuration.md"
@@ -19,54 +23,94 @@ SOURCE = REPO / "dflash_tasks" / "core" / "settings.py"
 
 INTRO = f"""# Configuration
 
-Every setting is a field of `dflash_tasks.core.settings.Settings`, one frozen dataclass: each
-process (producer, worker, node, monitoring, output) builds it once with `Settings.load()`, from
-`{ENV_PREFIX}<FIELD>` environment variables, then the command's flags on top. Nothing else reads
-the environment. Secrets (the broker URL's password, the SGLang API key, the Flower password) are
-never shown in logs or `repr`.
+Settings live in `dflash_tasks.core.settings`: one frozen dataclass per kind of process, all
+built by one loader, `<Class>.load()`, from `{ENV_PREFIX}<FIELD>` environment variables with the
+command's flags on top. Each process loads only its own class, so it reads (and checks) only the
+variables it uses; nothing else reads the environment. Secrets (the broker URL's password, the
+SGLang API key, the Flower password) are never shown in logs or `repr`.
 
-This page is generated from the dataclass (`python scripts/config_doc.py`); a test fails when it
-is stale.
+| class | loaded by (`python -m` modules, files) | extends |
+|---|---|---|
+{{roles}}
+
+A variable is declared once, in the lowest class whose processes read it, so a setting two roles
+share has one default. This page is generated from the classes (`python scripts/config_doc.py`);
+a test fails when it is stale.
 """
 
 
-def field_docs() -> list[tuple[str, str, list[tuple[str, str]]]]:
-    """``(group, group comment, [(field, comment)])`` in source order."""
-    lines = SOURCE.read_text().splitlines()
-    cls = next(
-        n for n in ast.parse(SOURCE.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "Settings"
-    )
-    groups: list[tuple[str, str, list[tuple[str, str]]]] = [("general", "", [])]
-    prev_end = cls.lineno
-    for node in cls.body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+def settings_classes() -> list[type[CommonSettings]]:
+    """Every settings class of the module (roles and bases), in source order."""
+    found = [
+        obj
+        for _, obj in inspect.getmembers(settings_module, inspect.isclass)
+        if issubclass(obj, CommonSettings) and obj.__module__ == settings_module.__name__
+    ]
+    return sorted(found, key=lambda cls: inspect.getsourcelines(cls)[1])
+
+
+def own_field_docs(cls: type[CommonSettings]) -> list[tuple[str, list[tuple[str, str]]]]:
+    """``[(group, [(field, comment)])]`` of the fields ``cls`` itself declares, in source order."""
+    text = SOURCE.read_text()
+    lines = text.splitlines()
+    names = {f.name for f in dataclasses.fields(cls)}
+    node_of = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+    groups: list[tuple[str, list[tuple[str, str]]]] = [("", [])]
+    prev_end = node_of.lineno
+    for node in node_of.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if not (isinstance(target, ast.Name) and target.id in names):
             prev_end = getattr(node, "end_lineno", prev_end) or prev_end
             continue
         comment: list[str] = []
         for raw in lines[prev_end : node.lineno - 1]:
-            text = raw.strip()
-            if text.startswith("# ---"):
-                groups.append((text.strip("# -").strip(), "", []))
+            stripped = raw.strip()
+            if stripped.startswith("# ---"):
+                groups.append((stripped.strip("# -").strip(), []))
                 comment = []
-            elif text.startswith("#:"):
-                comment.append(text[2:].strip())
-        groups[-1][2].append((node.target.id, " ".join(comment)))
+            elif stripped.startswith("#:"):
+                comment.append(stripped[2:].strip())
+        groups[-1][1].append((target.id, " ".join(comment)))
         prev_end = node.end_lineno or node.lineno
-    return [g for g in groups if g[2]]
+    return [g for g in groups if g[1]]
+
+
+def docstring(cls: type) -> str:
+    """The class docstring as one paragraph."""
+    return " ".join(line.strip() for line in (inspect.getdoc(cls) or "").splitlines() if line.strip())
+
+
+def code_list(names: list[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names)
+
+
+def readers(cls: type[CommonSettings]) -> list[str]:
+    """The commands that read ``cls``'s fields: those of every role that is or extends ``cls``."""
+    return [command for role in ROLES if issubclass(role, cls) for command in role.COMMANDS]
 
 
 def render() -> str:
-    defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
-    out = [INTRO]
-    for group, _, items in field_docs():
-        out.append(f"\n## {group[0].upper() + group[1:]}\n")
-        out.append("| variable | default | meaning |\n|---|---|---|")
-        for name, comment in items:
-            default = defaults[name]
-            shown = "" if default in ("", None) else f"`{default}`"
-            meaning = comment.replace("|", "\\|") or "(undocumented)"
-            out.append(f"| `{ENV_PREFIX}{name.upper()}` | {shown} | {meaning} |")
-    return "\n".join(out) + "\n"
+    roles = "\n".join(
+        f"| `{role.__name__}` | {code_list(list(role.COMMANDS))} | "
+        f"{code_list([k.__name__ for k in role.__mro__[1:] if k in settings_classes()])} |"
+        for role in ROLES
+    )
+    out = [INTRO.replace("{roles}", roles)]
+    for cls in settings_classes():
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        out.append(f"\n## `{cls.__name__}`\n\n{docstring(cls)}\n\nRead by: {code_list(readers(cls))}.\n")
+        groups = own_field_docs(cls)
+        for group, items in groups:
+            if group and len(groups) > 1:
+                out.append(f"### {group[0].upper() + group[1:]}\n")
+            out.append("| variable | default | meaning |\n|---|---|---|")
+            for name, comment in items:
+                default = defaults[name]
+                shown = "" if default in ("", None) else f"`{default}`"
+                meaning = comment.replace("|", "\\|") or "(undocumented)"
+                out.append(f"| `{ENV_PREFIX}{name.upper()}` | {shown} | {meaning} |")
+            out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def main(argv: list[str]) -> int:

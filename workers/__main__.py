@@ -16,7 +16,7 @@ from celery import bootsteps, signals
 
 from dflash_tasks.coord.celery_app import app, configure
 from dflash_tasks.core.errors import ConfigError
-from dflash_tasks.core.settings import Settings, redact_url
+from dflash_tasks.core.settings import WorkerSettings, redact_url
 from workers.runtime import WorkerRuntime
 
 
@@ -57,7 +57,7 @@ def prefetch_step(runtime: WorkerRuntime) -> type[bootsteps.StartStopStep]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        settings = Settings.load(
+        settings = WorkerSettings.load(
             endpoint=args.endpoint,
             worker_name=args.name,
             max_inflight=args.max_inflight,

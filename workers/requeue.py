@@ -11,7 +11,7 @@ from dflash_tasks.coord.planner import plan_job
 from dflash_tasks.coord.publish import publish_chunks
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import DflashError
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.states import JobState
 from workers.chunk_runner import ChunkContext
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 class Requeuer:
     """Re-queues one chunk, or every missing chunk of a job, on the job's model queue."""
 
-    def __init__(self, settings: Settings, ctx: ChunkContext, app: Celery) -> None:
+    def __init__(self, settings: CommonSettings, ctx: ChunkContext, app: Celery) -> None:
         self.settings = settings
         self.ctx = ctx
         self.app = app

@@ -23,7 +23,7 @@ from dflash_tasks.core.errors import (
     ServerUnavailable,
     WrongModel,
 )
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import WorkerSettings
 from dflash_tasks.core.states import Cause, Delivery, JobState
 from dflash_tasks.monitoring.metrics import PrometheusListener
 from workers.chunk_runner import ChunkContext, run_chunk
@@ -47,7 +47,7 @@ MAX_CHUNK_FAILURES = 5
 
 @dataclass(slots=True)
 class WorkerRuntime:
-    settings: Settings
+    settings: WorkerSettings
     app: Celery
     hostname: str
     ctx: ChunkContext
@@ -60,7 +60,7 @@ class WorkerRuntime:
     monitor: WorkerMonitor  # live stats, progress.json, Prometheus
 
     @classmethod
-    def build(cls, settings: Settings, app: Celery) -> WorkerRuntime:
+    def build(cls, settings: WorkerSettings, app: Celery) -> WorkerRuntime:
         name = settings.worker_name or socket.gethostname()
         hostname = name if "@" in name else f"{name}@{socket.gethostname()}"
         bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)

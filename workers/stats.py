@@ -27,7 +27,7 @@ from dflash_tasks.coord.live_progress import Field, LiveProgress
 from dflash_tasks.coord.progress_keys import WINDOW_SECONDS, bucket_start
 from dflash_tasks.coord.routing import server_queues
 from dflash_tasks.core.errors import DflashError, RetryableError
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import WorkerSettings
 from dflash_tasks.core.spec_stats import SampleCounts
 from dflash_tasks.core.spec_stats import accept_length as ratio
 from dflash_tasks.monitoring import metrics
@@ -192,7 +192,7 @@ class WorkerMonitor:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: WorkerSettings,
         bookkeeping: Bookkeeping,
         jobs: JobCache,
         client: SGLangClient,
@@ -224,7 +224,7 @@ class WorkerMonitor:
     @classmethod
     def for_worker(
         cls,
-        settings: Settings,
+        settings: WorkerSettings,
         ctx: ChunkContext,
         hostname: str,
         held: Callable[[], int],

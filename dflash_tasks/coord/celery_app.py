@@ -1,7 +1,8 @@
 """The Celery application and its reliability settings.
 
 Every process that talks to the broker uses the same values (a mismatched visibility timeout
-on one consumer causes duplicate deliveries everywhere): they all come from :class:`Settings`.
+on one consumer causes duplicate deliveries everywhere): they all come from the fields every
+role shares, :class:`~dflash_tasks.core.settings.CommonSettings`.
 ``celery -A dflash_tasks.coord.celery_app flower`` works as is.
 """
 
@@ -11,12 +12,12 @@ from typing import Any
 
 from celery import Celery
 
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings
 
 TASK_NAME = "dflash.run_chunk"
 
 
-def celery_config(settings: Settings) -> dict[str, Any]:
+def celery_config(settings: CommonSettings) -> dict[str, Any]:
     """Celery settings for long chunk tasks on Redis (see the README's reliability section)."""
     vt = settings.visibility_timeout
     transport = {
@@ -64,11 +65,11 @@ def consumer_event_loop() -> Any:
     return get_event_loop()
 
 
-def configure(app: Celery, settings: Settings) -> Celery:
+def configure(app: Celery, settings: CommonSettings) -> Celery:
     """Apply ``settings`` to ``app`` (entry points call this after parsing their flags)."""
     app.conf.update(celery_config(settings))
     return app
 
 
 app = Celery("dflash_tasks")
-configure(app, Settings.load())
+configure(app, CommonSettings.load())

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.core.errors import DflashError, StoreError
 from dflash_tasks.core.job import JobDefinition, Manifest
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.store import Store, open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
 
@@ -32,7 +32,7 @@ class UnknownChunk(UnknownJob):
 class JobCache:
     """Job handles by id, read once per worker process and output location."""
 
-    def __init__(self, bookkeeping: Bookkeeping, settings: Settings | None = None) -> None:
+    def __init__(self, bookkeeping: Bookkeeping, settings: CommonSettings | None = None) -> None:
         self._bk = bookkeeping
         self._settings = settings  # for the S3 endpoint of s3:// outputs
         self._jobs: dict[str, JobHandle] = {}

@@ -17,7 +17,7 @@ from celery import Celery
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.publish import held_chunks, publish_chunks, queued_chunks
 from dflash_tasks.coord.routing import model_queue
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.store import Store
 from dflash_tasks.store.jobfiles import done_chunks
 
@@ -76,7 +76,7 @@ def queue_missing(
     store: Store,
     bookkeeping: Bookkeeping,
     app: Celery,
-    settings: Settings,
+    settings: CommonSettings,
     job_id: str,
     chunks: int,
     model: str,

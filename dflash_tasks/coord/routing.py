@@ -1,7 +1,7 @@
 """Queue names: one Celery queue per model, so a worker only ever takes its own model's chunks.
 
 A job's chunks go to ``<base>.<model key>`` (``dflash.qwen3-8b``), where ``<base>`` is
-``Settings.queue`` and the key is :func:`dflash_tasks.core.model_name.model_key`. A worker
+``CommonSettings.queue`` and the key is :func:`dflash_tasks.core.model_name.model_key`. A worker
 consumes the queues of the keys its server serves, plus the bare base queue: nothing publishes
 there, but a message that lands there (an older producer, a hand-made message) is forwarded to
 its model's queue by the worker that takes it. See docs/routing.md.

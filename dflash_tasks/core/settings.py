@@ -1,8 +1,22 @@
-"""Runtime settings: one frozen dataclass built from ``DFLASH_*`` environment variables and CLI flags.
+"""Runtime settings: one frozen dataclass per kind of process, built from ``DFLASH_*`` environment
+variables and CLI flags by one loader.
 
-This is the only module that reads the environment. Every process (enqueue, workers, verify,
-Celery's own configuration in ``celeryconfig.py``) builds a :class:`Settings` with
-:meth:`Settings.load` and passes it down.
+This is the only module that reads the environment. Each process loads only its role's class
+with ``<Role>.load()`` and passes it down; a function takes the narrowest class it needs.
+
+::
+
+    CommonSettings            every process: Redis, the queue, the lease, S3 (verify, export, report,
+    │                         Celery's own configuration in ``celeryconfig.py``)
+    └── ProgressSettings      + progress.json refresh and GPU price
+        ├── ProducerSettings  enqueue, resume
+        ├── MonitorSettings   status, flower, the demo  (+ the Flower password)
+        └── WorkerSettings    python -m workers  (+ SGLang requests, flow control, recovery, Prometheus)
+            └── NodeSettings  python -m workers.node  (+ GPUs, model, ports, logs)
+
+A field is declared once, on the lowest class whose processes read it, so a setting shared by two
+roles has one definition and one default. Field ``x`` is read from ``DFLASH_X``; each class checks
+its own fields (:meth:`CommonSettings.validate` runs every class's checks, base first).
 """
 
 from __future__ import annotations
@@ -13,7 +27,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from dflash_tasks.core.errors import ConfigError
 
@@ -21,10 +35,23 @@ ENV_PREFIX = "DFLASH_"
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
-    """Process settings. Field ``x`` is read from ``DFLASH_X``; CLI flags override both."""
+class CommonSettings:
+    """Every process: the broker and bookkeeping Redis, the queue, the chunk lease, the S3 endpoint.
 
-    # --- Redis, the queue and recovery (every process) ---
+    Loaded as is by the commands that only need the store or the broker (and by the Celery app
+    module, for ``celery`` tools such as Flower); every role below extends it.
+    """
+
+    #: The commands (``python -m`` modules) and files that load this very class.
+    COMMANDS: ClassVar[tuple[str, ...]] = (
+        "dflash_tasks.verify",
+        "dflash_tasks.export",
+        "dflash_tasks.report",
+        "celeryconfig.py",
+        "dflash_tasks.coord.celery_app",
+    )
+
+    # --- Redis, the queue and the store ---
     #: Celery broker and bookkeeping Redis (one Redis holds both).
     broker_url: str = dataclasses.field(default="redis://127.0.0.1:6379/0", repr=False)
     #: The base queue name: each model's chunks go to ``<queue>.<model key>`` (docs/routing.md).
@@ -33,15 +60,119 @@ class Settings:
     redis_prefix: str = "dflash"
     #: Broker visibility timeout (s): far above the longest chunk, so live chunks are never redelivered.
     visibility_timeout: int = 12 * 3600
-    #: A chunk lease lives this long without a heartbeat before the chunk is re-queued (s).
+    #: A chunk lease lives this long without a heartbeat before the chunk is re-queued (s); every
+    #: planner (enqueue, resume, the workers' re-plan) judges unacknowledged deliveries by it.
     lease_seconds: float = 60.0
+    #: S3-compatible endpoint for ``s3://`` outputs (MinIO, R2, Ceph); empty: boto3's own
+    #: (``AWS_ENDPOINT_URL``, else AWS). Credentials always come from boto3's standard chain.
+    s3_endpoint_url: str = ""
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Self:
+        """Build settings from ``env`` (default: ``os.environ``), then apply non-None ``overrides``.
+
+        Only this class's fields are read. An override this class has no field for raises
+        :class:`ConfigError` naming it.
+        """
+        _check_names(cls, overrides)
+        source = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for field in fields(cls):
+            raw = source.get(ENV_PREFIX + field.name.upper())
+            if raw is not None and raw != "":
+                values[field.name] = _coerce(field.name, field.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` applied and validated."""
+        _check_names(type(self), changes)
+        settings = dataclasses.replace(self, **changes)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first invalid field: the base class's checks
+        first, then those of each class down to this one (each class checks its own fields)."""
+        # Walked by hand: zero-argument super() fails in slots dataclasses before Python 3.14.
+        for klass in reversed(type(self).__mro__):
+            check = vars(klass).get("_check_own")
+            if check is not None:
+                check(self)
+
+    def _check_own(self) -> None:
+        if not self.queue or any(c in self.queue for c in ", \t\n"):
+            raise ConfigError(f"queue must be a name without commas or spaces, got {self.queue!r}")
+        if not self.lease_seconds > 0:
+            raise ConfigError(f"lease_seconds must be > 0, got {self.lease_seconds}")
+        if self.visibility_timeout <= self.lease_seconds:
+            raise ConfigError("visibility_timeout must exceed lease_seconds")
+        if not self.broker_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"broker_url must be a redis:// URL, got {redact_url(self.broker_url)!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressSettings(CommonSettings):
+    """Progress and cost: what the processes that write or show a job's progress read.
+
+    A base shared by the producer (``enqueue --wait`` writes progress.json), the workers and
+    monitoring (``status``); never loaded on its own.
+    """
+
+    COMMANDS: ClassVar[tuple[str, ...]] = ()
+
+    # --- progress.json and cost ---
+    #: How often progress.json is refreshed (s); workers also push their live counts every
+    #: min(2, progress_seconds) s.
+    progress_seconds: float = 5.0
+    #: Price of one GPU-hour (USD) for the cost shown by progress.json and status; 0 = unknown.
+    gpu_hour_usd: float = 0.0
+
+    def _check_own(self) -> None:
+        if not self.progress_seconds > 0:
+            raise ConfigError(f"progress_seconds must be > 0, got {self.progress_seconds}")
+        if not self.gpu_hour_usd >= 0:
+            raise ConfigError(f"gpu_hour_usd must be >= 0, got {self.gpu_hour_usd}")
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerSettings(ProgressSettings):
+    """The producer: staging, queueing and resuming jobs. It has no variables of its own."""
+
+    COMMANDS: ClassVar[tuple[str, ...]] = ("dflash_tasks.enqueue", "dflash_tasks.resume")
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorSettings(ProgressSettings):
+    """Monitoring: the status command, Flower, and the demo (which starts Flower)."""
+
+    COMMANDS: ClassVar[tuple[str, ...]] = ("dflash_tasks.status", "dflash_tasks.flower", "dflash_tasks.demo")
+
+    # --- Flower ---
+    #: Password of ``python -m dflash_tasks.flower`` (user ``admin``); empty: one is generated.
+    flower_password: str = dataclasses.field(default="", repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings(ProgressSettings):
+    """A worker: its SGLang server, requests, flow control, recovery loops and Prometheus endpoint."""
+
+    COMMANDS: ClassVar[tuple[str, ...]] = ("workers",)
+
+    # --- recovery ---
     #: How often a worker renews the leases of the chunks it runs (s).
     heartbeat_seconds: float = 10.0
     #: How often live workers look for chunks whose lease expired (s).
     reconcile_seconds: float = 15.0
     #: How often one live worker re-plans every job from the store, the backstop for lost messages (s).
     replan_seconds: float = 300.0
-    # --- workers: requests to SGLang ---
+    # --- the SGLang server and requests to it ---
+    #: The SGLang endpoint this worker is bound to (``--endpoint``).
+    endpoint: str = ""
+    #: Bearer token for SGLang servers started with ``--api-key`` (never logged).
+    sglang_api_key: str = dataclasses.field(default="", repr=False)
     #: Client timeout of one generation request (s). Thinking outputs are long: be generous.
     request_timeout: float = 1800.0
     #: Attempts per sample for retryable failures (connection errors, timeouts, 5xx, 503).
@@ -58,15 +189,7 @@ class Settings:
     #: Delay before a chunk that failed on store or Redis trouble runs again (s); doubles per
     #: failure of that chunk, up to 10 minutes.
     requeue_backoff: float = 30.0
-    # --- endpoints: the SGLang server (workers) and S3 (every process) ---
-    #: The SGLang endpoint this worker is bound to (workers only).
-    endpoint: str = ""
-    #: Bearer token for SGLang servers started with ``--api-key`` (never logged).
-    sglang_api_key: str = dataclasses.field(default="", repr=False)
-    #: S3-compatible endpoint for ``s3://`` outputs (MinIO, R2, Ceph); empty: boto3's own
-    #: (``AWS_ENDPOINT_URL``, else AWS). Credentials always come from boto3's standard chain.
-    s3_endpoint_url: str = ""
-    # --- workers: flow control ---
+    # --- flow control ---
     #: Requests this worker keeps in flight against its server (SGLang's spec-decoding cap is 48).
     max_inflight: int = 48
     #: Most chunks a worker holds at once. It takes the next chunk whenever fewer than
@@ -74,50 +197,17 @@ class Settings:
     max_chunks: int = 8
     #: Backlog (requests waiting for a slot) below which a worker takes another chunk; 0 = max_inflight/2.
     backlog_low_water: int = 0
+    # --- identity, logs and Prometheus ---
     #: Worker name shown in Flower and recorded on each sample.
     worker_name: str = ""
     #: Log level of workers.
     log_level: str = "INFO"
-    # --- the node launcher (python -m workers.node) ---
-    #: GPUs this node serves, e.g. ``0-6`` or ``0,2,5`` (``--gpus``).
-    gpus: str = ""
-    #: Model directory (or HF id) each SGLang server loads (``--model``).
-    model_path: str = ""
-    #: GPU ``N`` gets its SGLang server on port ``port_base + N`` (``--port-base``).
-    port_base: int = 30000
-    #: Folder of the node's per-GPU server and worker logs (``--log-dir``).
-    log_dir: str = "logs"
-    #: Extra SGLang flags, shell-quoted, appended to every server's command line (``--sglang-arg``).
-    sglang_args: str = ""
-    # --- monitoring (progress.json, status, Prometheus, Flower) ---
-    #: How often progress.json is refreshed (s); workers also push their live counts every
-    #: min(2, progress_seconds) s.
-    progress_seconds: float = 5.0
-    #: Worker: Prometheus port (``--metrics-port``); 0 disables it. One port per worker on a machine.
+    #: Prometheus port (``--metrics-port``); 0 disables it. One port per worker on a machine.
     metrics_port: int = 9808
-    #: Worker: address the Prometheus endpoint binds to (loopback unless a scraper needs more).
+    #: Address the Prometheus endpoint binds to (loopback unless a scraper needs more).
     metrics_address: str = "127.0.0.1"
-    #: Price of one GPU-hour (USD) for the cost shown by progress.json and status; 0 = unknown.
-    gpu_hour_usd: float = 0.0
-    #: Password of ``python -m dflash_tasks.flower`` (user ``admin``); empty: one is generated.
-    flower_password: str = dataclasses.field(default="", repr=False)
 
-    @classmethod
-    def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Build settings from ``env`` (default: ``os.environ``), then apply non-None ``overrides``."""
-        source = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for field in fields(cls):
-            raw = source.get(ENV_PREFIX + field.name.upper())
-            if raw is not None and raw != "":
-                values[field.name] = _coerce(field.name, field.type, raw)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        settings = cls(**values)
-        settings.validate()
-        return settings
-
-    def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the first invalid field."""
+    def _check_own(self) -> None:
         if self.max_inflight < 1:
             raise ConfigError(f"max_inflight must be >= 1, got {self.max_inflight}")
         if self.max_chunks < 1:
@@ -137,30 +227,56 @@ class Settings:
             raise ConfigError("retry_backoff and retry_backoff_max must be >= 0")
         if not self.requeue_backoff >= 0:
             raise ConfigError(f"requeue_backoff must be >= 0, got {self.requeue_backoff}")
-        if not self.queue or any(c in self.queue for c in ", \t\n"):
-            raise ConfigError(f"queue must be a name without commas or spaces, got {self.queue!r}")
-        if self.visibility_timeout <= self.lease_seconds:
-            raise ConfigError("visibility_timeout must exceed lease_seconds")
-        if not 1 <= self.port_base <= 65535:
-            raise ConfigError(f"port_base must be a TCP port (1-65535), got {self.port_base}")
-        if not self.progress_seconds > 0:
-            raise ConfigError(f"progress_seconds must be > 0, got {self.progress_seconds}")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be 0 (off) or a TCP port, got {self.metrics_port}")
-        if not self.gpu_hour_usd >= 0:
-            raise ConfigError(f"gpu_hour_usd must be >= 0, got {self.gpu_hour_usd}")
-        if not self.broker_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"broker_url must be a redis:// URL, got {redact_url(self.broker_url)!r}")
-
-    def replace(self, **changes: Any) -> Settings:
-        """A copy with ``changes`` applied and validated."""
-        settings = dataclasses.replace(self, **changes)
-        settings.validate()
-        return settings
 
     def low_water(self) -> int:
         """The backlog below which a worker takes another chunk."""
         return self.backlog_low_water if self.backlog_low_water > 0 else max(1, self.max_inflight // 2)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSettings(WorkerSettings):
+    """The node launcher: one SGLang server and one worker per GPU.
+
+    It reads the worker settings too (its workers inherit its environment), so a bad one fails
+    once here rather than in every worker's log.
+    """
+
+    COMMANDS: ClassVar[tuple[str, ...]] = ("workers.node",)
+
+    # --- the node ---
+    #: GPUs this node serves, e.g. ``0-6`` or ``0,2,5`` (``--gpus``).
+    gpus: str = ""
+    #: Model directory (or HF id) each SGLang server loads (``--model``).
+    model_path: str = ""
+    #: GPU ``N`` gets its SGLang server on port ``port_base + N`` (``--port-base``).
+    port_base: int = 30000
+    #: Folder of the node's per-GPU server and worker logs (``--log-dir``).
+    log_dir: str = "logs"
+    #: Extra SGLang flags, shell-quoted, appended to every server's command line (``--sglang-arg``).
+    sglang_args: str = ""
+
+    def _check_own(self) -> None:
+        if not 1 <= self.port_base <= 65535:
+            raise ConfigError(f"port_base must be a TCP port (1-65535), got {self.port_base}")
+
+
+#: The classes a process loads, one per kind of process (``ProgressSettings`` is only a base).
+ROLES: tuple[type[CommonSettings], ...] = (
+    CommonSettings,
+    ProducerSettings,
+    MonitorSettings,
+    WorkerSettings,
+    NodeSettings,
+)
+
+
+def _check_names(cls: type[CommonSettings], given: Mapping[str, Any]) -> None:
+    known = {f.name for f in fields(cls)}
+    unknown = [name for name in given if name not in known]
+    if unknown:
+        raise ConfigError(f"{cls.__name__} has no setting {', '.join(map(repr, unknown))}")
 
 
 def _coerce(name: str, kind: Any, raw: str) -> Any:

@@ -19,7 +19,7 @@ import secrets
 import sys
 
 from dflash_tasks.core.errors import ConfigError
-from dflash_tasks.core.settings import Settings, redact_url
+from dflash_tasks.core.settings import MonitorSettings, redact_url
 
 FLOWER_USER = "admin"
 
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def flower_command(
-    args: argparse.Namespace, settings: Settings, base_env: dict[str, str]
+    args: argparse.Namespace, settings: MonitorSettings, base_env: dict[str, str]
 ) -> tuple[list[str], dict[str, str], str, bool]:
     """(argv, env, password, generated): what to exec. No secret ends up in argv."""
     if not 0 < args.port < 65536:
@@ -82,7 +82,7 @@ def _is_loopback(address: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = Settings.load(broker_url=args.broker_url)
+        settings = MonitorSettings.load(broker_url=args.broker_url)
         command, env, password, generated = flower_command(args, settings, dict(os.environ))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

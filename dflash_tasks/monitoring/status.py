@@ -20,7 +20,7 @@ from rich.live import Live
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.core.errors import DflashError
-from dflash_tasks.core.settings import Settings, redact_url
+from dflash_tasks.core.settings import CommonSettings, MonitorSettings, redact_url
 from dflash_tasks.monitoring.progress import compute_progress
 from dflash_tasks.monitoring.status_view import render, render_table
 from dflash_tasks.store import open_store
@@ -86,7 +86,7 @@ def watch(
 # --- the command ------------------------------------------------------------------------------
 
 
-def _bookkeeping(settings: Settings) -> Bookkeeping | None:
+def _bookkeeping(settings: CommonSettings) -> Bookkeeping | None:
     bk = Bookkeeping.from_url(
         settings.broker_url, settings.redis_prefix, timeout=5, connect_timeout=3, health_check_interval=0
     )
@@ -101,7 +101,7 @@ def _bookkeeping(settings: Settings) -> Bookkeeping | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = Settings.load(broker_url=args.broker_url, queue=args.queue)
+        settings = MonitorSettings.load(broker_url=args.broker_url, queue=args.queue)
         if args.gpu_hour_usd is not None and args.gpu_hour_usd < 0:
             raise DflashError(f"--gpu-hour-usd must be >= 0, got {args.gpu_hour_usd}")
         store = open_store(args.output, settings)

@@ -34,7 +34,7 @@ from typing import Any
 from dflash_tasks.core.conversation import record_turns
 from dflash_tasks.core.errors import ConfigError, DflashError, StoreError
 from dflash_tasks.core.quality import CHECKS, QualitySettings, check_record
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.output.trainer_rules import REASONS, row_problem
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
@@ -188,7 +188,7 @@ def write_parquet(rows: Iterable[dict[str, Any]], path: Path, with_error: bool) 
 
 def export(output: str, to: Path, fmt: str, options: ExportOptions) -> dict[str, Any]:
     """Write the export and its manifest; returns the manifest."""
-    store = open_store(output, Settings.load())
+    store = open_store(output, CommonSettings.load())
     job, manifest = load_job(store), load_manifest(store)
     if job is None or manifest is None:
         raise StoreError(f"{output} holds no staged job")

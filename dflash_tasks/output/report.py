@@ -26,7 +26,7 @@ from dflash_tasks.core.distribution import describe, describe_floats
 from dflash_tasks.core.errors import DflashError, StoreError
 from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.quality import CHECKS, evaluate_gates
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.spec_stats import accept_length, spec_counts
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = p.parse_args(argv)
     try:
-        store = open_store(args.output, Settings.load())
+        store = open_store(args.output, CommonSettings.load())
         job, manifest = load_job(store), load_manifest(store)
         if job is None or manifest is None:
             raise StoreError(f"{args.output} holds no staged job")

@@ -19,7 +19,7 @@ from typing import Any
 from dflash_tasks.core.conversation import can_continue, count_turns, record_turns
 from dflash_tasks.core.errors import CorruptObject, DflashError
 from dflash_tasks.core.job import OUTPUTS_PREFIX, parse_chunk_key
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.producer.inputs import InvalidLine, read_input
 from dflash_tasks.producer.staging import read_invalid
 from dflash_tasks.store import Store, open_store
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     args = p.parse_args(argv)
     try:
-        settings = Settings.load(s3_endpoint_url=args.s3_endpoint_url)
+        settings = CommonSettings.load(s3_endpoint_url=args.s3_endpoint_url)
         result = verify(args.input, open_store(args.output, settings))
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)

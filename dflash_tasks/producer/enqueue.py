@@ -35,7 +35,7 @@ from dflash_tasks.core.job import (
 )
 from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.quality import CHECKS, QualitySettings
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings, ProducerSettings, WorkerSettings
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.fleet import capacity, live_fleet
 from dflash_tasks.monitoring.progress_writer import record_gpu_price
@@ -195,14 +195,14 @@ class PreflightFailed(DflashError):
     """The preflight sample failed the quality gates; the job is paused."""
 
 
-def celery_app(settings: Settings) -> Celery:
+def celery_app(settings: CommonSettings) -> Celery:
     from dflash_tasks.coord.celery_app import app, configure
 
     return configure(app, settings)
 
 
 def prepare(
-    args: argparse.Namespace, settings: Settings | None = None
+    args: argparse.Namespace, settings: CommonSettings | None = None
 ) -> tuple[JobDefinition, Store, JobDefinition | None, Manifest | None]:
     """Define the job and check it against what the output root already holds."""
     spec = spec_from_args(args)
@@ -216,7 +216,7 @@ def prepare(
     return (existing or wanted), store, existing, load_manifest(store)
 
 
-def enqueue(args: argparse.Namespace, settings: Settings) -> EnqueueResult:
+def enqueue(args: argparse.Namespace, settings: ProducerSettings) -> EnqueueResult:
     """Stage (once), run the preflight (new jobs), and queue what is missing."""
     job, store, existing, manifest = prepare(args, settings)
     if args.dry_run:
@@ -253,7 +253,7 @@ def enqueue(args: argparse.Namespace, settings: Settings) -> EnqueueResult:
 
 def run_preflight(
     args: argparse.Namespace,
-    settings: Settings,
+    settings: ProducerSettings,
     job: JobDefinition,
     manifest: Manifest,
     store: Store,
@@ -286,9 +286,10 @@ def run_preflight(
             f"(python -m workers --endpoint URL --name NAME) against servers of model {job.spec.model!r}, "
             f"with queue {settings.queue!r}?"
         )
-    # The fleet's capacity from the workers' own heartbeats (each says its max_inflight).
+    # The fleet's capacity from the workers' own heartbeats (each says its max_inflight); with
+    # none alive, one worker at the workers' default (the producer never reads worker settings).
     workers, slots = capacity(job.spec.model, live_fleet(bk.heartbeats(), time.time()))
-    workers, slots = max(workers, 1), slots or settings.max_inflight
+    workers, slots = max(workers, 1), slots or WorkerSettings().max_inflight
     done = [c for c in done_chunks(store) if c < manifest.chunks]
     report = judge(
         store,
@@ -332,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
-        settings = Settings.load(
+        settings = ProducerSettings.load(
             broker_url=args.broker_url, queue=args.queue, s3_endpoint_url=args.s3_endpoint_url
         )
         result = enqueue(args, settings)

@@ -14,7 +14,7 @@ from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.celery_app import app, configure
 from dflash_tasks.coord.planner import queue_missing
 from dflash_tasks.core.errors import DflashError, StoreError
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import ProducerSettings
 from dflash_tasks.core.states import JobState
 from dflash_tasks.producer.serving import ServingWatch
 from dflash_tasks.store import open_store
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     args = p.parse_args(argv)
     try:
-        settings = Settings.load(broker_url=args.broker_url, queue=args.queue)
+        settings = ProducerSettings.load(broker_url=args.broker_url, queue=args.queue)
         store = open_store(args.output, settings)
         job, manifest = load_job(store), load_manifest(store)
         if job is None or manifest is None:

@@ -21,7 +21,7 @@ from dflash_tasks.core.job import (
     JobDefinition,
     Manifest,
 )
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import ProgressSettings
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.progress_bar import ProgressBar, live_rates
 from dflash_tasks.monitoring.progress_writer import ProgressWriter
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 def wait_for_job(
-    job: JobDefinition, manifest: Manifest, output: str, replan_seconds: float, settings: Settings
+    job: JobDefinition, manifest: Manifest, output: str, replan_seconds: float, settings: ProgressSettings
 ) -> bool:
     """Show progress until every chunk is stored; re-plan now and then (a Redis loss heals itself).
 

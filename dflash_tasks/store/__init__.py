@@ -10,14 +10,14 @@ everything above it uses; :class:`LocalStore` implements it on a directory and
 from __future__ import annotations
 
 from dflash_tasks.core.errors import StoreError
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.store.base import Store, check_key
 from dflash_tasks.store.local import LocalStore
 
 __all__ = ["LocalStore", "Store", "check_key", "open_store"]
 
 
-def open_store(uri: str, settings: Settings | None = None) -> Store:
+def open_store(uri: str, settings: CommonSettings | None = None) -> Store:
     """Open the store at ``uri``: a local path (or ``file://`` URL), or ``s3://bucket/prefix``.
 
     ``settings`` supplies the S3 endpoint (``s3_endpoint_url``); without them, boto3's default.

@@ -20,7 +20,7 @@ from dflash_tasks.coord.publish import publish_chunks, queued_chunks, task_id
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import RetryableError
 from dflash_tasks.core.job import output_key
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.store import LocalStore
 from tests.helpers import free_port, redis_url
 
@@ -116,7 +116,7 @@ def test_queued_chunks_of_an_empty_queue(rclient: redis.Redis, queue: str) -> No
 
 def test_queued_chunks_sees_messages_published_by_celery(rclient: redis.Redis, queue: str) -> None:
     app = Celery("ut-planner", set_as_current=False)
-    configure(app, Settings.load({}, broker_url=redis_url(rclient), queue=queue))
+    configure(app, CommonSettings.load({}, broker_url=redis_url(rclient), queue=queue))
     try:
         assert publish_chunks(app, JOB, [0, 5, 12], queue=queue) == 3
     finally:
@@ -278,13 +278,8 @@ def test_queue_missing_registers_seeds_done_and_queues_only_what_it_may(
 ) -> None:
     store = store_with_outputs(tmp_path, [1])
     bk.acquire(JOB, 2, "live", 60)
-    settings = Settings.load(
-        {},
-        broker_url=redis_url(rclient),
-        queue=queue,
-        redis_prefix=bk.prefix,
-        lease_seconds=5,
-        heartbeat_seconds=1,
+    settings = CommonSettings.load(
+        {}, broker_url=redis_url(rclient), queue=queue, redis_prefix=bk.prefix, lease_seconds=5
     )
     rclient.delete("unacked", "unacked_index")
     unacked(rclient, 6, age=10)  # stale for a 5 s lease (the settings'), fresh for the 60 s default

@@ -10,7 +10,7 @@ from dflash_tasks.coord.celery_app import configure
 from dflash_tasks.coord.publish import publish_chunks, queued_chunks
 from dflash_tasks.coord.routing import model_queue, server_queues
 from dflash_tasks.core.errors import ConfigError
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings
 from tests.helpers import redis_url
 
 JOB = "0123456789abcdef"
@@ -47,7 +47,7 @@ def test_every_job_model_a_server_matches_routes_to_a_queue_it_consumes() -> Non
 def test_chunks_land_in_their_model_queue_only(rclient: redis.Redis, prefix: str) -> None:
     base = f"{prefix}-q"  # its keys are deleted with the prefix
     app = Celery("ut-routing", set_as_current=False)
-    configure(app, Settings.load({}, broker_url=redis_url(rclient), queue=base))
+    configure(app, CommonSettings.load({}, broker_url=redis_url(rclient), queue=base))
     a, b = model_queue(base, "Org/Model-A"), model_queue(base, "/models/Model-B")
     try:
         assert publish_chunks(app, JOB, [0, 1, 2], queue=a) == 3  # the pipelined batch path

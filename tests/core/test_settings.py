@@ -1,4 +1,5 @@
-"""Tests for dflash_tasks.core.settings: DFLASH_* parsing, overrides, validation, URL redaction."""
+"""Tests for dflash_tasks.core.settings: the role classes, DFLASH_* parsing, overrides, validation,
+URL redaction."""
 
 from __future__ import annotations
 
@@ -8,14 +9,32 @@ from typing import Any
 import pytest
 
 from dflash_tasks.core.errors import ConfigError
-from dflash_tasks.core.settings import Settings, redact_url
+from dflash_tasks.core.settings import (
+    ROLES,
+    CommonSettings,
+    MonitorSettings,
+    NodeSettings,
+    ProducerSettings,
+    ProgressSettings,
+    WorkerSettings,
+    redact_url,
+)
+
+ALL_CLASSES = (*ROLES, ProgressSettings)
 
 
-def test_defaults_without_environment() -> None:
-    s = Settings.load({})
-    assert s == Settings()
+@pytest.mark.parametrize("role", ROLES, ids=lambda r: r.__name__)
+def test_defaults_without_environment(role: type[CommonSettings]) -> None:
+    s = role.load({})
+    assert s == role()
     assert s.broker_url == "redis://127.0.0.1:6379/0"
     assert s.queue == "dflash"
+    assert s.lease_seconds == 60.0
+
+
+def test_worker_defaults() -> None:
+    s = WorkerSettings.load({})
+    assert s == WorkerSettings()
     assert s.max_inflight == 48
     assert s.lease_seconds == 60.0
 
@@ -23,7 +42,7 @@ def test_defaults_without_environment() -> None:
 def test_load_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DFLASH_QUEUE", "from-os-environ")
     monkeypatch.setenv("DFLASH_MAX_INFLIGHT", "7")
-    s = Settings.load()
+    s = WorkerSettings.load()
     assert s.queue == "from-os-environ"
     assert s.max_inflight == 7
 
@@ -41,7 +60,7 @@ def test_env_values_are_parsed_by_type() -> None:
         "DFLASH_WORKER_NAME": "gpu0@host",
         "DFLASH_LOG_LEVEL": "DEBUG",
     }
-    s = Settings.load(env)
+    s = WorkerSettings.load(env)
     assert s.broker_url == "redis://10.0.0.5:6380/2"
     assert s.queue == "gpu-queue"
     assert s.max_inflight == 96 and type(s.max_inflight) is int
@@ -66,29 +85,30 @@ def changed_value(field: dataclasses.Field[Any]) -> Any:
     return f"{default}9"  # keeps redis:// URLs valid
 
 
-def test_every_field_is_read_from_its_env_variable() -> None:
-    values = {f.name: changed_value(f) for f in dataclasses.fields(Settings)}
-    assert all(getattr(Settings(), k) != v for k, v in values.items())
+@pytest.mark.parametrize("role", ROLES, ids=lambda r: r.__name__)
+def test_every_field_is_read_from_its_env_variable(role: type[CommonSettings]) -> None:
+    values = {f.name: changed_value(f) for f in dataclasses.fields(role)}
+    assert all(getattr(role(), k) != v for k, v in values.items())
     env = {f"DFLASH_{k.upper()}": str(v) for k, v in values.items()}
-    s = Settings.load(env)
+    s = role.load(env)
     assert dataclasses.asdict(s) == values
     assert all(type(getattr(s, k)) is type(v) for k, v in values.items())
 
 
 def test_empty_env_values_are_ignored() -> None:
-    s = Settings.load({"DFLASH_MAX_INFLIGHT": "", "DFLASH_QUEUE": ""})
+    s = WorkerSettings.load({"DFLASH_MAX_INFLIGHT": "", "DFLASH_QUEUE": ""})
     assert s.max_inflight == 48
     assert s.queue == "dflash"
 
 
 def test_other_variables_are_ignored() -> None:
-    s = Settings.load({"QUEUE": "x", "dflash_queue": "y", "DFLASH_UNKNOWN": "z", "DFLASHQUEUE": "w"})
+    s = WorkerSettings.load({"QUEUE": "x", "dflash_queue": "y", "DFLASH_UNKNOWN": "z", "DFLASHQUEUE": "w"})
     assert s.queue == "dflash"
 
 
 def test_overrides_beat_env() -> None:
     env = {"DFLASH_QUEUE": "env-q", "DFLASH_MAX_INFLIGHT": "10", "DFLASH_BROKER_URL": "redis://env:1/0"}
-    s = Settings.load(env, queue="cli-q", max_inflight=20)
+    s = WorkerSettings.load(env, queue="cli-q", max_inflight=20)
     assert s.queue == "cli-q"
     assert s.max_inflight == 20
     assert s.broker_url == "redis://env:1/0"
@@ -96,7 +116,7 @@ def test_overrides_beat_env() -> None:
 
 def test_none_overrides_are_ignored() -> None:
     env = {"DFLASH_QUEUE": "env-q", "DFLASH_BROKER_URL": "redis://env:1/0"}
-    s = Settings.load(env, queue=None, broker_url=None, max_inflight=None)
+    s = WorkerSettings.load(env, queue=None, broker_url=None, max_inflight=None)
     assert s.queue == "env-q"
     assert s.broker_url == "redis://env:1/0"
     assert s.max_inflight == 48
@@ -104,7 +124,7 @@ def test_none_overrides_are_ignored() -> None:
 
 def test_falsy_but_not_none_overrides_apply() -> None:
     env = {"DFLASH_BACKLOG_LOW_WATER": "5", "DFLASH_WORKER_NAME": "env"}
-    s = Settings.load(env, backlog_low_water=0, worker_name="")
+    s = WorkerSettings.load(env, backlog_low_water=0, worker_name="")
     assert s.backlog_low_water == 0
     assert s.worker_name == ""
 
@@ -122,7 +142,7 @@ def test_falsy_but_not_none_overrides_apply() -> None:
 )
 def test_invalid_env_values_name_the_variable(var: str, raw: str, kind: str) -> None:
     with pytest.raises(ConfigError) as info:
-        Settings.load({var: raw})
+        WorkerSettings.load({var: raw})
     message = str(info.value)
     assert var in message
     assert repr(raw) in message
@@ -134,7 +154,7 @@ def test_invalid_env_values_name_the_variable(var: str, raw: str, kind: str) -> 
 )
 def test_nan_is_rejected(var: str) -> None:
     with pytest.raises(ConfigError, match=var):
-        Settings.load({var: "nan"})
+        WorkerSettings.load({var: "nan"})
 
 
 # -- validate ------------------------------------------------------------------------------------------
@@ -159,10 +179,10 @@ def test_nan_is_rejected(var: str) -> None:
 )
 def test_validate_rejects(changes: dict[str, object], fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
-        Settings().replace(**changes)
+        WorkerSettings().replace(**changes)
     assert fragment in str(info.value)
     with pytest.raises(ConfigError):
-        Settings.load({}, **changes)
+        WorkerSettings.load({}, **changes)
 
 
 @pytest.mark.parametrize(
@@ -178,13 +198,13 @@ def test_validate_rejects(changes: dict[str, object], fragment: str) -> None:
     ],
 )
 def test_validate_accepts_boundaries(changes: dict[str, object]) -> None:
-    s = Settings().replace(**changes)
+    s = WorkerSettings().replace(**changes)
     for name, value in changes.items():
         assert getattr(s, name) == value
 
 
 def test_replace_returns_a_validated_copy() -> None:
-    base = Settings()
+    base = WorkerSettings()
     changed = base.replace(queue="other")
     assert changed.queue == "other"
     assert base.queue == "dflash"
@@ -194,14 +214,14 @@ def test_replace_returns_a_validated_copy() -> None:
 
 def test_invalid_broker_url_message_hides_the_password() -> None:
     with pytest.raises(ConfigError) as info:
-        Settings.load({"DFLASH_BROKER_URL": "amqp://admin:hunter2@rabbit:5672//"})
+        WorkerSettings.load({"DFLASH_BROKER_URL": "amqp://admin:hunter2@rabbit:5672//"})
     assert "hunter2" not in str(info.value)
     assert "rabbit:5672" in str(info.value)
 
 
 def test_schemeless_broker_url_message_hides_the_password() -> None:
     with pytest.raises(ConfigError) as info:
-        Settings.load({"DFLASH_BROKER_URL": "admin:hunter2@10.0.0.5:6379/0"})
+        WorkerSettings.load({"DFLASH_BROKER_URL": "admin:hunter2@10.0.0.5:6379/0"})
     assert "hunter2" not in str(info.value)
 
 
@@ -265,7 +285,7 @@ def test_redact_url_hides_query_and_schemeless_passwords(url: str) -> None:
     ],
 )
 def test_low_water(max_inflight: int, backlog_low_water: int, expected: int) -> None:
-    s = Settings(max_inflight=max_inflight, backlog_low_water=backlog_low_water)
+    s = WorkerSettings(max_inflight=max_inflight, backlog_low_water=backlog_low_water)
     assert s.low_water() == expected
 
 
@@ -282,4 +302,120 @@ def test_low_water(max_inflight: int, backlog_low_water: int, expected: int) -> 
 )
 def test_non_positive_timing_settings_are_rejected(var: str, raw: str) -> None:
     with pytest.raises(ConfigError, match=var.removeprefix("DFLASH_").lower()):
-        Settings.load({var: raw})
+        WorkerSettings.load({var: raw})
+
+
+# -- one class per role ------------------------------------------------------------------------------
+
+
+def names(cls: type[CommonSettings]) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def test_each_role_has_the_fields_its_processes_read() -> None:
+    common = {"broker_url", "queue", "redis_prefix", "visibility_timeout", "lease_seconds", "s3_endpoint_url"}
+    progress = common | {"progress_seconds", "gpu_hour_usd"}
+    assert names(CommonSettings) == common
+    assert names(ProducerSettings) == progress
+    assert names(MonitorSettings) == progress | {"flower_password"}
+    worker = names(WorkerSettings)
+    assert progress < worker and "flower_password" not in worker
+    assert {"endpoint", "max_inflight", "heartbeat_seconds", "metrics_port"} <= worker
+    assert not worker & {"gpus", "model_path", "port_base", "log_dir", "sglang_args"}
+    assert names(NodeSettings) == worker | {"gpus", "model_path", "port_base", "log_dir", "sglang_args"}
+
+
+def test_a_role_reads_only_its_own_variables_from_the_environment() -> None:
+    others = {
+        "DFLASH_MAX_INFLIGHT": "many",  # a worker's, and not even an int
+        "DFLASH_PORT_BASE": "0",  # the node's, and out of range
+        "DFLASH_FLOWER_PASSWORD": "hunter2",  # monitoring's secret
+        "DFLASH_PROGRESS_SECONDS": "-1",  # progress writers'
+        "DFLASH_QUEUE": "q",
+    }
+    common = CommonSettings.load(others)
+    assert common.queue == "q" and not hasattr(common, "progress_seconds")
+    producer = ProducerSettings.load({**others, "DFLASH_PROGRESS_SECONDS": "2"})
+    assert producer.progress_seconds == 2.0
+    assert not hasattr(producer, "max_inflight") and not hasattr(producer, "flower_password")
+    with pytest.raises(ConfigError, match="progress_seconds"):
+        ProducerSettings.load(others)
+    worker = WorkerSettings.load({**others, "DFLASH_MAX_INFLIGHT": "7", "DFLASH_PROGRESS_SECONDS": "2"})
+    assert worker.max_inflight == 7 and not hasattr(worker, "port_base")
+    with pytest.raises(ConfigError, match="port_base"):
+        NodeSettings.load({**others, "DFLASH_MAX_INFLIGHT": "7", "DFLASH_PROGRESS_SECONDS": "2"})
+    assert MonitorSettings.load({**others, "DFLASH_PROGRESS_SECONDS": "2"}).flower_password == "hunter2"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda r: r.__name__)
+def test_settings_are_frozen_slotted_dataclasses(role: type[CommonSettings]) -> None:
+    s = role()
+    assert not hasattr(s, "__dict__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.queue = "x"  # type: ignore[misc]
+
+
+def test_a_shared_field_has_one_definition() -> None:
+    declared: dict[str, list[str]] = {}
+    for cls in ALL_CLASSES:
+        for name in vars(cls).get("__annotations__", {}):
+            if name in names(cls):
+                declared.setdefault(name, []).append(cls.__name__)
+    assert {name: owners for name, owners in declared.items() if len(owners) != 1} == {}
+    assert set(declared) == set().union(*(names(role) for role in ROLES))
+    for name in declared:  # hence one default, whichever role reads it
+        defaults = {role.__name__: getattr(role(), name) for role in ROLES if name in names(role)}
+        assert len(set(defaults.values())) == 1, (name, defaults)
+    shared = [name for name in declared if sum(name in names(role) for role in ROLES) > 1]
+    assert {"lease_seconds", "progress_seconds", "gpu_hour_usd", "max_inflight"} <= set(shared)
+
+
+@pytest.mark.parametrize(
+    ("role", "overrides", "unknown"),
+    [
+        (ProducerSettings, {"max_inflight": 3}, "max_inflight"),
+        (ProducerSettings, {"queue": "q", "max_inflight": None}, "max_inflight"),  # even when None
+        (CommonSettings, {"gpu_hour_usd": 1.0}, "gpu_hour_usd"),
+        (WorkerSettings, {"gpus": "0-3"}, "gpus"),
+        (NodeSettings, {"max_inflite": 3}, "max_inflite"),
+        (MonitorSettings, {"endpoint": "http://x"}, "endpoint"),
+    ],
+)
+def test_an_unknown_override_is_a_config_error_naming_it(
+    role: type[CommonSettings], overrides: dict[str, Any], unknown: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        role.load({}, **overrides)
+    assert repr(unknown) in str(info.value) and role.__name__ in str(info.value)
+    with pytest.raises(ConfigError, match=unknown):
+        role().replace(**overrides)
+
+
+@pytest.mark.parametrize(
+    ("role", "changes", "fragment"),
+    [
+        (CommonSettings, {"queue": "a,b"}, "queue must be a name without commas or spaces"),
+        (CommonSettings, {"lease_seconds": 0.0}, "lease_seconds must be > 0, got 0.0"),
+        (CommonSettings, {"visibility_timeout": 60}, "visibility_timeout must exceed lease_seconds"),
+        (ProducerSettings, {"progress_seconds": 0.0}, "progress_seconds must be > 0, got 0.0"),
+        (MonitorSettings, {"gpu_hour_usd": -1.0}, "gpu_hour_usd must be >= 0, got -1.0"),
+        (WorkerSettings, {"metrics_port": 70000}, "metrics_port must be 0 (off) or a TCP port"),
+        (NodeSettings, {"port_base": 0}, "port_base must be a TCP port (1-65535), got 0"),
+        (NodeSettings, {"max_chunks": 0}, "max_chunks must be >= 1, got 0"),  # a worker's check
+        (NodeSettings, {"broker_url": "amqp://x//"}, "broker_url must be a redis:// URL"),  # the base's
+    ],
+)
+def test_each_class_checks_its_own_fields_and_its_bases(
+    role: type[CommonSettings], changes: dict[str, Any], fragment: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        role().replace(**changes)
+    assert fragment in str(info.value)
+    with pytest.raises(ConfigError):
+        role.load({}, **changes)
+
+
+def test_the_load_of_a_role_returns_that_role() -> None:
+    node = NodeSettings.load({}, gpus="0-1")
+    assert type(node) is NodeSettings and type(node.replace(max_inflight=2)) is NodeSettings
+    assert node.low_water() == 24

@@ -1,4 +1,5 @@
-"""docs/configuration.md is generated from Settings: it must be current, and cover every field."""
+"""docs/configuration.md is generated from the settings classes: it must be current, and cover every
+field and every role."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import dataclasses
 import subprocess
 import sys
 
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import ROLES
 from tests.helpers import REPO
 
 
@@ -19,6 +20,10 @@ def test_configuration_page_is_current() -> None:
 
 def test_every_setting_is_documented_on_the_page() -> None:
     page = (REPO / "docs" / "configuration.md").read_text()
-    for field in dataclasses.fields(Settings):
-        assert f"`DFLASH_{field.name.upper()}`" in page
+    for role in ROLES:
+        assert f"## `{role.__name__}`" in page
+        for command in role.COMMANDS:
+            assert f"`{command}`" in page
+        for field in dataclasses.fields(role):
+            assert page.count(f"| `DFLASH_{field.name.upper()}` |") == 1  # one row, under its class
     assert "(undocumented)" not in page

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import ROLES
 from tests.model_configs import QWEN36_27B
 from workers.node.launch import sglang_command
 from workers.node.profiles import choose_profile
@@ -25,7 +25,7 @@ COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_TEXT)
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 GPUS = sorted(int(m.group(1)) for name in SERVICES if (m := re.fullmatch(r"sglang-gpu(\d+)", name)))
 ENV_EXAMPLE = (REPO / "deploy" / "env.example").read_text()
-SETTINGS_VARS = {f"DFLASH_{f.name.upper()}" for f in dataclasses.fields(Settings)}
+SETTINGS_VARS = {f"DFLASH_{f.name.upper()}" for role in ROLES for f in dataclasses.fields(role)}
 _VAR = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
 
 
@@ -163,14 +163,14 @@ def test_settings_names_exist_and_required_variables_are_in_env_example() -> Non
     for name, svc in SERVICES.items():
         for key in svc.get("environment") or {}:
             if key.startswith("DFLASH_"):
-                assert key in SETTINGS_VARS, f"{name}: {key} is no Settings field"
+                assert key in SETTINGS_VARS, f"{name}: {key} is no settings field"
     required = set(re.findall(r"\$\{(\w+):\?", COMPOSE_TEXT))
     assert required == {"REDIS_PASSWORD", "FLOWER_PASSWORD", "MODEL_NAME"}
     example = dict(line.split("=", 1) for line in ENV_EXAMPLE.splitlines() if re.match(r"^[A-Z_]+=", line))
     assert required <= set(example)
     for key in example:
         if key.startswith("DFLASH_"):
-            assert key in SETTINGS_VARS, f"env.example: {key} is no Settings field"
+            assert key in SETTINGS_VARS, f"env.example: {key} is no settings field"
 
 
 def test_cpu_profile_runs_the_same_stack_on_the_simulator() -> None:
@@ -216,7 +216,7 @@ def test_scripts_are_strict_and_parse(script: Path) -> None:
     assert script.stat().st_mode & 0o111, f"{script.name} is not executable"
     subprocess.run(["bash", "-n", str(script)], check=True)
     for var in set(re.findall(r"\bDFLASH_[A-Z_]+", text)):
-        assert var in SETTINGS_VARS, f"{script.name}: {var} is no Settings field"
+        assert var in SETTINGS_VARS, f"{script.name}: {var} is no settings field"
     if shutil.which("shellcheck"):
         res = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
         assert res.returncode == 0, res.stdout

@@ -17,7 +17,7 @@ from celery import Celery
 
 from dflash_tasks.coord.celery_app import configure
 from dflash_tasks.coord.publish import publish_chunks, queued_chunks
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings
 from tests.helpers import (
     REPO,
     Processes,
@@ -127,7 +127,7 @@ def test_no_worker_for_the_model_is_said_and_stray_chunks_are_put_on_their_queue
     # Hand-made strays: a chunk of the Model-A job on Model-B's queue, another on the base queue.
     job_id = json.loads((out / "job.json").read_text())["job_id"]
     app = Celery("test-strays", set_as_current=False)
-    configure(app, Settings.load({}, broker_url=procs.broker_url, queue=procs.queue))
+    configure(app, CommonSettings.load({}, broker_url=procs.broker_url, queue=procs.queue))
     try:
         publish_chunks(app, job_id, [3], queue=procs.model_queue(MODEL_B))
         publish_chunks(app, job_id, [4], queue=procs.queue)

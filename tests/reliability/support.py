@@ -434,10 +434,10 @@ def publish_countdown(procs: Processes, job_id: str, chunk: int, seconds: float)
 
     from dflash_tasks.coord.celery_app import configure
     from dflash_tasks.coord.publish import publish_chunks
-    from dflash_tasks.core.settings import Settings
+    from dflash_tasks.core.settings import CommonSettings
 
     app = Celery("reliability-publish", set_as_current=False)
-    configure(app, Settings.load({}, broker_url=procs.broker_url, queue=procs.queue))
+    configure(app, CommonSettings.load({}, broker_url=procs.broker_url, queue=procs.queue))
     try:
         publish_chunks(app, job_id, [chunk], queue=procs.model_queue(), countdown=seconds)
     finally:

@@ -24,7 +24,7 @@ import redis
 from kombu.connection import Connection
 
 from dflash_tasks.coord.celery_app import TASK_NAME
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import MonitorSettings, WorkerSettings
 from dflash_tasks.monitoring import flower
 from tests.helpers import free_port, processes, wait_until
 from tests.reliability.support import (
@@ -264,9 +264,10 @@ def test_hostile_messages_and_credentials(
         # 4. loopback by default: the worker's metrics socket and Flower's default address
         listening = listening_addresses(metrics_port)
         assert listening == {"127.0.0.1"}, listening
-        assert Settings().metrics_address == "127.0.0.1"
+        assert WorkerSettings().metrics_address == "127.0.0.1"
         args = flower.build_parser().parse_args([])
-        argv, env, password, _ = flower.flower_command(args, Settings.load(broker_url=secure_redis.url), {})
+        monitor = MonitorSettings.load(broker_url=secure_redis.url)
+        argv, env, password, _ = flower.flower_command(args, monitor, {})
         assert "--address=127.0.0.1" in argv and password not in " ".join(argv)
         assert PASSWORD not in " ".join(argv) and env["FLOWER_BASIC_AUTH"].endswith(password)
         reliability.add(

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from dflash_tasks.core.errors import CorruptObject, RetryableError, StoreError
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.store import open_store
 from dflash_tasks.store.s3 import PROBE_KEY, S3Store, parse_s3_uri
 from tests.helpers import free_port
@@ -81,7 +81,7 @@ def test_credentials_in_the_uri_are_refused_without_echoing_them(uri: str) -> No
 
 
 def test_open_store_dispatches_s3_with_the_endpoint_from_settings(moto: MotoServer, bucket: str) -> None:
-    store = open_store(f"s3://{bucket}/p/", Settings.load({}, s3_endpoint_url=moto.url))
+    store = open_store(f"s3://{bucket}/p/", CommonSettings.load({}, s3_endpoint_url=moto.url))
     assert isinstance(store, S3Store) and store.uri == f"s3://{bucket}/p"
     store.write("job.json", b"{}")
     assert raw_get(moto, bucket, "p/job.json")["Body"].read() == b"{}"
@@ -91,7 +91,7 @@ def test_open_store_takes_the_endpoint_from_the_settings(
     moto: MotoServer, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DFLASH_S3_ENDPOINT_URL", moto.url)
-    store = open_store(f"s3://{bucket}/q", Settings.load())  # the store itself reads no environment
+    store = open_store(f"s3://{bucket}/q", CommonSettings.load())  # the store itself reads no environment
     store.write("a.json", b"1")
     assert store.read("a.json") == b"1"
 
@@ -100,7 +100,7 @@ def test_open_store_uses_aws_endpoint_url(
     moto: MotoServer, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)  # boto3 reads it itself
-    store = open_store(f"s3://{bucket}", Settings.load({}))
+    store = open_store(f"s3://{bucket}", CommonSettings.load({}))
     store.write("a.json", b"2")
     assert raw_get(moto, bucket, "a.json")["Body"].read() == b"2"
 
@@ -109,7 +109,7 @@ def test_open_store_uses_aws_endpoint_url(
     "endpoint", ["minio:9000", "ftp://minio", f"http://{ACCESS_KEY}:{SECRET_KEY}@minio:9000"]
 )
 def test_a_bad_endpoint_is_a_store_error_without_credentials(endpoint: str) -> None:
-    settings = Settings.load({"DFLASH_S3_ENDPOINT_URL": endpoint})
+    settings = CommonSettings.load({"DFLASH_S3_ENDPOINT_URL": endpoint})
     with pytest.raises(StoreError, match="invalid S3 endpoint URL") as info:
         open_store("s3://bucket/p", settings)
     assert SECRET_KEY not in str(info.value)

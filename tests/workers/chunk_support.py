@@ -19,7 +19,7 @@ from dflash_tasks.coord.celery_app import configure
 from dflash_tasks.coord.jobs_cache import JobCache
 from dflash_tasks.core.job import JOB_KEY, GenerationSpec, JobDefinition
 from dflash_tasks.core.quality import QualitySettings
-from dflash_tasks.core.settings import Settings
+from dflash_tasks.core.settings import WorkerSettings
 from dflash_tasks.producer.staging import stage_input
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
 from dflash_tasks.store import LocalStore
@@ -42,7 +42,7 @@ class Staged:
     bk: Bookkeeping
     sim: RunningSimulator
     ctx: ChunkContext
-    settings: Settings
+    settings: WorkerSettings
     inp: Path
 
     def sim_log(self) -> dict[str, Any]:
@@ -84,7 +84,7 @@ def stage_job(
 @pytest.fixture
 def staged(tmp_path: Path, redis_server: RedisServer) -> Iterator[Staged]:
     prefix, queue = f"cr-{uuid.uuid4().hex[:8]}", f"cq-{uuid.uuid4().hex[:8]}"
-    settings = Settings.load(
+    settings = WorkerSettings.load(
         {},
         broker_url=redis_server.url,
         redis_prefix=prefix,

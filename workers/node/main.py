@@ -26,7 +26,7 @@ from types import FrameType
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError, DflashError
-from dflash_tasks.core.settings import Settings, redact_url
+from dflash_tasks.core.settings import NodeSettings, redact_url
 from workers.node.launch import NodeOptions, node_profile, parse_gpus, plan_node, split_args
 from workers.node.procs import redact_argv
 from workers.node.supervisor import Node, SupervisorConfig
@@ -126,7 +126,7 @@ def read_model_config(model_path: str) -> dict[str, Any] | None:
     return data
 
 
-def options_from(args: argparse.Namespace, settings: Settings) -> NodeOptions:
+def options_from(args: argparse.Namespace, settings: NodeSettings) -> NodeOptions:
     return NodeOptions(
         gpus=parse_gpus(settings.gpus),
         model_path=settings.model_path,
@@ -138,7 +138,7 @@ def options_from(args: argparse.Namespace, settings: Settings) -> NodeOptions:
         python=sys.executable,
         sglang_python=args.sglang_python,
         # Workers' Prometheus ports (DFLASH_METRICS_PORT, 0 = off): the base plus the GPU index.
-        metrics_port_base=int(getattr(settings, "metrics_port", 0)),
+        metrics_port_base=settings.metrics_port,
         model_config=None if args.simulate else read_model_config(settings.model_path),
         draft_model=args.draft_model,
     )
@@ -167,7 +167,7 @@ def broker_reachable(url: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = Settings.load(
+        settings = NodeSettings.load(
             gpus=args.gpus,
             model_path=args.model,
             port_base=args.port_base,
