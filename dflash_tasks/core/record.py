@@ -21,12 +21,15 @@ Reading is lenient where older writers were different, strict where a value is w
 * A record without ``turns`` was written before multi-turn support: its one turn is spread over
   the record itself (``messages``, ``reasoning``, ``content``, ``meta_info`` and the fields both
   have) and reads as one :class:`Turn`. Re-encoding such a record writes today's shape.
-* Keys no version of this code writes (a newer writer's additions) are kept, in order, in
-  ``extra`` and written back after the known keys: reading and re-writing loses nothing.
+* Keys no version of this code writes (a newer writer's additions) to a record or a turn are kept,
+  in order, in ``extra`` and written back after the known keys: reading and re-writing loses
+  nothing. Inside ``usage`` only the three counts are kept (:class:`Usage`).
 
 ``meta_info`` (the server's per-request numbers, whose keys change with the SGLang release),
 ``server`` (what the server said it serves) and ``sampling`` (the job's sampling parameters) stay
-plain mappings: they are recorded as received and passed through, nothing here interprets them.
+plain mappings: they are recorded as received and passed through, so a new key needs no change
+here; only :mod:`dflash_tasks.core.spec_stats` reads one of them (``spec_verify_ct``, checking
+its type). The input messages stay the sample's own dicts (no copy per sample).
 """
 
 from __future__ import annotations
