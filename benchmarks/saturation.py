@@ -20,7 +20,6 @@ only drain), and at the end (the whole run, drain included). ``--set time_scale=
 from __future__ import annotations
 
 import collections
-import json
 import subprocess
 import sys
 import threading
@@ -123,7 +122,7 @@ def direct_client(urls: list[str], inp: Path, out: Path) -> tuple[float, float, 
             else:
                 turn = make_turn(sample.messages, completion, None, time.monotonic() - started, 1)
             record = make_record(spec, sample, who, [turn], 1, time.monotonic() - started)
-            line = json.dumps(record, ensure_ascii=False).encode() + b"\n"
+            line = (record.to_json() + "\n").encode()
             with lock:
                 fh.write(line)
 

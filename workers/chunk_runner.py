@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections import Counter
@@ -15,7 +14,8 @@ from typing import Any
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.jobs_cache import JobCache, JobHandle, UnknownChunk
 from dflash_tasks.core.job import input_key, output_key
-from dflash_tasks.core.quality import check_turns
+from dflash_tasks.core.quality import with_checks
+from dflash_tasks.core.record import Record, encode_records
 from dflash_tasks.core.sample import decode_chunk
 from dflash_tasks.core.spec_stats import sample_counts
 from dflash_tasks.core.states import Cause, Delivery
@@ -127,15 +127,16 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
 
 
 def _store_chunk(
-    ctx: ChunkContext, job: JobHandle, job_id: str, chunk: int, records: list[dict[str, Any]], started: float
+    ctx: ChunkContext, job: JobHandle, job_id: str, chunk: int, generated: list[Record], started: float
 ) -> ChunkOutcome:
     """Check each turn, write the chunk atomically, count it once, and feed the live gate."""
     quality = job.definition.quality
+    thinking = job.definition.spec.thinking
+    records = [with_checks(r, thinking, quality) for r in generated]
     checks: Counter[str] = Counter()
     for record in records:
-        record["checks"] = check_turns(record, job.definition.spec.thinking, quality)
-        checks.update(record["checks"])
-    data = b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
+        checks.update(record.checks or ())
+    data = encode_records(records)
     if not job.store.write_new(output_key(chunk), data):
         # Stored meanwhile by another worker: this one ran past its lease (frozen, or cut off from
         # Redis) and the chunk was taken over. A stored chunk never changes: keep that one.
@@ -170,12 +171,12 @@ def _store_chunk(
     )
 
 
-def _collect(futures: list[Future[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _collect(futures: list[Future[Record]]) -> list[Record]:
     """Results in input order; on any failure, cancel what has not started and re-raise.
 
     A chunk that will not be stored must not keep the shared request pool busy.
     """
-    records: list[dict[str, Any]] = []
+    records: list[Record] = []
     try:
         for fut in futures:
             records.append(fut.result())
@@ -186,10 +187,10 @@ def _collect(futures: list[Future[dict[str, Any]]]) -> list[dict[str, Any]]:
     return records
 
 
-def _report_sample(listener: WorkerListener, job_id: str) -> Callable[[Future[dict[str, Any]]], None]:
+def _report_sample(listener: WorkerListener, job_id: str) -> Callable[[Future[Record]], None]:
     """A done-callback for a sample's future: its counts, read once, to ``listener.sample_done``."""
 
-    def done(future: Future[dict[str, Any]]) -> None:
+    def done(future: Future[Record]) -> None:
         if not future.cancelled() and future.exception() is None:
             listener.sample_done(job_id, sample_counts(future.result()))
 

@@ -5,7 +5,7 @@ one carries). :func:`start_conversation` puts a sample's first turn into the wor
 and each next turn as soon as the previous one returns, so the pool's slots stay busy while
 conversations advance; its future resolves to the sample's record when the conversation ends.
 A turn that fails, hits ``max_tokens`` or has no answer ends the conversation there (see
-:func:`workers.generation.make_record` for the outcomes): a record never has a hole.
+:class:`~dflash_tasks.core.record.Record` for the outcomes): a record never has a hole.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from dflash_tasks.core.conversation import can_continue, request_messages, turn_inputs
 from dflash_tasks.core.job import GenerationSpec
+from dflash_tasks.core.record import Record, Turn
 from dflash_tasks.core.sample import Sample
 from workers.flow.request_pool import RequestPool
 from workers.generation import RetryPolicy, WorkerIdentity, generate_turn, make_record
@@ -35,7 +36,7 @@ class Conversation:
         self.sample = sample
         self.who = who
         self.inputs = turn_inputs(sample.messages, spec.turns)
-        self.turns: list[dict[str, Any]] = []
+        self.turns: list[Turn] = []
         self._rid_prefix = f"{rid_prefix}-L{sample.line}"
         self._started = time.monotonic()
 
@@ -46,13 +47,13 @@ class Conversation:
     def next_request(self) -> tuple[list[dict[str, str]], list[dict[str, str]], str]:
         """(messages to send, the messages new in this turn, rid prefix) of the next turn."""
         index = len(self.turns)
-        answers = [t["content"] for t in self.turns]
+        answers = [t.content for t in self.turns]
         return request_messages(self.inputs, answers), self.inputs[index], f"{self._rid_prefix}-T{index + 1}"
 
-    def add(self, turn: dict[str, Any]) -> None:
+    def add(self, turn: Turn) -> None:
         self.turns.append(turn)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> Record:
         return make_record(
             self.spec, self.sample, self.who, self.turns, len(self.inputs), time.monotonic() - self._started
         )
@@ -68,7 +69,7 @@ def generate_sample(
     sleep: Callable[[float], None] = time.sleep,
     *,
     listener: WorkerListener = NO_LISTENER,
-) -> dict[str, Any]:
+) -> Record:
     """Generate every turn of ``sample`` in this thread, one after the other; returns its record.
 
     Raises :class:`~dflash_tasks.core.errors.ServerUnavailable` like :func:`generate_turn`.
@@ -90,7 +91,7 @@ def start_conversation(
     rid_prefix: str,
     *,
     listener: WorkerListener = NO_LISTENER,
-) -> Future[dict[str, Any]]:
+) -> Future[Record]:
     """Run ``sample``'s turns through ``pool``, each queued when the previous one returns.
 
     The future holds the record, or the exception a turn raised. Cancelling it cancels the
@@ -98,9 +99,9 @@ def start_conversation(
     """
     conversation = Conversation(spec, sample, who, rid_prefix)
     send = functools.partial(generate_turn, listener=listener)
-    result: Future[dict[str, Any]] = Future()
+    result: Future[Record] = Future()
     lock = threading.Lock()
-    current: list[Future[dict[str, Any]]] = []
+    current: list[Future[Turn]] = []
 
     def submit_next() -> None:
         messages, added, rid = conversation.next_request()
@@ -111,7 +112,7 @@ def start_conversation(
             current[:] = [turn]
         turn.add_done_callback(on_turn)
 
-    def on_turn(turn: Future[dict[str, Any]]) -> None:
+    def on_turn(turn: Future[Turn]) -> None:
         if turn.cancelled():
             return
         try:
@@ -123,7 +124,7 @@ def start_conversation(
         except BaseException as exc:  # a turn's error, or the pool shut down: the sample fails
             _settle(result.set_exception, exc)
 
-    def on_result(done: Future[dict[str, Any]]) -> None:
+    def on_result(done: Future[Record]) -> None:
         if done.cancelled():
             with lock:
                 for turn in current:

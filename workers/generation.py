@@ -1,16 +1,18 @@
-"""Generating one turn: the request body, retries with backoff; and the turn and sample records."""
+"""Generating one turn: the request body, retries with backoff; and building the turn and sample records."""
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dflash_tasks.core.errors import RetryableError, SampleRejected, ServerUnavailable
 from dflash_tasks.core.job import GenerationSpec
+from dflash_tasks.core.record import Record, Turn, Usage, outcome_of
 from dflash_tasks.core.sample import Sample
+from dflash_tasks.core.states import RecordStatus
 from workers.listener import NO_LISTENER, WorkerListener
 from workers.sglang_client import Completion, ServerIdentity, SGLangClient
 
@@ -75,7 +77,7 @@ def generate_turn(
     sleep: Callable[[float], None] = time.sleep,
     *,
     listener: WorkerListener = NO_LISTENER,
-) -> dict[str, Any]:
+) -> Turn:
     """Send one turn (``messages``, of which ``added`` are new this turn) and return its turn record.
 
     Retryable failures are retried per ``policy``. A 400 fails only this turn. When retries run
@@ -109,77 +111,60 @@ def generate_turn(
 
 
 def make_turn(
-    added: list[dict[str, str]],
+    added: Sequence[dict[str, str]],
     completion: Completion | None,
     error: str | None,
     latency: float,
     attempts: int,
-) -> dict[str, Any]:
+) -> Turn:
     """One turn of a record: the messages it added to the conversation, the model's answer, usage
     and the per-request server numbers (``meta_info``, None when the server sent none)."""
     c = completion or _EMPTY
-    return {
-        "input": added,
-        "reasoning": c.reasoning,
-        "content": c.content,
-        "finish_reason": c.finish_reason or None,
-        "usage": {
-            "prompt_tokens": c.prompt_tokens,
-            "completion_tokens": c.completion_tokens,
-            "reasoning_tokens": c.reasoning_tokens,
-        },
-        "meta_info": c.meta.as_record() if c.meta is not None else None,
-        "status": "ok" if completion is not None else "failed",
-        "error": error,
-        "latency_s": round(latency, 3),
-        "attempts": attempts,
-    }
+    return Turn(
+        input=tuple(added),
+        reasoning=c.reasoning,
+        content=c.content,
+        finish_reason=c.finish_reason or None,
+        usage=Usage(c.prompt_tokens, c.completion_tokens, c.reasoning_tokens),
+        meta_info=c.meta.as_record() if c.meta is not None else None,
+        status=RecordStatus.OK if completion is not None else RecordStatus.FAILED,
+        error=error,
+        latency_s=round(latency, 3),
+        attempts=attempts,
+    )
 
 
 def make_record(
     spec: GenerationSpec,
     sample: Sample,
     who: WorkerIdentity,
-    turns: list[dict[str, Any]],
+    turns: Sequence[Turn],
     user_turns: int,
     latency: float,
-) -> dict[str, Any]:
-    """One output line: every turn of the sample's conversation, totals and provenance.
-
-    ``outcome`` is ``complete`` (every turn answered), ``truncated`` (the last turn hit
-    ``max_tokens`` or has no answer, so the conversation stopped there) or ``failed`` (the last
-    turn failed: ``failed_turn`` names it). The turns before the last one are always complete.
-    """
+) -> Record:
+    """One output line: every turn of the sample's conversation, totals and provenance (see
+    :class:`~dflash_tasks.core.record.Record` for the outcomes)."""
     last = turns[-1]
-    failed = last["status"] != "ok"
-    if failed:
-        outcome = "failed"
-    elif len(turns) < user_turns or last["finish_reason"] == "length" or not last["content"]:
-        outcome = "truncated"
-    else:
-        outcome = "complete"
-    error = last["error"]
-    if failed and user_turns > 1:
+    outcome = outcome_of(turns, user_turns)
+    error = last.error
+    if not last.ok and user_turns > 1:
         error = f"turn {len(turns)} of {user_turns}: {error}"
-    return {
-        "id": sample.id,
-        "line": sample.line,
-        "user_turns": user_turns,
-        "turns": turns,
-        "outcome": outcome,
-        "status": "failed" if failed else "ok",
-        "error": error,
-        "failed_turn": len(turns) if failed else None,
-        "finish_reason": last["finish_reason"],
-        "usage": {
-            key: sum(int(t["usage"][key]) for t in turns)
-            for key in ("prompt_tokens", "completion_tokens", "reasoning_tokens")
-        },
-        "model": spec.model,
-        "server": who.server.as_record() if who.server is not None else None,
-        "sampling": spec.sampling(),
-        "endpoint": who.endpoint,
-        "worker": who.worker,
-        "latency_s": round(latency, 3),
-        "attempts": sum(int(t["attempts"]) for t in turns),
-    }
+    return Record(
+        id=sample.id,
+        line=sample.line,
+        user_turns=user_turns,
+        turns=tuple(turns),
+        outcome=outcome,
+        status=last.status,
+        error=error,
+        failed_turn=len(turns) if not last.ok else None,
+        finish_reason=last.finish_reason,
+        usage=Usage.total(t.usage for t in turns),
+        model=spec.model,
+        server=who.server.as_record() if who.server is not None else None,
+        sampling=spec.sampling(),
+        endpoint=who.endpoint,
+        worker=who.worker,
+        latency_s=round(latency, 3),
+        attempts=sum(t.attempts for t in turns),
+    )

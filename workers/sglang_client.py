@@ -13,7 +13,6 @@ leaves open so that probes need no secret.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import threading
@@ -50,8 +49,8 @@ class MetaInfo:
     num_retractions: int | None = None
 
     def as_record(self) -> dict[str, int | float | None]:
-        """The fields as stored on an output record (``record["meta_info"]``)."""
-        return dataclasses.asdict(self)
+        """The fields as stored on an output record (each turn's ``meta_info``), in field order."""
+        return {name: getattr(self, name) for name in self.__slots__}  # flat: no deep copy as asdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +82,8 @@ class ServerIdentity:
     version: str
 
     def as_record(self) -> dict[str, str]:
-        """The fields as stored on an output record (``record["server"]``)."""
-        return dataclasses.asdict(self)
+        """The fields as stored on an output record (its ``server``), in field order."""
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 class SGLangClient:

@@ -11,16 +11,18 @@ Turn ``j`` is sent as the inputs of turns ``1..j`` with the model's own answers 
 Assistant messages before the first input, and runs of several assistant messages, mark nothing
 more. With ``turns: last`` the whole conversation, old answers included, is one turn's input.
 
-An output record holds its turns in ``record["turns"]``: each with its ``input`` messages and the
-model's ``reasoning``, ``content``, ``finish_reason``, ``usage``, ``status`` and ``checks``.
-Records written before multi-turn support have one turn spread over the record itself;
-:func:`record_turns` reads both.
+An output record (:class:`~dflash_tasks.core.record.Record`) holds its turns in ``record.turns``:
+each with its ``input`` messages and the model's ``reasoning``, ``content``, ``finish_reason``,
+``usage``, ``status`` and ``checks``. Records written before multi-turn support have one turn
+spread over the record itself; :meth:`Record.from_json <dflash_tasks.core.record.Record.from_json>`
+reads them as one turn.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+
+from dflash_tasks.core.record import Turn
 
 Message = dict[str, str]
 
@@ -63,40 +65,10 @@ def request_messages(inputs: Sequence[Sequence[Message]], answers: Sequence[str]
     return messages
 
 
-def can_continue(turn: Mapping[str, Any]) -> bool:
+def can_continue(turn: Turn) -> bool:
     """Whether a turn's answer can be the history of the next turn: it finished and has text.
 
     A turn that failed, hit ``max_tokens`` (``finish_reason: length``) or has no answer text ends
     its conversation.
     """
-    return (
-        turn.get("status") == "ok"
-        and turn.get("finish_reason") != "length"
-        and bool((turn.get("content") or "").strip())
-    )
-
-
-def record_turns(record: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The turns of an output record, also for records written before multi-turn support."""
-    turns = record.get("turns")
-    if isinstance(turns, list):
-        return turns
-    return [
-        {
-            "input": record.get("messages") or [],
-            "reasoning": record.get("reasoning") or "",
-            "content": record.get("content") or "",
-            "finish_reason": record.get("finish_reason"),
-            "usage": record.get("usage") or {},
-            "status": record.get("status"),
-            "error": record.get("error"),
-            "latency_s": record.get("latency_s"),
-            "attempts": record.get("attempts"),
-            "checks": record.get("checks") or [],
-        }
-    ]
-
-
-def record_user_turns(record: Mapping[str, Any]) -> int:
-    """How many turns the record's conversation has (requests it needs when none ends early)."""
-    return int(record.get("user_turns") or len(record_turns(record)))
+    return turn.ok and turn.finish_reason != "length" and bool(turn.content.strip())

@@ -10,7 +10,8 @@ DflashError
     ├── InputError          the input file cannot be read at all
     ├── JobMismatch         the output root holds a different job
     └── StoreError          the output store is unusable (missing bucket, permissions)
-        └── CorruptObject   a stored object does not match the checksum recorded when written
+        ├── CorruptObject   a stored object does not match the checksum recorded when written
+        └── BadRecord       a stored output line is not a valid record (names the field)
 """
 
 from __future__ import annotations
@@ -70,3 +71,16 @@ class StoreError(PermanentError):
 
 class CorruptObject(StoreError):
     """A stored object's bytes do not match the SHA-256 recorded when it was written."""
+
+
+class BadRecord(StoreError):
+    """A stored output line is not a valid record: not JSON, or a field missing or of the wrong type.
+
+    ``cause`` says what is wrong without the place (``no id``, ``turns[1].usage.completion_tokens:
+    expected an integer, got 'x'``), ``field`` names the field (``""`` when the line is not JSON).
+    """
+
+    def __init__(self, where: str, cause: str, field: str = "") -> None:
+        super().__init__(f"{where}: not a valid output record ({cause})" if where else cause)
+        self.cause = cause
+        self.field = field

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from dflash_tasks.core.record import Record, Turn
 
 THINK_MARKERS = ("<think>", "</think>")
 
@@ -72,12 +74,12 @@ class QualitySettings:
         )
 
 
-def check_turn(turn: Mapping[str, Any], thinking: bool, settings: QualitySettings) -> list[str]:
+def check_turn(turn: Turn, thinking: bool, settings: QualitySettings) -> list[str]:
     """The checks one generated turn fails (empty when it is good)."""
-    if turn.get("status") != "ok":
+    if not turn.ok:
         return ["failed"]
-    reasoning = (turn.get("reasoning") or "").strip()
-    content = (turn.get("content") or "").strip()
+    reasoning = turn.reasoning.strip()
+    content = turn.content.strip()
     found: list[str] = []
     if thinking and not reasoning:
         found.append("no_reasoning")
@@ -87,36 +89,33 @@ def check_turn(turn: Mapping[str, Any], thinking: bool, settings: QualitySetting
         found.append("think_marker")
     if not content:
         found.append("empty_answer")
-    if turn.get("finish_reason") == "length":
+    if turn.finish_reason == "length":
         found.append("truncated")
-    if int((turn.get("usage") or {}).get("completion_tokens") or 0) < settings.min_completion_tokens:
+    if turn.usage.completion_tokens < settings.min_completion_tokens:
         found.append("short")
     return found
 
 
-def check_record(record: Mapping[str, Any], thinking: bool, settings: QualitySettings) -> list[str]:
-    """The checks a sample fails: those any of its turns fails (a record without ``turns`` is one turn)."""
-    turns = record.get("turns")
-    if not isinstance(turns, list):
-        return check_turn(record, thinking, settings)
-    found = {check for turn in turns for check in check_turn(turn, thinking, settings)}
+def check_record(record: Record, thinking: bool, settings: QualitySettings) -> list[str]:
+    """The checks a sample fails: those any of its turns fails."""
+    found = {check for turn in record.turns for check in check_turn(turn, thinking, settings)}
     return [check for check in CHECKS if check in found]
 
 
-def check_turns(record: dict[str, Any], thinking: bool, settings: QualitySettings) -> list[str]:
-    """:func:`check_record`, also writing each turn's own checks into it (``turn["checks"]``)."""
-    for turn in record.get("turns") or []:
-        turn["checks"] = check_turn(turn, thinking, settings)
-    return check_record(record, thinking, settings)
+def with_checks(record: Record, thinking: bool, settings: QualitySettings) -> Record:
+    """The record with each turn's checks (``turn.checks``) and their union (``record.checks``)."""
+    turns = tuple(replace(t, checks=tuple(check_turn(t, thinking, settings))) for t in record.turns)
+    found = {check for turn in turns for check in turn.checks or ()}
+    return replace(record, turns=turns, checks=tuple(check for check in CHECKS if check in found))
 
 
-def count_checks(records: Iterable[Mapping[str, Any]]) -> tuple[int, Counter[str]]:
+def count_checks(records: Iterable[Record]) -> tuple[int, Counter[str]]:
     """(number of records, how many failed each check) from records carrying ``checks``."""
     total = 0
     counts: Counter[str] = Counter()
     for record in records:
         total += 1
-        counts.update(record.get("checks") or [])
+        counts.update(record.checks or ())
     return total, counts
 
 

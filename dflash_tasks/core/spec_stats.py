@@ -8,37 +8,33 @@ the samples that report verify passes: the token-weighted mean, the figure the G
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from dflash_tasks.core.record import Record, Turn
 
 #: Where an accept length shown to users comes from.
 SOURCE_PER_REQUEST = "per_request"  # Σ tokens / Σ verify passes of the samples' meta_info
 SOURCE_SERVER = "server_lifetime"  # the server's own internal_states average (fallback)
 
 
-def spec_counts(record: Mapping[str, Any]) -> tuple[int, int]:
+def spec_counts(record: Record) -> tuple[int, int]:
     """``(completion tokens, verify passes)`` over the answered turns of a record that report
-    speculative stats (``(0, 0)`` when none does). Each turn keeps its own ``meta_info``; a record
-    without ``turns`` (written before conversations were regenerated turn by turn) is one turn."""
-    turns = record.get("turns")
-    parts = turns if isinstance(turns, list) else [record]
+    speculative stats (``(0, 0)`` when none does). Each turn keeps its own ``meta_info``."""
     tokens = verify = 0
-    for part in parts:
-        t, v = _turn_counts(part)
+    for turn in record.turns:
+        t, v = _turn_counts(turn)
         tokens, verify = tokens + t, verify + v
     return tokens, verify
 
 
-def _turn_counts(turn: Mapping[str, Any]) -> tuple[int, int]:
-    meta = turn.get("meta_info")
-    if turn.get("status") != "ok" or not isinstance(meta, Mapping):
+def _turn_counts(turn: Turn) -> tuple[int, int]:
+    meta = turn.meta_info
+    if not turn.ok or meta is None:
         return 0, 0
     verify = meta.get("spec_verify_ct")
     if isinstance(verify, bool) or not isinstance(verify, int) or verify <= 0:
         return 0, 0
-    usage = turn.get("usage") or {}
-    return int(usage.get("completion_tokens") or 0), verify
+    return turn.usage.completion_tokens, verify
 
 
 def accept_length(tokens: float, verify: float) -> float | None:
@@ -46,7 +42,7 @@ def accept_length(tokens: float, verify: float) -> float | None:
     return tokens / verify if verify > 0 else None
 
 
-def sample_accept_length(record: Mapping[str, Any]) -> float | None:
+def sample_accept_length(record: Record) -> float | None:
     """One sample's accept length, or None when its record has no speculative stats."""
     return accept_length(*spec_counts(record))
 
@@ -64,17 +60,15 @@ class SampleCounts:
     generations: int  # turns recorded (requests that returned)
 
 
-def sample_counts(record: Mapping[str, Any]) -> SampleCounts:
+def sample_counts(record: Record) -> SampleCounts:
     """The :class:`SampleCounts` of an output record."""
-    usage = record.get("usage") or {}
     spec_tokens, verify = spec_counts(record)
-    turns = record.get("turns")
     return SampleCounts(
-        ok=record.get("status") == "ok",
-        completion_tokens=int(usage.get("completion_tokens") or 0),
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        ok=record.ok,
+        completion_tokens=record.usage.completion_tokens,
+        prompt_tokens=record.usage.prompt_tokens,
         spec_tokens=spec_tokens,
         verify=verify,
-        turns=int(record.get("user_turns") or 1),
-        generations=len(turns) if isinstance(turns, list) else 1,
+        turns=record.user_turns,
+        generations=len(record.turns),
     )

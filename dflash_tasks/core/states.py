@@ -5,6 +5,8 @@
   returns them and the metrics count them.
 * :class:`ErrorKind`: what kind of failure one generation attempt met; the SGLang client sets it
   on the error it raises, the metrics label retries with it.
+* :class:`RecordStatus` and :class:`Outcome`: whether a turn or sample was answered, and how its
+  conversation ended; fields of an output record (:mod:`dflash_tasks.core.record`).
 """
 
 from __future__ import annotations
@@ -71,3 +73,18 @@ class ErrorKind(StrEnum):
         if status == 503:
             return cls.HTTP_503
         return cls.HTTP_5XX if status >= 500 else cls.HTTP_4XX
+
+
+class RecordStatus(StrEnum):
+    """Whether a generated turn, or a whole sample, got its answer (``status`` of an output record)."""
+
+    OK = "ok"
+    FAILED = "failed"  # the request failed: ``error`` says why
+
+
+class Outcome(StrEnum):
+    """How a sample's conversation ended (``outcome`` of an output record)."""
+
+    COMPLETE = "complete"  # every turn answered
+    TRUNCATED = "truncated"  # the last turn hit max_tokens or has no answer: the conversation stopped there
+    FAILED = "failed"  # the last turn failed (``failed_turn`` names it)

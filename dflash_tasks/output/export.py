@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_tasks.core.conversation import record_turns
 from dflash_tasks.core.errors import ConfigError, DflashError, StoreError
 from dflash_tasks.core.quality import CHECKS, QualitySettings, check_record
+from dflash_tasks.core.record import Record
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.output.trainer_rules import REASONS, row_problem
 from dflash_tasks.store import open_store
@@ -77,31 +77,31 @@ class ExportCounts:
     left_out: list[dict[str, str]] = field(default_factory=list)
 
 
-def conversation(record: dict[str, Any]) -> list[dict[str, Any]]:
+def conversation(record: Record) -> list[dict[str, Any]]:
     """The record's conversation: each turn's input, then the model's answer when it has one."""
     messages: list[dict[str, Any]] = []
-    for turn in record_turns(record):
+    for turn in record.turns:
         messages += [
-            {"role": m["role"], "content": m["content"], "reasoning_content": None} for m in turn["input"]
+            {"role": m["role"], "content": m["content"], "reasoning_content": None} for m in turn.input
         ]
-        if turn.get("status") == "ok":
+        if turn.ok:
             messages.append(
-                {"role": "assistant", "content": turn["content"], "reasoning_content": turn["reasoning"]}
+                {"role": "assistant", "content": turn.content, "reasoning_content": turn.reasoning}
             )
     return messages
 
 
 def to_row(
-    record: dict[str, Any], options: ExportOptions, counts: ExportCounts, thinking: bool = True
+    record: Record, options: ExportOptions, counts: ExportCounts, thinking: bool = True
 ) -> dict[str, Any] | None:
     """The export row of one output record, or None when it is left out (counted in ``counts``)."""
-    sample_id = str(record["id"])
+    sample_id = record.id
     turns = conversation(record)
-    if record.get("status") != "ok":
+    if not record.ok:
         if not options.keep_failed:
-            return _leave_out(counts, sample_id, "failed", str(record.get("error") or ""))
+            return _leave_out(counts, sample_id, "failed", record.error or "")
         counts.failed_kept += 1
-        return {"id": sample_id, "status": "failed", "conversations": turns, "error": record.get("error")}
+        return {"id": sample_id, "status": "failed", "conversations": turns, "error": record.error}
     row: dict[str, Any] = {"id": sample_id, "status": "success", "conversations": turns}
     copied = _copied_answers(record)
     generated = sum(1 for m in turns if m["role"] == "assistant") - len(copied)
@@ -119,28 +119,28 @@ def to_row(
     return row
 
 
-def _copied_answers(record: dict[str, Any]) -> frozenset[int]:
+def _copied_answers(record: Record) -> frozenset[int]:
     """Indexes (in the exported conversation) of assistant messages copied from the input."""
     copied: set[int] = set()
     index = 0
-    for turn in record_turns(record):
-        for message in turn["input"]:
+    for turn in record.turns:
+        for message in turn.input:
             if message["role"] == "assistant":
                 copied.add(index)
             index += 1
-        index += turn.get("status") == "ok"
+        index += turn.ok
     return frozenset(copied)
 
 
 def _reasons(
-    record: dict[str, Any],
+    record: Record,
     row: dict[str, Any],
     options: ExportOptions,
     thinking: bool,
     copied: frozenset[int],
 ) -> Iterator[tuple[str, str]]:
     """Why the trainer would reject ``row`` (or ``--drop-check`` leaves it out), most telling first."""
-    checks = set(record.get("checks") or check_record(record, thinking, QualitySettings()))
+    checks = set(record.checks or check_record(record, thinking, QualitySettings()))
     for check in (*DEFAULT_DROPS, *sorted(options.drop_checks)):
         if check in checks:
             yield check, ""
@@ -199,10 +199,10 @@ def export(output: str, to: Path, fmt: str, options: ExportOptions) -> dict[str,
 
     def rows() -> Iterator[dict[str, Any]]:
         for record in iter_records(store, manifest, missing):
-            if record["id"] in seen:  # impossible with a sound store; never export a sample twice
-                _leave_out(counts, str(record["id"]), "duplicate", "")
+            if record.id in seen:  # impossible with a sound store; never export a sample twice
+                _leave_out(counts, record.id, "duplicate", "")
                 continue
-            seen.add(record["id"])
+            seen.add(record.id)
             row = to_row(record, options, counts, thinking)
             if row is not None:
                 yield row

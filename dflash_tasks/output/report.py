@@ -18,14 +18,15 @@ import json
 import statistics
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflash_tasks.core.conversation import record_turns
 from dflash_tasks.core.distribution import describe, describe_floats
 from dflash_tasks.core.errors import DflashError, StoreError
 from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.quality import CHECKS, evaluate_gates
+from dflash_tasks.core.record import Record
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.spec_stats import accept_length, spec_counts
 from dflash_tasks.store import open_store
@@ -83,21 +84,22 @@ class QualityReport:
         }
 
 
-def build_report(job: JobDefinition, records: Any, chunks_done: int, chunks: int) -> QualityReport:
+def build_report(
+    job: JobDefinition, records: Iterable[Record], chunks_done: int, chunks: int
+) -> QualityReport:
     report = QualityReport(job.job_id, job.spec.thinking, chunks_done=chunks_done, chunks=chunks)
     for record in records:
         report.samples += 1
-        report.checks.update(record.get("checks") or [])
-        if record.get("status") != "ok":
+        report.checks.update(record.checks or ())
+        if not record.ok:
             report.failed += 1
             continue
         report.ok += 1
-        for turn in record_turns(record):
+        for turn in record.turns:
             report.turns += 1
-            report.finish_reasons[str(turn.get("finish_reason"))] += 1
-            usage = turn.get("usage") or {}
-            report.output_tokens.append(int(usage.get("completion_tokens") or 0))
-            report.reasoning_tokens.append(int(usage.get("reasoning_tokens") or 0))
+            report.finish_reasons[str(turn.finish_reason)] += 1
+            report.output_tokens.append(turn.usage.completion_tokens)
+            report.reasoning_tokens.append(turn.usage.reasoning_tokens)
         tokens, verify = spec_counts(record)
         if verify:
             report.accept_lengths.append(tokens / verify)

@@ -16,9 +16,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dflash_tasks.core.conversation import can_continue, count_turns, record_turns
-from dflash_tasks.core.errors import CorruptObject, DflashError
+from dflash_tasks.core.conversation import can_continue, count_turns
+from dflash_tasks.core.errors import BadRecord, CorruptObject, DflashError
 from dflash_tasks.core.job import OUTPUTS_PREFIX, parse_chunk_key
+from dflash_tasks.core.record import Record
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.producer.inputs import InvalidLine, read_input
 from dflash_tasks.producer.staging import read_invalid
@@ -97,17 +98,13 @@ def verify(input_path: str, store: Store) -> Verification:
             if not raw.strip():
                 continue
             try:
-                record = json.loads(raw)
-                sample_id = str(record["id"])
-            except ValueError:
-                result.problems.append(f"{key}:{number}: not a valid output record (not JSON)")
+                record = Record.from_json(raw, f"{key}:{number}")
+            except BadRecord as exc:  # named by place and cause; the lines after it still read
+                result.problems.append(str(exc))
                 continue
-            except (KeyError, TypeError):
-                result.problems.append(f"{key}:{number}: not a valid output record (no id)")
-                continue
-            seen[sample_id] += 1
-            _account_turns(result, record, expected.get(sample_id), f"{key}:{number}")
-            if record.get("status") == "ok":
+            seen[record.id] += 1
+            _account_turns(result, record, expected.get(record.id), f"{key}:{number}")
+            if record.ok:
                 result.ok += 1
             else:
                 result.failed += 1
@@ -122,9 +119,9 @@ def verify(input_path: str, store: Store) -> Verification:
     return result
 
 
-def _account_turns(r: Verification, record: dict[str, Any], wanted: int | None, where: str) -> None:
+def _account_turns(r: Verification, record: Record, wanted: int | None, where: str) -> None:
     """Count a record's turns; a record must have every turn up to the one that ended it."""
-    turns = record_turns(record)
+    turns = record.turns
     r.turns_generated += len(turns)
     if wanted is None:
         return
@@ -137,7 +134,7 @@ def _account_turns(r: Verification, record: dict[str, Any], wanted: int | None, 
     r.turn_mismatches += 1
     if r.turn_mismatches <= 5:
         r.problems.append(
-            f"{where}: sample {record.get('id')!r} has {len(turns)} turns recorded for {wanted} user turns"
+            f"{where}: sample {record.id!r} has {len(turns)} turns recorded for {wanted} user turns"
             + ("" if no_hole else ", with an unfinished turn before its last")
         )
 

@@ -10,7 +10,6 @@ measured per turn (its latency and tokens) and applied to the turns left in the 
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -18,10 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_tasks.core.conversation import record_turns, record_user_turns
 from dflash_tasks.core.distribution import describe
 from dflash_tasks.core.job import Manifest, output_key
 from dflash_tasks.core.quality import CHECKS, GateFailure, QualitySettings, count_checks, evaluate_gates
+from dflash_tasks.core.record import decode_records
 from dflash_tasks.monitoring.progress_bar import format_duration
 from dflash_tasks.store import Store
 
@@ -151,19 +150,16 @@ def judge(
 ) -> PreflightReport:
     """Read the preflight chunks' records and apply the gates; ``remaining`` counts turns."""
     records = [
-        json.loads(line)
-        for chunk in chunks
-        for line in store.read(output_key(chunk)).splitlines()
-        if line.strip()
+        r for chunk in chunks for r in decode_records(store.read(output_key(chunk)), output_key(chunk))
     ]
     total, counts = count_checks(records)
-    turns = [t for r in records for t in record_turns(r)]
-    ok = [t for t in turns if t.get("status") == "ok"]
-    latencies = [float(t.get("latency_s") or 0.0) for t in ok]
+    turns = [t for r in records for t in r.turns]
+    ok = [t for t in turns if t.ok]
+    latencies = [t.latency_s for t in ok]
     return PreflightReport(
         samples=total,
         seconds=seconds,
-        output_tokens=sorted(int((t.get("usage") or {}).get("completion_tokens") or 0) for t in ok),
+        output_tokens=sorted(t.usage.completion_tokens for t in ok),
         counts=dict(counts),
         failures=evaluate_gates(total, counts, settings),
         mean_latency=statistics.fmean(latencies) if latencies else 0.0,
@@ -172,7 +168,7 @@ def judge(
         gpu_hour_usd=gpu_hour_usd,
         workers=workers,
         turns=len(turns),
-        multi_turn=sum(1 for r in records if record_user_turns(r) > 1),
+        multi_turn=sum(1 for r in records if r.user_turns > 1),
         remaining_samples=remaining_samples,
     )
 

@@ -1,16 +1,18 @@
-"""How a conversation splits into turns, what each turn's request carries, and reading records."""
+"""How a conversation splits into turns, what each turn's request carries, and when it ends."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from dflash_tasks.core.conversation import (
     blank_answers,
     can_continue,
     count_turns,
-    record_turns,
-    record_user_turns,
     request_messages,
     turn_inputs,
 )
+from dflash_tasks.core.record import Turn
+from dflash_tasks.core.states import RecordStatus
 
 SYS = {"role": "system", "content": "Be brief."}
 
@@ -62,25 +64,8 @@ def test_each_request_carries_the_models_own_earlier_answers_as_text() -> None:
 
 
 def test_a_turn_that_failed_was_truncated_or_has_no_answer_ends_the_conversation() -> None:
-    good = {"status": "ok", "finish_reason": "stop", "content": "42"}
+    good = Turn(status=RecordStatus.OK, finish_reason="stop", content="42")
     assert can_continue(good)
-    assert not can_continue({**good, "status": "failed"})
-    assert not can_continue({**good, "finish_reason": "length"})
-    assert not can_continue({**good, "content": "  "})
-
-
-def test_records_from_before_multi_turn_read_as_one_turn() -> None:
-    old = {
-        "messages": [u("q")],
-        "reasoning": "r",
-        "content": "c",
-        "finish_reason": "stop",
-        "usage": {"completion_tokens": 5},
-        "status": "ok",
-        "checks": [],
-    }
-    (turn,) = record_turns(old)
-    assert turn["input"] == [u("q")] and (turn["reasoning"], turn["content"]) == ("r", "c")
-    assert record_user_turns(old) == 1
-    new = {"user_turns": 3, "turns": [turn]}
-    assert record_turns(new) == [turn] and record_user_turns(new) == 3
+    assert not can_continue(replace(good, status=RecordStatus.FAILED))
+    assert not can_continue(replace(good, finish_reason="length"))
+    assert not can_continue(replace(good, content="  "))

@@ -8,13 +8,15 @@ import pytest
 
 from dflash_tasks.core.job import Manifest
 from dflash_tasks.core.quality import QualitySettings, check_record, count_checks, evaluate_gates
+from dflash_tasks.core.record import Record
 from dflash_tasks.producer.preflight import preflight_chunks
 from workers.live_gate import window_counts
 
 SETTINGS = QualitySettings()
 
 
-def record(**overrides: Any) -> dict[str, Any]:
+def raw(**overrides: Any) -> dict[str, Any]:
+    """A stored one-turn record (the shape from before multi-turn support), as JSON decodes it."""
     base: dict[str, Any] = {
         "status": "ok",
         "reasoning": "Let me think about 6 * 7 carefully.",
@@ -24,6 +26,14 @@ def record(**overrides: Any) -> dict[str, Any]:
     }
     base.update(overrides)
     return base
+
+
+def stored(doc: dict[str, Any]) -> Record:
+    return Record.from_dict({"id": "s", **doc})
+
+
+def record(**overrides: Any) -> Record:
+    return stored(raw(**overrides))
 
 
 def test_good_thinking_sample_passes_every_check() -> None:
@@ -72,14 +82,14 @@ def test_empty_answer_and_short_completion() -> None:
 
 
 def test_failed_request_is_only_failed() -> None:
-    assert check_record({"status": "failed", "error": "HTTP 400"}, thinking=True, settings=SETTINGS) == [
-        "failed"
-    ]
+    assert check_record(
+        stored({"status": "failed", "error": "HTTP 400"}), thinking=True, settings=SETTINGS
+    ) == ["failed"]
 
 
 def test_the_seeds_dataset_fails_the_gates_with_the_likely_cause() -> None:
     # 87% of samples without thinking: a six-token answer and no reasoning.
-    records = [{"checks": ["no_reasoning", "short"]}] * 87 + [{"checks": []}] * 13
+    records = [stored({"checks": ["no_reasoning", "short"]})] * 87 + [stored({"checks": []})] * 13
     total, counts = count_checks(records)
     failures = evaluate_gates(total, counts, SETTINGS)
     assert [f.check for f in failures] == ["no_reasoning", "short"]
@@ -130,15 +140,17 @@ def test_preflight_chunks_are_spread_over_the_input(
 
 
 def test_checks_run_per_turn_and_the_record_carries_their_union() -> None:
-    from dflash_tasks.core.quality import check_turns
+    from dflash_tasks.core.quality import with_checks
 
-    turns = [record(), record(finish_reason="length"), record(reasoning="", content="<THINK> 42")]
-    rec: dict[str, Any] = {"status": "ok", "turns": turns}
-    assert check_turns(rec, thinking=True, settings=SETTINGS) == ["no_reasoning", "think_marker", "truncated"]
-    assert [t["checks"] for t in turns] == [[], ["truncated"], ["no_reasoning", "think_marker"]]
-    failed: dict[str, Any] = {"status": "failed", "turns": [record(), {"status": "failed", "error": "400"}]}
-    assert check_turns(failed, thinking=True, settings=SETTINGS) == ["failed"]
-    assert failed["turns"][0]["checks"] == [] and failed["turns"][1]["checks"] == ["failed"]
+    turns = [raw(), raw(finish_reason="length"), raw(reasoning="", content="<THINK> 42")]
+    rec = with_checks(stored({"status": "ok", "turns": turns}), thinking=True, settings=SETTINGS)
+    assert rec.checks == ("no_reasoning", "think_marker", "truncated")
+    assert [t.checks for t in rec.turns] == [(), ("truncated",), ("no_reasoning", "think_marker")]
+    failed = stored({"status": "failed", "turns": [raw(), {"status": "failed", "error": "400"}]})
+    failed = with_checks(failed, thinking=True, settings=SETTINGS)
+    assert failed.checks == ("failed",)
+    assert failed.turns[0].checks == () and failed.turns[1].checks == ("failed",)
+    assert failed.to_dict()["checks"] == ["failed"]  # stored as a list
 
 
 def test_preflight_adds_a_multi_turn_chunk_when_the_spread_misses_them() -> None:
@@ -153,7 +165,7 @@ def test_preflight_adds_a_multi_turn_chunk_when_the_spread_misses_them() -> None
 
 def test_short_is_strictly_below_the_minimum_and_missing_usage_counts_as_zero() -> None:
     settings = QualitySettings(min_completion_tokens=1)
-    no_usage = {k: v for k, v in record().items() if k != "usage"}
+    no_usage = stored({k: v for k, v in raw().items() if k != "usage"})
     assert check_record(no_usage, True, settings) == ["short"]
     at_minimum = record(usage={"completion_tokens": 32})
     assert check_record(at_minimum, True, QualitySettings()) == []

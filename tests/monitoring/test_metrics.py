@@ -13,6 +13,7 @@ import redis
 from dflash_tasks.coord.keys import queue_keys
 from dflash_tasks.coord.live_progress import LiveProgress
 from dflash_tasks.core.errors import RetryableError
+from dflash_tasks.core.record import Record
 from dflash_tasks.core.spec_stats import SampleCounts, sample_counts
 from dflash_tasks.core.states import ErrorKind
 from dflash_tasks.monitoring import metrics
@@ -54,13 +55,13 @@ def test_sample_futures_count_samples_and_tokens() -> None:
     tokens = value("dflash_generated_tokens_total", job="jm")
     done = _report_sample(Listeners([PROM]), "jm")
     for record in (
-        {"status": "ok", "usage": {"completion_tokens": 120, "prompt_tokens": 9}},
-        {"status": "failed", "usage": {"completion_tokens": 0, "prompt_tokens": 9}},
+        {"id": "a", "status": "ok", "usage": {"completion_tokens": 120, "prompt_tokens": 9}},
+        {"id": "b", "status": "failed", "usage": {"completion_tokens": 0, "prompt_tokens": 9}},
     ):
-        fut: Future[dict[str, Any]] = Future()
-        fut.set_result(record)
+        fut: Future[Record] = Future()
+        fut.set_result(Record.from_dict(record))
         done(fut)
-    broken: Future[dict[str, Any]] = Future()
+    broken: Future[Record] = Future()
     broken.set_exception(RuntimeError("server died"))
     done(broken)  # a failed future is not a sample
     assert value("dflash_samples_total", job="jm", status="ok") == ok + 1
@@ -94,7 +95,7 @@ def test_a_broken_observer_never_reaches_the_worker(monkeypatch: pytest.MonkeyPa
             seen.append("delivery")
 
     monkeypatch.setattr(metrics, "SAMPLES", Broken())
-    counts = sample_counts({"status": "ok", "usage": {"completion_tokens": 5}})
+    counts = sample_counts(Record.from_dict({"id": "a", "status": "ok", "usage": {"completion_tokens": 5}}))
     with pytest.raises(RuntimeError):
         PROM.sample_done("jm", counts)  # the listener itself raises
     fan_out = Listeners([PROM, Recorder()])  # type: ignore[list-item]
@@ -119,13 +120,19 @@ def test_spec_counters_and_the_accept_length_gauge(monkeypatch: pytest.MonkeyPat
         value("dflash_spec_verify_passes_total", job="js"),
     )
     spec_record = {
+        "id": "a",
         "status": "ok",
         "usage": {"completion_tokens": 300, "prompt_tokens": 9},
         "meta_info": {"spec_verify_ct": 120, "spec_accept_length": 2.5},
     }
-    PROM.sample_done("js", sample_counts(spec_record))
+    PROM.sample_done("js", sample_counts(Record.from_dict(spec_record)))
     PROM.sample_done(
-        "js", sample_counts({"status": "ok", "usage": {"completion_tokens": 50}, "meta_info": None})
+        "js",
+        sample_counts(
+            Record.from_dict(
+                {"id": "b", "status": "ok", "usage": {"completion_tokens": 50}, "meta_info": None}
+            )
+        ),
     )
     assert value("dflash_spec_tokens_total", job="js") == tokens + 300  # only the sample with verify passes
     assert value("dflash_spec_verify_passes_total", job="js") == verify + 120

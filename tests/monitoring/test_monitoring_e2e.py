@@ -23,7 +23,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from dflash_tasks.core.spec_stats import spec_counts
+from dflash_tasks.core.record import Record
+from dflash_tasks.core.spec_stats import spec_counts as counts_of
 from tests.helpers import (
     REPO,
     Processes,
@@ -34,6 +35,12 @@ from tests.helpers import (
     wait_until,
     write_prompts,
 )
+
+
+def spec_counts(doc: dict[str, Any]) -> tuple[int, int]:
+    """The speculative-decoding counts of a stored record (a decoded chunk file line)."""
+    return counts_of(Record.from_dict(doc))
+
 
 MODEL = "Qwen/Qwen3-8B"
 CHROMIUM = Path("/usr/bin/chromium")

@@ -11,6 +11,7 @@ import pytest
 
 from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefinition, Manifest, output_key
 from dflash_tasks.core.quality import QualitySettings, check_record
+from dflash_tasks.core.record import Record
 from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.output.export import ExportOptions, export
 from dflash_tasks.output.report import build_report, render_png, render_text
@@ -34,7 +35,7 @@ def rec(i: int, **overrides: Any) -> dict[str, Any]:
         "error": None,
     }
     r.update(overrides)
-    r["checks"] = check_record(r, True, QualitySettings())
+    r["checks"] = check_record(Record.from_dict(r), True, QualitySettings())
     return r
 
 
@@ -163,7 +164,7 @@ def test_real_job_exports_loadable_by_datasets_and_reports_with_a_picture(
         accept["count"] == 146 and 1 <= accept["min"] <= accept["p10"] <= accept["p50"] <= accept["max"] <= 4
     )
     assert accept["max"] - accept["min"] > 0.3  # a distribution: the simulator varies it per request
-    tokens, verify = (sum(spec_counts(r)[i] for r in ok) for i in (0, 1))
+    tokens, verify = (sum(spec_counts(Record.from_dict(r))[i] for r in ok) for i in (0, 1))
     assert accept["overall"] == round(tokens / verify, 3)
     png = (out / "report.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
@@ -187,7 +188,7 @@ def test_report_accept_length_distribution_from_known_samples() -> None:
     ]
     records.append(rec(9, meta_info=None))  # an old release: no per-request stats
     records.append(rec(8, status="failed", error="x", meta_info={"spec_verify_ct": 5}))
-    report = build_report(job, records, 1, 1)
+    report = build_report(job, [Record.from_dict(r) for r in records], 1, 1)
     doc = report.as_dict()["spec_accept_length"]
     assert doc["count"] == 5 and doc["overall"] == round(1090 / 390, 3)  # not the mean of ratios, 2.8
     assert (doc["min"], doc["p10"], doc["p25"], doc["p50"], doc["p90"], doc["max"]) == (
@@ -202,7 +203,7 @@ def test_report_accept_length_distribution_from_known_samples() -> None:
     text = render_text(report)
     assert "accept length     overall 2.79 (Σ tokens / Σ verify passes)  min 1.00  p10 1.00" in text
     assert render_png(report).startswith(b"\x89PNG")
-    none = build_report(job, [rec(0)], 1, 1)
+    none = build_report(job, [Record.from_dict(rec(0))], 1, 1)
     assert none.as_dict()["spec_accept_length"]["count"] == 0
     assert "no per-request speculative stats" in render_text(none)
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefinition, Manifest, output_key
-from dflash_tasks.core.quality import QualitySettings, check_turns
+from dflash_tasks.core.quality import QualitySettings, with_checks
+from dflash_tasks.core.record import Record
 from dflash_tasks.output.export import ExportOptions, export, main
 from dflash_tasks.store import LocalStore
 from tests.output.specforge_rules import check_row, validate_file
@@ -55,7 +56,10 @@ def rec(
         "failed_turn": len(turns) if failed else None,
         "finish_reason": turns[-1]["finish_reason"],
     }
-    r["checks"] = check_turns(r, thinking, QualitySettings())
+    checked = with_checks(Record.from_dict(r), thinking, QualitySettings())
+    for t, read in zip(turns, checked.turns, strict=True):
+        t["checks"] = list(read.checks or ())
+    r["checks"] = list(checked.checks or ())
     return r
 
 

@@ -412,6 +412,20 @@ def test_records_are_read_in_chunk_order_past_a_chunk_not_done(store: LocalStore
     store.write("outputs/chunk-000002.jsonl", b'{"id": "c"}\n')
     missing: list[int] = []
     manifest = Manifest("j", 9, 9, 0, 3, 4)
-    assert [r["id"] for r in iter_records(store, manifest, missing)] == ["a", "b", "c"]
+    assert [r.id for r in iter_records(store, manifest, missing)] == ["a", "b", "c"]
     assert missing == [1, 3]
-    assert [r["id"] for r in iter_records(store, manifest)] == ["a", "b", "c"]
+    assert [r.id for r in iter_records(store, manifest)] == ["a", "b", "c"]
+
+
+def test_a_damaged_record_is_named_by_chunk_line_and_field(store: LocalStore) -> None:
+    from dflash_tasks.core.errors import BadRecord
+    from dflash_tasks.core.job import Manifest
+    from dflash_tasks.store.records import iter_records
+
+    store.write("outputs/chunk-000000.jsonl", b'{"id": "a"}\n{"id": "b", "usage": {"prompt_tokens": "x"}}\n')
+    with pytest.raises(BadRecord) as caught:
+        list(iter_records(store, Manifest("j", 3, 3, 0, 3, 1)))
+    assert str(caught.value) == (
+        "outputs/chunk-000000.jsonl:2: not a valid output record "
+        "(usage.prompt_tokens: expected an integer or null, got 'x')"
+    )

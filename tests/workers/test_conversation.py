@@ -78,7 +78,7 @@ def test_one_two_and_three_turn_conversations_through_the_pool(sim: RunningSimul
         records = [f.result(timeout=30) for f in futures]
     finally:
         pool.shutdown()
-    assert [(r["user_turns"], len(r["turns"]), r["outcome"]) for r in records] == [
+    assert [(r.user_turns, len(r.turns), r.outcome) for r in records] == [
         (1, 1, "complete"),
         (2, 2, "complete"),
         (3, 3, "complete"),
@@ -86,31 +86,29 @@ def test_one_two_and_three_turn_conversations_through_the_pool(sim: RunningSimul
     bodies = sent(sim)
     assert not any("OLD ANSWER" in str(b["messages"]) for b in bodies)
     for record in records:
-        mine = sorted((b for b in bodies if f"-L{record['line']}-" in b["rid"]), key=lambda b: b["rid"])
-        assert len(mine) == record["user_turns"]  # one request per user turn
+        mine = sorted((b for b in bodies if f"-L{record.line}-" in b["rid"]), key=lambda b: b["rid"])
+        assert len(mine) == record.user_turns  # one request per user turn
         for j, body in enumerate(mine):
             assert body["rid"].endswith(f"-T{j + 1}-1")
             answers = [m for m in body["messages"] if m["role"] == "assistant"]
             # each later request carries the model's own earlier answers, text only, no reasoning
-            assert answers == [{"role": "assistant", "content": t["content"]} for t in record["turns"][:j]]
-            assert all(t["reasoning"] not in str(body) for t in record["turns"][:j])
+            assert answers == [{"role": "assistant", "content": t.content} for t in record.turns[:j]]
+            assert all(t.reasoning not in str(body) for t in record.turns[:j])
             assert body["messages"][-1] == {
                 "role": "user",
-                "content": f"c{record['user_turns']}: question {j + 1}",
+                "content": f"c{record.user_turns}: question {j + 1}",
             }
-        assert record["turns"][0]["input"][0] == SYSTEM and all(
-            len(t["input"]) == 1 for t in record["turns"][1:]
-        )
+        assert record.turns[0].input[0] == SYSTEM and all(len(t.input) == 1 for t in record.turns[1:])
     assert pool.waiting == 0 and pool.running == 0
 
 
 def test_a_failure_on_turn_two_of_three_ends_the_conversation_with_its_index(sim: RunningSimulator) -> None:
     sample = staged("long", conversation("L", 3, long_turn=2), line=4)
     record = generate_sample(SGLangClient(sim.url), SPEC, sample, WHO, POLICY, "job-0")
-    assert (record["status"], record["outcome"], record["failed_turn"]) == ("failed", "failed", 2)
-    assert record["error"].startswith("turn 2 of 3: HTTP 400: Requested token count exceeds")
-    first, second = record["turns"]
-    assert first["status"] == "ok" and first["content"] and second["status"] == "failed"
+    assert (record.status, record.outcome, record.failed_turn) == ("failed", "failed", 2)
+    assert record.error.startswith("turn 2 of 3: HTTP 400: Requested token count exceeds")
+    first, second = record.turns
+    assert first.status == "ok" and first.content and second.status == "failed"
     assert [b["rid"] for b in sent(sim)] == ["job-0-L4-T1-1", "job-0-L4-T2-1"]  # turn 3 never sent
 
 
@@ -119,8 +117,8 @@ def test_a_truncated_turn_keeps_the_conversation_up_to_it(sim: RunningSimulator)
     record = generate_sample(
         SGLangClient(sim.url), GenerationSpec("m", max_tokens=100), sample, WHO, POLICY, "job-0"
     )
-    assert (record["status"], record["outcome"], record["failed_turn"]) == ("ok", "truncated", None)
-    assert len(record["turns"]) == 1 and record["turns"][0]["finish_reason"] == "length"
+    assert (record.status, record.outcome, record.failed_turn) == ("ok", "truncated", None)
+    assert len(record.turns) == 1 and record.turns[0].finish_reason == "length"
     assert len(sent(sim)) == 1
 
 
@@ -130,7 +128,7 @@ def test_turns_last_sends_the_source_history_as_is_once(sim: RunningSimulator) -
     record = generate_sample(SGLangClient(sim.url), spec, Sample("h", messages, 6), WHO, POLICY, "job-0")
     (body,) = sent(sim)
     assert body["messages"] == messages and "OLD ANSWER H-2" in str(body)
-    assert (record["user_turns"], len(record["turns"]), record["turns"][0]["input"]) == (1, 1, messages)
+    assert (record.user_turns, len(record.turns), list(record.turns[0].input)) == (1, 1, messages)
 
 
 class DyingClient(SGLangClient):

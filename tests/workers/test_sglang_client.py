@@ -17,6 +17,7 @@ import requests
 
 from dflash_tasks.core.errors import ConfigError, RetryableError, SampleRejected, ServerUnavailable
 from dflash_tasks.core.job import GenerationSpec
+from dflash_tasks.core.record import Record
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
@@ -91,9 +92,15 @@ def generate(
     sample: Sample = SAMPLE,
     spec: GenerationSpec = SPEC,
 ) -> tuple[dict[str, Any], Sleeps]:
+    """The sample's record as stored (its JSON line, decoded), and the sleeps between attempts."""
     sleeps = Sleeps()
     record = generate_sample(client, spec, sample, WHO, policy or fast_policy(), PREFIX, sleep=sleeps)
-    return record, sleeps
+    return stored(record), sleeps
+
+
+def stored(record: Record) -> dict[str, Any]:
+    """A record as its chunk file line holds it."""
+    return dict(json.loads(record.to_json()))
 
 
 # -- the request body ------------------------------------------------------------------------------
@@ -368,7 +375,7 @@ def test_samples_with_long_common_id_prefix_do_not_collide() -> None:
                 time.sleep(0.005)
             assert not running.done()
             other = generate_sample(SGLangClient(sim.url), SPEC, second, WHO, fast_policy(), PREFIX, Sleeps())
-            records = [running.result(), other]
+            records = [stored(running.result()), stored(other)]
         assert [r["status"] for r in records] == ["ok", "ok"], [r["error"] for r in records]
     finally:
         sim.stop()
@@ -680,7 +687,8 @@ def test_meta_info_absent_or_partial() -> None:
 def test_records_store_meta_info_and_the_server_identity(sim: RunningSimulator) -> None:
     client = SGLangClient(sim.url)
     who = WorkerIdentity("gpu0@test", sim.url, client.identity())
-    record = generate_sample(client, SPEC, SAMPLE, who, fast_policy(), PREFIX, sleep=Sleeps())
+    built = generate_sample(client, SPEC, SAMPLE, who, fast_policy(), PREFIX, sleep=Sleeps())
+    record = stored(built)
     assert record["server"] == {
         "model_path": "Qwen/Qwen3-8B",
         "served_model_name": "Qwen/Qwen3-8B",
@@ -691,12 +699,11 @@ def test_records_store_meta_info_and_the_server_identity(sim: RunningSimulator) 
     assert set(meta) == {f.name for f in dataclasses.fields(MetaInfo)}
     tokens = turn["usage"]["completion_tokens"]
     assert meta["spec_verify_ct"] == math.ceil(tokens / meta["spec_accept_length"] - 1e-9)
-    assert spec_counts(record) == (tokens, meta["spec_verify_ct"])
-    json.dumps(record)
+    assert spec_counts(built) == (tokens, meta["spec_verify_ct"])
     failed_turn = make_turn(SAMPLE.messages, None, "HTTP 400: no", 0.1, 1)
     failed = make_record(SPEC, SAMPLE, who, [failed_turn], 1, 0.1)
-    assert failed_turn["meta_info"] is None and spec_counts(failed) == (0, 0)
-    assert failed["server"] == record["server"]
+    assert failed_turn.meta_info is None and spec_counts(failed) == (0, 0)
+    assert failed.server == record["server"]
 
 
 def test_spec_counts_add_up_over_the_answered_turns() -> None:
@@ -704,8 +711,13 @@ def test_spec_counts_add_up_over_the_answered_turns() -> None:
         meta = None if verify is None else {"spec_verify_ct": verify}
         return {"status": status, "usage": {"completion_tokens": tokens}, "meta_info": meta}
 
-    record = {"turns": [turn(300, 100), turn(50, None), turn(90, 30), turn(40, 10, status="failed")]}
-    assert spec_counts(record) == (390, 130)  # no stats, or a failed turn: not counted
+    record = {
+        "id": "a",
+        "turns": [turn(300, 100), turn(50, None), turn(90, 30), turn(40, 10, status="failed")],
+    }
+    assert spec_counts(Record.from_dict(record)) == (390, 130)  # no stats, or a failed turn: not counted
     assert spec_counts(
-        {"status": "ok", "usage": {"completion_tokens": 8}, "meta_info": {"spec_verify_ct": 2}}
+        Record.from_dict(
+            {"id": "a", "status": "ok", "usage": {"completion_tokens": 8}, "meta_info": {"spec_verify_ct": 2}}
+        )
     ) == (8, 2)

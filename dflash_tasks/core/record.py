@@ -1,0 +1,396 @@
+"""The output record (one JSON line per sample in ``outputs/chunk-NNNNNN.jsonl``) and its one encoding.
+
+A :class:`Record` holds every :class:`Turn` of a sample's conversation, totals and provenance::
+
+    {"id", "line", "user_turns", "turns": [TURN, ...], "outcome", "status", "error", "failed_turn",
+     "finish_reason", "usage", "model", "server", "sampling", "endpoint", "worker", "latency_s",
+     "attempts", "checks"}
+    TURN = {"input", "reasoning", "content", "finish_reason", "usage", "meta_info", "status", "error",
+            "latency_s", "attempts", "checks"}
+
+:meth:`Record.to_json` writes exactly these keys in this order (``checks`` only once the quality
+checks ran), as ``json.dumps(..., ensure_ascii=False)`` does; :func:`encode_records` is the chunk
+file. :meth:`Record.from_json` reads a stored line back and validates it, raising
+:class:`~dflash_tasks.core.errors.BadRecord` that names the wrong field.
+
+Reading is lenient where older writers were different, strict where a value is wrong:
+
+* Only ``id`` is required. A key an older writer did not write reads as the default named on the
+  field (``status`` as ``failed``: a record that does not say it is ok is not); ``outcome``,
+  ``failed_turn`` and ``user_turns`` are then worked out from the turns as the worker does.
+* A record without ``turns`` was written before multi-turn support: its one turn is spread over
+  the record itself (``messages``, ``reasoning``, ``content``, ``meta_info`` and the fields both
+  have) and reads as one :class:`Turn`. Re-encoding such a record writes today's shape.
+* Keys no version of this code writes (a newer writer's additions) to a record or a turn are kept,
+  in order, in ``extra`` and written back after the known keys: reading and re-writing loses
+  nothing. Inside ``usage`` only the three counts are kept (:class:`Usage`).
+
+``meta_info`` (the server's per-request numbers, whose keys change with the SGLang release),
+``server`` (what the server said it serves) and ``sampling`` (the job's sampling parameters) stay
+plain mappings: they are recorded as received and passed through, so a new key needs no change
+here; only :mod:`dflash_tasks.core.spec_stats` reads one of them (``spec_verify_ct``, checking
+its type). The input messages stay the sample's own dicts (no copy per sample).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from dflash_tasks.core.errors import BadRecord
+from dflash_tasks.core.states import Outcome, RecordStatus
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
+
+#: Keys of a record from before multi-turn support that belong to its one turn.
+_LEGACY_TURN_KEYS = frozenset(("messages", "reasoning", "content", "meta_info"))
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one turn, or summed over a record's turns (0 when a writer left one out)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+        }
+
+    @staticmethod
+    def total(parts: Iterable[Usage]) -> Usage:
+        prompt = completion = reasoning = 0
+        for u in parts:
+            prompt += u.prompt_tokens
+            completion += u.completion_tokens
+            reasoning += u.reasoning_tokens
+        return Usage(prompt, completion, reasoning)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Turn:
+    """One request of a sample's conversation: the messages it added and the model's answer."""
+
+    input: tuple[dict[str, str], ...] = ()  # the messages new in this turn
+    reasoning: str = ""
+    content: str = ""
+    finish_reason: str | None = None  # None when the turn failed
+    usage: Usage = Usage()
+    meta_info: Mapping[str, Any] | None = None  # the server's per-request numbers, as received
+    status: RecordStatus
+    error: str | None = None
+    latency_s: float = 0.0
+    attempts: int = 0
+    checks: tuple[str, ...] | None = None  # the quality checks it fails; None before they ran
+    extra: Mapping[str, Any] = field(default_factory=dict)  # keys this code does not know, as read
+
+    @property
+    def ok(self) -> bool:
+        return self.status is RecordStatus.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "input": list(self.input),
+            "reasoning": self.reasoning,
+            "content": self.content,
+            "finish_reason": self.finish_reason,
+            "usage": self.usage.to_dict(),
+            "meta_info": self.meta_info,
+            "status": self.status.value,
+            "error": self.error,
+            "latency_s": self.latency_s,
+            "attempts": self.attempts,
+        }
+        if self.checks is not None:
+            doc["checks"] = list(self.checks)
+        if self.extra:
+            doc.update(self.extra)
+        return doc
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Record:
+    """One sample's output line: every turn of its conversation, totals and provenance.
+
+    ``outcome`` is ``complete`` (every turn answered), ``truncated`` (the last turn hit
+    ``max_tokens`` or has no answer, so the conversation stopped there) or ``failed`` (the last
+    turn failed: ``failed_turn`` names it); see :func:`outcome_of`. The turns before the last
+    one are always complete. Equal records encode to the same line; a record is not hashable
+    (its pass-through mappings are not).
+    """
+
+    id: str
+    line: int | None = None  # the sample's line in the input file
+    user_turns: int  # the turns its conversation has (requests it needs when none ends early)
+    turns: tuple[Turn, ...]
+    outcome: Outcome
+    status: RecordStatus  # of the last turn
+    error: str | None = None
+    failed_turn: int | None = None  # 1-based
+    finish_reason: str | None = None  # of the last turn
+    usage: Usage = Usage()  # summed over the turns
+    model: str | None = None
+    server: Mapping[str, Any] | None = None  # what the server said it serves, as received
+    sampling: Mapping[str, Any] | None = None  # the job's sampling parameters
+    endpoint: str | None = None
+    worker: str | None = None
+    latency_s: float = 0.0
+    attempts: int = 0  # summed over the turns
+    checks: tuple[str, ...] | None = None  # the union of the turns' checks; None before they ran
+    extra: Mapping[str, Any] = field(default_factory=dict)  # keys this code does not know, as read
+
+    @property
+    def ok(self) -> bool:
+        return self.status is RecordStatus.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a plain dict: today's keys, in today's order (see the module docstring)."""
+        doc: dict[str, Any] = {
+            "id": self.id,
+            "line": self.line,
+            "user_turns": self.user_turns,
+            "turns": [t.to_dict() for t in self.turns],
+            "outcome": self.outcome.value,
+            "status": self.status.value,
+            "error": self.error,
+            "failed_turn": self.failed_turn,
+            "finish_reason": self.finish_reason,
+            "usage": self.usage.to_dict(),
+            "model": self.model,
+            "server": self.server,
+            "sampling": self.sampling,
+            "endpoint": self.endpoint,
+            "worker": self.worker,
+            "latency_s": self.latency_s,
+            "attempts": self.attempts,
+        }
+        if self.checks is not None:
+            doc["checks"] = list(self.checks)
+        if self.extra:
+            doc.update(self.extra)
+        return doc
+
+    def to_json(self) -> str:
+        """The record's line (without the newline): the one encoding of an output record."""
+        return _ENCODER.encode(self.to_dict())
+
+    @classmethod
+    def from_json(cls, line: str | bytes, where: str = "") -> Record:
+        """Parse and validate one stored line; ``where`` (``key:line``) prefixes the error."""
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            raise BadRecord(where, "not JSON") from None
+        return cls.from_dict(doc, where)
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "") -> Record:
+        """Validate a decoded line (see the module docstring for what older writers may omit)."""
+        try:
+            return _record(doc)
+        except _Invalid as exc:
+            raise BadRecord(where, exc.cause, exc.field) from None
+
+
+def outcome_of(turns: Sequence[Turn], user_turns: int) -> Outcome:
+    """How a conversation with these ``turns`` (of ``user_turns``) ended (see :class:`Record`)."""
+    last = turns[-1]
+    if not last.ok:
+        return Outcome.FAILED
+    if len(turns) < user_turns or last.finish_reason == "length" or not last.content:
+        return Outcome.TRUNCATED
+    return Outcome.COMPLETE
+
+
+def encode_records(records: Iterable[Record]) -> bytes:
+    """A chunk file of output records: one :meth:`Record.to_json` line each."""
+    return "".join([r.to_json() + "\n" for r in records]).encode()
+
+
+def decode_records(data: bytes, where: str) -> Iterator[Record]:
+    """The records of a chunk file, skipping blank lines; a damaged line raises
+    :class:`~dflash_tasks.core.errors.BadRecord` naming ``where:LINE`` and the field."""
+    for number, raw in enumerate(data.splitlines(), 1):
+        if raw.strip():
+            yield Record.from_json(raw, f"{where}:{number}")
+
+
+# --- reading and validating ----------------------------------------------------------------------
+
+_TURN_KEYS = frozenset(f.name for f in fields(Turn)) - {"extra"}
+_RECORD_KEYS = frozenset(f.name for f in fields(Record)) - {"extra"}
+
+
+class _Invalid(Exception):
+    def __init__(self, field: str, cause: str) -> None:
+        self.field = field
+        self.cause = cause
+
+
+def _wrong(field: str, expected: str, value: Any) -> _Invalid:
+    return _Invalid(field, f"{field}: expected {expected}, got {_show(value)}")
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _str(doc: Mapping[str, Any], key: str, path: str) -> str | None:
+    value = doc.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise _wrong(path + key, "a string or null", value)
+
+
+def _text(doc: Mapping[str, Any], key: str, path: str) -> str:
+    return _str(doc, key, path) or ""
+
+
+def _int(doc: Mapping[str, Any], key: str, path: str) -> int | None:
+    value = doc.get(key)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise _wrong(path + key, "an integer or null", value)
+
+
+def _float(doc: Mapping[str, Any], key: str, path: str) -> float:
+    value = doc.get(key)
+    if value is None:
+        return 0.0
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise _wrong(path + key, "a number or null", value)
+
+
+def _mapping(doc: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any] | None:
+    value = doc.get(key)
+    if value is None or isinstance(value, dict):
+        return value
+    raise _wrong(path + key, "an object or null", value)
+
+
+def _status(doc: Mapping[str, Any], path: str) -> RecordStatus:
+    value = doc.get("status")
+    if value is None:
+        return RecordStatus.FAILED
+    try:
+        return RecordStatus(value)
+    except ValueError:
+        raise _wrong(path + "status", "'ok' or 'failed'", value) from None
+
+
+def _checks(doc: Mapping[str, Any], path: str) -> tuple[str, ...] | None:
+    value = doc.get("checks")
+    if value is None:
+        return None
+    if isinstance(value, list) and all(isinstance(c, str) for c in value):
+        return tuple(value)
+    raise _wrong(path + "checks", "a list of strings", value)
+
+
+def _usage(doc: Mapping[str, Any], path: str) -> Usage:
+    value = _mapping(doc, "usage", path)
+    if not value:
+        return Usage()
+    where = path + "usage."
+    return Usage(
+        _int(value, "prompt_tokens", where) or 0,
+        _int(value, "completion_tokens", where) or 0,
+        _int(value, "reasoning_tokens", where) or 0,
+    )
+
+
+def _messages(value: Any, field: str) -> tuple[dict[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise _wrong(field, "a list of messages", value)
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            raise _wrong(f"{field}[{i}]", "a message object", m)
+        for key in ("role", "content"):
+            if not isinstance(m.get(key), str):
+                raise _wrong(f"{field}[{i}].{key}", "a string", m.get(key))
+    return tuple(value)
+
+
+def _extra(doc: Mapping[str, Any], known: frozenset[str]) -> Mapping[str, Any]:
+    if known.issuperset(doc):
+        return {}
+    return {k: v for k, v in doc.items() if k not in known}
+
+
+def _turn(doc: Any, path: str, inputs_key: str, known: frozenset[str]) -> Turn:
+    if not isinstance(doc, dict):
+        raise _wrong(path.rstrip("."), "a turn object", doc)
+    return Turn(
+        input=_messages(doc.get(inputs_key), path + inputs_key),
+        reasoning=_text(doc, "reasoning", path),
+        content=_text(doc, "content", path),
+        finish_reason=_str(doc, "finish_reason", path),
+        usage=_usage(doc, path),
+        meta_info=_mapping(doc, "meta_info", path),
+        status=_status(doc, path),
+        error=_str(doc, "error", path),
+        latency_s=_float(doc, "latency_s", path),
+        attempts=_int(doc, "attempts", path) or 0,
+        checks=_checks(doc, path),
+        extra=_extra(doc, known) if path else {},
+    )
+
+
+def _record(doc: Any) -> Record:
+    if not isinstance(doc, dict) or "id" not in doc:
+        raise _Invalid("id", "no id")
+    sample_id = doc["id"]
+    if not isinstance(sample_id, str):
+        raise _wrong("id", "a string", sample_id)
+    stored_turns = doc.get("turns")
+    known = _RECORD_KEYS
+    if stored_turns is None:  # written before multi-turn support: one turn spread over the record
+        turns: tuple[Turn, ...] = (_turn(doc, "", "messages", _TURN_KEYS),)
+        known = _RECORD_KEYS | _LEGACY_TURN_KEYS
+    elif isinstance(stored_turns, list) and stored_turns:
+        turns = tuple(_turn(t, f"turns[{i}].", "input", _TURN_KEYS) for i, t in enumerate(stored_turns))
+    else:
+        raise _wrong("turns", "a non-empty list of turns", stored_turns)
+    user_turns = _int(doc, "user_turns", "") or len(turns)
+    outcome_text = doc.get("outcome")
+    if outcome_text is None:
+        outcome = outcome_of(turns, user_turns)
+    else:
+        try:
+            outcome = Outcome(outcome_text)
+        except ValueError:
+            raise _wrong("outcome", "'complete', 'truncated' or 'failed'", outcome_text) from None
+    failed_turn = _int(doc, "failed_turn", "")
+    if "failed_turn" not in doc and outcome is Outcome.FAILED:
+        failed_turn = len(turns)
+    return Record(
+        id=sample_id,
+        line=_int(doc, "line", ""),
+        user_turns=user_turns,
+        turns=turns,
+        outcome=outcome,
+        status=_status(doc, ""),
+        error=_str(doc, "error", ""),
+        failed_turn=failed_turn,
+        finish_reason=_str(doc, "finish_reason", ""),
+        usage=_usage(doc, ""),
+        model=_str(doc, "model", ""),
+        server=_mapping(doc, "server", ""),
+        sampling=_mapping(doc, "sampling", ""),
+        endpoint=_str(doc, "endpoint", ""),
+        worker=_str(doc, "worker", ""),
+        latency_s=_float(doc, "latency_s", ""),
+        attempts=_int(doc, "attempts", "") or 0,
+        checks=_checks(doc, ""),
+        extra=_extra(doc, known),
+    )
