@@ -18,7 +18,7 @@ from dflash_tasks.core.quality import with_checks
 from dflash_tasks.core.record import Record, encode_records
 from dflash_tasks.core.sample import decode_chunk
 from dflash_tasks.core.spec_stats import sample_counts
-from dflash_tasks.core.states import Cause, Delivery
+from dflash_tasks.core.states import Cause, Delivery, JobState
 from workers.conversation import start_conversation
 from workers.flow.request_pool import RequestPool
 from workers.generation import RetryPolicy, WorkerIdentity
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 class ChunkOutcome:
     """What happened to a chunk delivery."""
 
-    status: Delivery  # DONE or SKIPPED
+    status: Delivery  # DONE, SKIPPED or PAUSED
     reason: str = ""
     cause: Cause = Cause.NONE
     samples_ok: int = 0
@@ -96,6 +96,12 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
         if job.store.exists(out_key):  # finished by another worker between the check and the lease
             ctx.bookkeeping.release(job_id, chunk, owner)
             return ChunkOutcome(Delivery.SKIPPED, "already done", Cause.ALREADY_DONE)
+        # Checked with the lease held: a producer that paused the job and then saw no live lease
+        # (a failed preflight deleting its chunks' outputs) can rely on no chunk starting after it.
+        state, reason = ctx.bookkeeping.job_state(job_id)
+        if state == JobState.PAUSED:  # resume (or a re-run of enqueue) queues the chunk again
+            ctx.bookkeeping.release(job_id, chunk, owner)
+            return ChunkOutcome(Delivery.PAUSED, reason)
         samples = decode_chunk(job.store.read(input_key(chunk)), input_key(chunk))
         spec = job.definition.spec
         rid_prefix = f"{job_id}-{chunk}-{owner.rsplit('/', 1)[-1]}"

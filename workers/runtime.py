@@ -24,7 +24,7 @@ from dflash_tasks.core.errors import (
     WrongModel,
 )
 from dflash_tasks.core.settings import WorkerSettings
-from dflash_tasks.core.states import Cause, Delivery, JobState
+from dflash_tasks.core.states import Cause, Delivery
 from dflash_tasks.monitoring.metrics import PrometheusListener
 from workers.chunk_runner import ChunkContext, run_chunk
 from workers.flow.consumer_switch import ConsumerSwitch
@@ -203,9 +203,6 @@ class WorkerRuntime:
         owner = f"{self.hostname}/{task_id}/{uuid.uuid4().hex[:6]}"
         self.held.add(1)
         try:
-            state, reason = self.ctx.bookkeeping.job_state(job_id)
-            if state == JobState.PAUSED:  # resume (or a re-run of enqueue) queues the chunk again
-                return delivery_result(Delivery.PAUSED, reason)
             outcome = run_chunk(self.ctx, job_id, chunk, owner)
         except WrongModel as exc:  # never generate another model's chunk: back to its model's queue
             target = self.requeue(job_id, chunk, fallback=queue)

@@ -46,6 +46,7 @@ from dflash_tasks.producer.preflight import (
     preflight_chunks,
     print_progress,
     wait_for_chunks,
+    wait_for_leases,
 )
 from dflash_tasks.producer.serving import ServingWatch
 from dflash_tasks.producer.staging import stage_input
@@ -309,7 +310,11 @@ def run_preflight(
         return
     reason = "preflight failed: " + "; ".join(f.message for f in report.failures)
     bk.pause_job(job.job_id, reason)
-    for chunk in chunks:  # bad data: regenerate them once the cause is fixed
+    # Bad data: delete it so that it is regenerated once the cause is fixed, but only once no
+    # worker still runs one of these chunks: one would store its output after the deletion (a
+    # worker checks the pause after taking a chunk's lease, so none starts after this wait).
+    wait_for_leases(bk, job.job_id, chunks, args.preflight_timeout)
+    for chunk in chunks:
         store.delete(output_key(chunk))
     bk.unmark_done(job.job_id, chunks)
     raise PreflightFailed(reason + "\nFix the cause, then re-run this command.")

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.core.distribution import describe
 from dflash_tasks.core.job import Manifest, output_key
 from dflash_tasks.core.quality import CHECKS, GateFailure, QualitySettings, count_checks, evaluate_gates
@@ -195,6 +196,29 @@ def wait_for_chunks(
         if time.monotonic() > deadline:
             return None
         time.sleep(0.5)
+
+
+def wait_for_leases(
+    bk: Bookkeeping, job_id: str, chunks: Sequence[int], timeout: float, poll: float = 0.5
+) -> bool:
+    """Wait until none of ``chunks`` holds a live lease (no worker runs one); False on timeout."""
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        running = sorted(set(bk.live_leases(job_id)) & set(chunks))
+        if not running:
+            return True
+        if not said:
+            print(
+                f"waiting for {len(running)} preflight chunk(s) still being generated to stop, so that "
+                "their outputs can be deleted ...",
+                file=sys.stderr,
+            )
+            said = True
+        if time.monotonic() > deadline:
+            print(f"gave up waiting for chunks {running}: re-run enqueue after the fix", file=sys.stderr)
+            return False
+        time.sleep(poll)
 
 
 def print_progress(total: int) -> Callable[[int], None]:

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
+import pytest
+import redis
+
+from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.core.job import output_key
 from dflash_tasks.core.quality import QualitySettings
-from dflash_tasks.producer.preflight import judge
+from dflash_tasks.producer.preflight import judge, wait_for_leases
 from dflash_tasks.store import LocalStore
 
 
@@ -49,3 +55,22 @@ def test_projections_are_per_turn_and_cover_the_turns_left(tmp_path: Path) -> No
     text = report.render()
     assert "preflight: 2 samples (4 turns generated, 1 multi-turn conversations)" in text
     assert "2.29 turns/s with 2 workers x 4 in flight" in text and "for 1,000 turns (500 samples)" in text
+
+
+def test_a_failed_preflight_waits_for_its_running_chunks_before_deleting(
+    rclient: redis.Redis, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bk = Bookkeeping(rclient, prefix)
+    bk.acquire("j", 3, "w@h/t/1", 60)  # a worker still generates preflight chunk 3
+    bk.acquire("j", 9, "w@h/t/2", 60)  # not a preflight chunk: not waited for
+    releaser = threading.Timer(0.6, lambda: bk.release("j", 3, "w@h/t/1"))
+    releaser.start()
+    started = time.monotonic()
+    assert wait_for_leases(bk, "j", [1, 3, 5], timeout=10, poll=0.05)
+    assert 0.5 < time.monotonic() - started < 5
+    assert "waiting for 1 preflight chunk(s) still being generated" in capsys.readouterr().err
+    assert wait_for_leases(bk, "j", [1, 3, 5], timeout=10)  # nothing running: no wait, no message
+    assert capsys.readouterr().err == ""
+    bk.acquire("j", 5, "w@h/t/3", 60)
+    assert not wait_for_leases(bk, "j", [5], timeout=0.2, poll=0.05)
+    assert "gave up waiting for chunks [5]" in capsys.readouterr().err

@@ -98,6 +98,16 @@ def test_a_chunk_leased_by_a_live_worker_is_not_run(staged: Staged) -> None:
     assert staged.sim_log()["received"] == 0 and not staged.store.exists(output_key(0))
 
 
+def test_a_paused_jobs_chunk_is_not_run_even_when_the_pause_comes_after_the_delivery(staged: Staged) -> None:
+    # The pause is read with the lease held, so a producer that saw no live lease after pausing
+    # (a failed preflight deleting its outputs) knows that no chunk of the job starts later.
+    staged.bk.pause_job(staged.job_id, "preflight failed: no reasoning")
+    outcome = run_chunk(staged.ctx, staged.job_id, 1, "w@h/t1/aaaaaa")
+    assert (outcome.status, outcome.reason) == ("paused", "preflight failed: no reasoning")
+    assert staged.sim_log()["received"] == 0 and not staged.store.exists(output_key(1))
+    assert staged.bk.live_leases(staged.job_id) == {} and staged.ctx.leases.held() == []
+
+
 def test_a_failed_chunk_cancels_its_pending_requests(staged: Staged) -> None:
     """The server dies under the first request: the chunk's other samples are never sent."""
     staged.fault("reset")  # every request: connection reset
