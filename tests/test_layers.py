@@ -94,6 +94,21 @@ def test_only_coord_imports_redis_and_kombu() -> None:
     assert not wrong, "\n".join(sorted(wrong))
 
 
+def test_only_coord_reaches_past_bookkeeping_to_its_redis_client() -> None:
+    # Bookkeeping.client is the raw Redis client: code outside coord asks Bookkeeping instead.
+    wrong = [
+        f"{path.relative_to(REPO)}: {ast.unparse(node)}"
+        for pkg in ("dflash_tasks", "workers")
+        for path in (REPO / pkg).rglob("*.py")
+        if not module_name(path).startswith("dflash_tasks.coord")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr == "client"
+        and "bk" in ast.unparse(node.value).lower().replace("bookkeeping", "bk")
+    ]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
 def test_no_import_cycles_between_modules() -> None:
     graph = imports()
     modules = set(graph)

@@ -60,7 +60,6 @@ class Requeuer:
         plan = plan_job(
             job.store,
             self.ctx.bookkeeping,
-            self.ctx.bookkeeping.client,
             queue,
             job_id,
             job.manifest.chunks,

@@ -19,6 +19,7 @@ from dflash_tasks.coord.connection import connect, redis_errors
 from dflash_tasks.coord.keys import Keys
 from dflash_tasks.coord.lua import load_script
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS
+from dflash_tasks.coord.publish import Delivery, unacked_deliveries
 from dflash_tasks.core.states import JobState
 
 
@@ -211,6 +212,10 @@ class Bookkeeping:
                 keys=[self._k(job_id, "leases"), self._k(job_id, "owners")], args=[chunk, time.time()]
             )
         return bool(removed)
+
+    def unacked_deliveries(self) -> list[Delivery]:
+        """Every chunk message delivered to a worker and not yet acknowledged (kombu's own keys)."""
+        return unacked_deliveries(self._r)
 
     def owners(self, job_id: str) -> dict[int, str]:
         with redis_errors("reading lease owners"):

@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import redis
 from celery import Celery
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
@@ -39,7 +38,6 @@ class Plan:
 def plan_job(
     store: Store,
     bookkeeping: Bookkeeping | None,
-    broker: redis.Redis | None,
     queue: str,
     job_id: str,
     chunks: int,
@@ -57,7 +55,7 @@ def plan_job(
     done = frozenset(c for c in done_chunks(store) if c < chunks)
     running: frozenset[int] = frozenset()
     queued: frozenset[int] = frozenset()
-    if bookkeeping is not None and broker is not None:
+    if bookkeeping is not None:
         if claim_expired:
             for chunk in bookkeeping.expired_leases(job_id):
                 bookkeeping.claim_expired(job_id, chunk)
@@ -66,8 +64,8 @@ def plan_job(
             running = frozenset(bookkeeping.owners(job_id))  # live or expired: the lease path's
         # Waiting in the queue, or delivered to a live worker that has not leased it yet
         # (e.g. a re-queued chunk waiting for its countdown).
-        held = held_chunks(broker, job_id, time.time(), lease_grace)
-        queued = frozenset(queued_chunks(broker, queue, job_id) | held)
+        held = held_chunks(bookkeeping.client, job_id, time.time(), lease_grace)
+        queued = frozenset(queued_chunks(bookkeeping.client, queue, job_id) | held)
     to_enqueue = tuple(c for c in range(chunks) if c not in done and c not in running and c not in queued)
     return Plan(chunks, done, running - done, queued - done - running, to_enqueue)
 
@@ -91,7 +89,7 @@ def queue_missing(
     """
     queue = model_queue(settings.queue, model)
     bookkeeping.register_job(job_id, registered_location(store))
-    plan = plan_job(store, bookkeeping, bookkeeping.client, queue, job_id, chunks, settings.lease_seconds)
+    plan = plan_job(store, bookkeeping, queue, job_id, chunks, settings.lease_seconds)
     bookkeeping.mark_done(job_id, plan.done)
     keep = set(plan.to_enqueue) - set(exclude)
     if only is not None:

@@ -227,7 +227,7 @@ def enqueue(args: argparse.Namespace, settings: ProducerSettings) -> EnqueueResu
             if report.invalid:
                 print(summarize_invalid(report.invalid), file=sys.stderr)
         queue = model_queue(settings.queue, job.spec.model)
-        plan = plan_job(store, None, None, queue, job.job_id, manifest.chunks)
+        plan = plan_job(store, None, queue, job.job_id, manifest.chunks)
         return EnqueueResult(job, manifest, plan, 0, args.output)
     bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
     bk.ping()  # fail before writing anything when the broker is unreachable

@@ -157,7 +157,7 @@ def test_plan_excludes_done_running_and_queued_and_replans_expired(
         b"garbage",
         b'{"headers": {}}',
     )
-    plan = plan_job(store, bk, rclient, queue, JOB, chunks)
+    plan = plan_job(store, bk, queue, JOB, chunks)
     assert plan.chunks == chunks
     assert plan.done == {0, 3}
     assert plan.running == {1}
@@ -182,7 +182,7 @@ def test_plan_buckets_cover_every_chunk(
     for c in running:
         bk.acquire(JOB, c, "w", 60)
     push(rclient, queue, *(celery_message(task_id(JOB, c)) for c in queued))
-    plan = plan_job(store, bk, rclient, queue, JOB, chunks)
+    plan = plan_job(store, bk, queue, JOB, chunks)
     assert plan.done == done
     assert plan.running == running - done
     assert plan.queued == queued - done - running
@@ -194,7 +194,7 @@ def test_plan_buckets_cover_every_chunk(
 def test_plan_of_a_fresh_job_queues_everything(
     tmp_path: Path, bk: Bookkeeping, rclient: redis.Redis, queue: str
 ) -> None:
-    plan = plan_job(LocalStore(tmp_path / "out"), bk, rclient, queue, JOB, 5)
+    plan = plan_job(LocalStore(tmp_path / "out"), bk, queue, JOB, 5)
     assert plan.to_enqueue == (0, 1, 2, 3, 4)
     assert plan.done == plan.running == plan.queued == frozenset()
     assert plan.pending == 5
@@ -205,7 +205,7 @@ def test_plan_of_a_finished_job_queues_nothing(
 ) -> None:
     store = store_with_outputs(tmp_path, [0, 1, 2])
     bk.acquire(JOB, 1, "late-duplicate", 60)
-    plan = plan_job(store, bk, rclient, queue, JOB, 3)
+    plan = plan_job(store, bk, queue, JOB, 3)
     assert plan.to_enqueue == ()
     assert plan.done == {0, 1, 2}
     assert plan.running == frozenset()
@@ -216,10 +216,10 @@ def test_replanning_after_publishing_queues_nothing_twice(
     tmp_path: Path, bk: Bookkeeping, rclient: redis.Redis, queue: str
 ) -> None:
     store = store_with_outputs(tmp_path, [1])
-    first = plan_job(store, bk, rclient, queue, JOB, 4)
+    first = plan_job(store, bk, queue, JOB, 4)
     assert first.to_enqueue == (0, 2, 3)
     push(rclient, queue, *(celery_message(task_id(JOB, c)) for c in first.to_enqueue))
-    second = plan_job(store, bk, rclient, queue, JOB, 4)
+    second = plan_job(store, bk, queue, JOB, 4)
     assert second.to_enqueue == ()
     assert second.queued == {0, 2, 3}
 
@@ -231,7 +231,7 @@ def test_dry_run_plan_does_not_touch_redis(
     bk.acquire(JOB, 0, "w", 0.01)
     time.sleep(0.03)
     push(rclient, queue, celery_message(task_id(JOB, 1)))
-    plan = plan_job(store, None, None, queue, JOB, 4)
+    plan = plan_job(store, None, queue, JOB, 4)
     assert plan.done == {2}
     assert plan.running == plan.queued == frozenset()
     assert plan.to_enqueue == (0, 1, 3)
@@ -242,7 +242,7 @@ def test_plan_with_redis_down_is_retryable(tmp_path: Path) -> None:
     port = free_port()
     down = Bookkeeping.from_url(f"redis://127.0.0.1:{port}/0", "ut-down")
     with pytest.raises(RetryableError):
-        plan_job(LocalStore(tmp_path), down, down.client, "q", JOB, 3)
+        plan_job(LocalStore(tmp_path), down, "q", JOB, 3)
 
 
 def unacked(client: redis.Redis, chunk: int, age: float, job: str = JOB) -> None:
@@ -260,16 +260,16 @@ def test_plan_counts_deliveries_younger_than_the_lease_as_held(
         unacked(rclient, 2, age=60.5)  # its worker died: plan it again
         unacked(rclient, 3, age=1, job=OTHER)  # another job's
         store = store_with_outputs(tmp_path, [4])  # chunk 4 == chunks: not this job's
-        plan = plan_job(store, bk, rclient, queue, JOB, 4)  # the default grace: 60 s, the default lease
+        plan = plan_job(store, bk, queue, JOB, 4)  # the default grace: 60 s, the default lease
         assert plan.queued == {1} and plan.done == frozenset()
         assert plan.to_enqueue == (0, 2, 3)
     finally:
         rclient.delete("unacked", "unacked_index")
 
 
-def test_plan_without_a_broker_client_is_a_dry_run(tmp_path: Path, bk: Bookkeeping) -> None:
+def test_plan_without_bookkeeping_is_a_dry_run(tmp_path: Path, bk: Bookkeeping) -> None:
     bk.acquire(JOB, 0, "w", 60)
-    plan = plan_job(LocalStore(tmp_path / "out"), bk, None, "q", JOB, 2)
+    plan = plan_job(LocalStore(tmp_path / "out"), None, "q", JOB, 2)
     assert plan.running == frozenset() and plan.to_enqueue == (0, 1)
 
 

@@ -103,12 +103,15 @@ def test_retryable_failures_are_requeued_however_often_they_come(
 
 def test_a_paused_jobs_delivery_is_not_run(staged: Staged, runtime: WorkerRuntime) -> None:
     staged.bk.pause_job(staged.job_id, "quality gate")
-    assert runtime.handle_delivery(staged.job_id, 0, "t1") == {
-        "status": "paused",
-        "reason": "quality gate",
-        "cause": "",
-    }
+    result = runtime.handle_delivery(staged.job_id, 0, "t1")
+    assert (result["status"], result["reason"], result["cause"], result["samples_ok"]) == (
+        "paused",
+        "quality gate",
+        "",
+        0,
+    )
     assert staged.sim_log()["received"] == 0 and not staged.store.exists(output_key(0))
+    assert staged.bk.live_leases(staged.job_id) == {}  # the lease taken to read the pause is given back
 
 
 def resume(staged: Staged) -> dict[str, object]:

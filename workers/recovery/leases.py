@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
-from dflash_tasks.coord.publish import parse_task_id, unacked_deliveries
+from dflash_tasks.coord.publish import parse_task_id
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.job import output_key
 from dflash_tasks.store import Store
@@ -147,7 +147,7 @@ class Reconciler:
         """
         rescued: list[tuple[str, int]] = []
         now = time.time()
-        for delivery in unacked_deliveries(self._bk.client):
+        for delivery in self._bk.unacked_deliveries():
             parsed = parse_task_id(delivery.task_id)
             if parsed is None or parsed[0] not in jobs or not delivery.stale(now, self._lease_seconds):
                 continue
