@@ -16,7 +16,7 @@ from celery import bootsteps, signals
 
 from dflash_tasks.coord.celery_app import app, configure
 from dflash_tasks.core.errors import ConfigError
-from dflash_tasks.core.settings import WorkerSettings, redact_url
+from dflash_tasks.core.settings import DEFAULT_MAX_INFLIGHT, WorkerSettings, redact_url
 from workers.runtime import WorkerRuntime
 
 
@@ -25,7 +25,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--endpoint", help="SGLang server URL, e.g. http://127.0.0.1:30000 [DFLASH_ENDPOINT]")
     p.add_argument("--name", help="worker name shown in Flower, e.g. gpu0 [DFLASH_WORKER_NAME]")
     p.add_argument(
-        "--max-inflight", type=int, help="requests kept in flight (default 48) [DFLASH_MAX_INFLIGHT]"
+        "--max-inflight",
+        type=int,
+        help=f"requests kept in flight (default {DEFAULT_MAX_INFLIGHT}) [DFLASH_MAX_INFLIGHT]",
     )
     p.add_argument("--max-chunks", type=int, help="most chunks held at once (default 8) [DFLASH_MAX_CHUNKS]")
     p.add_argument("--broker-url", help="Redis URL (default redis://127.0.0.1:6379/0) [DFLASH_BROKER_URL]")

@@ -32,6 +32,9 @@ from typing import Any, ClassVar, Self
 from dflash_tasks.core.errors import ConfigError
 
 ENV_PREFIX = "DFLASH_"
+#: Requests a worker keeps in flight against its server: the worker's and the node launcher's
+#: default (SGLang resets an unset running-request cap to 48 under speculative decoding).
+DEFAULT_MAX_INFLIGHT = 48
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +194,7 @@ class WorkerSettings(ProgressSettings):
     requeue_backoff: float = 30.0
     # --- flow control ---
     #: Requests this worker keeps in flight against its server (SGLang's spec-decoding cap is 48).
-    max_inflight: int = 48
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
     #: Most chunks a worker holds at once. It takes the next chunk whenever fewer than
     #: ``backlog_low_water`` requests wait for a slot, so slots never idle at chunk boundaries.
     max_chunks: int = 8

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.settings import DEFAULT_MAX_INFLIGHT
 from workers.node.profiles import FlagPair, Profile, SpecDecode, choose_profile
 
 HOST = "127.0.0.1"
@@ -34,7 +35,7 @@ class NodeOptions:
     gpus: tuple[int, ...]
     model_path: str
     port_base: int = 30000
-    max_inflight: int = 48
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
     sglang_args: tuple[str, ...] = ()
     simulate: bool = False
     sim_args: tuple[str, ...] = ()

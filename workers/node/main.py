@@ -26,7 +26,7 @@ from types import FrameType
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError, DflashError
-from dflash_tasks.core.settings import NodeSettings, redact_url
+from dflash_tasks.core.settings import DEFAULT_MAX_INFLIGHT, NodeSettings, redact_url
 from workers.node.launch import NodeOptions, node_profile, parse_gpus, plan_node, split_args
 from workers.node.procs import redact_argv
 from workers.node.supervisor import Node, SupervisorConfig
@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-inflight",
         type=int,
-        help="requests per GPU; sets SGLang's caps too (default 48) [DFLASH_MAX_INFLIGHT]",
+        help=f"requests per GPU; sets SGLang's caps too (default {DEFAULT_MAX_INFLIGHT}) "
+        "[DFLASH_MAX_INFLIGHT]",
     )
     p.add_argument(
         "--sglang-arg",
