@@ -26,6 +26,7 @@ from workers.identity import ServerModel
 from workers.listener import NO_LISTENER, WorkerListener
 from workers.live_gate import record_chunk_and_judge
 from workers.recovery.leases import LeaseKeeper
+from workers.recovery.retrying import retry_transient
 from workers.sglang_client import SGLangClient
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class ChunkContext:
     policy: RetryPolicy
     identity: WorkerIdentity
     lease_seconds: float
+    store_retry_seconds: float  # how long the chunk's store write, then its completion, are retried
     server: ServerModel  # what the server serves: a chunk of another model is never generated
     listener: WorkerListener = NO_LISTENER  # metrics and live progress (workers.listener)
 
@@ -135,7 +137,12 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
 def _store_chunk(
     ctx: ChunkContext, job: JobHandle, job_id: str, chunk: int, generated: list[Record], started: float
 ) -> ChunkOutcome:
-    """Check each turn, write the chunk atomically, count it once, and feed the live gate."""
+    """Check each turn, write the chunk atomically, count it once, and feed the live gate.
+
+    The write and then the completion are each retried in place on transient trouble (a full disk,
+    S3 or Redis unreachable) for ``ctx.store_retry_seconds``, the lease kept alive meanwhile: the
+    generated records are not thrown away, and a stored chunk is always counted.
+    """
     quality = job.definition.quality
     thinking = job.definition.spec.thinking
     records = [with_checks(r, thinking, quality) for r in generated]
@@ -143,7 +150,14 @@ def _store_chunk(
     for record in records:
         checks.update(record.checks or ())
     data = encode_records(records)
-    if not job.store.write_new(output_key(chunk), data):
+    where = f"chunk {chunk} of job {job_id}"
+
+    def retried(step: Callable[[], bool], doing: str) -> bool:
+        return retry_transient(step, f"{doing} {where}", ctx.store_retry_seconds, ctx.policy)
+
+    # write_new is write-once and True when the key already holds these very bytes, so a retry
+    # after a write that landed unseen (a lost S3 response, an error after the link) counts as ours.
+    if not retried(lambda: job.store.write_new(output_key(chunk), data), "storing"):
         # Stored meanwhile by another worker: this one ran past its lease (frozen, or cut off from
         # Redis) and the chunk was taken over. A stored chunk never changes: keep that one.
         log.warning(
@@ -170,7 +184,7 @@ def _store_chunk(
         "chunk_seconds": time.monotonic() - started,
         **{f"check_{name}": n for name, n in checks.items()},
     }
-    if ctx.bookkeeping.complete(job_id, chunk, counters):
+    if retried(lambda: ctx.bookkeeping.complete(job_id, chunk, counters), "recording as done"):
         record_chunk_and_judge(ctx.bookkeeping, job_id, len(records), checks, quality)
     return ChunkOutcome(
         Delivery.DONE, "", Cause.NONE, ok, len(records) - ok, tokens, time.monotonic() - started

@@ -85,6 +85,7 @@ class WorkerRuntime:
             policy=RetryPolicy(settings.request_attempts, settings.retry_backoff, settings.retry_backoff_max),
             identity=WorkerIdentity(worker=hostname, endpoint=settings.endpoint),
             lease_seconds=settings.lease_seconds,
+            store_retry_seconds=settings.store_retry_seconds,
             server=server,
             listener=listener,
         )

@@ -181,6 +181,7 @@ class WorkerSettings(ProgressSettings):
     #: Attempts per sample for retryable failures (connection errors, timeouts, 5xx, 503).
     request_attempts: int = 6
     #: First backoff delay (s); doubles per attempt, with full jitter, up to ``retry_backoff_max``.
+    #: Also paces the retries of a chunk's store write (``store_retry_seconds``).
     retry_backoff: float = 1.0
     #: Longest backoff delay between two attempts of one sample (s).
     retry_backoff_max: float = 60.0
@@ -192,6 +193,10 @@ class WorkerSettings(ProgressSettings):
     #: Delay before a chunk that failed on store or Redis trouble runs again (s); doubles per
     #: failure of that chunk, up to 10 minutes.
     requeue_backoff: float = 30.0
+    #: How long a worker retries storing a generated chunk, and then recording it as done, on
+    #: transient trouble (a full disk, S3 5xx or unreachable, Redis down) before it gives up and
+    #: re-queues the chunk (s); the chunk's lease is kept meanwhile. 0: no retries.
+    store_retry_seconds: float = 300.0
     # --- flow control ---
     #: Requests this worker keeps in flight against its server (SGLang's spec-decoding cap is 48).
     max_inflight: int = DEFAULT_MAX_INFLIGHT
@@ -230,6 +235,8 @@ class WorkerSettings(ProgressSettings):
             raise ConfigError("retry_backoff and retry_backoff_max must be >= 0")
         if not self.requeue_backoff >= 0:
             raise ConfigError(f"requeue_backoff must be >= 0, got {self.requeue_backoff}")
+        if not self.store_retry_seconds >= 0:
+            raise ConfigError(f"store_retry_seconds must be >= 0, got {self.store_retry_seconds}")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be 0 (off) or a TCP port, got {self.metrics_port}")
 

@@ -298,6 +298,7 @@ def test_low_water(max_inflight: int, backlog_low_water: int, expected: int) -> 
         ("DFLASH_RECONCILE_SECONDS", "0"),
         ("DFLASH_HEALTH_POLL_SECONDS", "-5"),
         ("DFLASH_REQUEUE_BACKOFF", "-1"),
+        ("DFLASH_STORE_RETRY_SECONDS", "-1"),
     ],
 )
 def test_non_positive_timing_settings_are_rejected(var: str, raw: str) -> None:

@@ -106,6 +106,7 @@ def staged(tmp_path: Path, redis_server: RedisServer) -> Iterator[Staged]:
             policy=RetryPolicy(attempts=2, backoff=0.001, backoff_max=0.001),
             identity=WorkerIdentity(worker="ut@host", endpoint=sim.url),
             lease_seconds=60,
+            store_retry_seconds=settings.store_retry_seconds,
             server=ServerModel(SGLangClient(sim.url, 10).identity),  # the simulator serves the job's model
         )
         ctx.server.refresh()
