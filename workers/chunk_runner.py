@@ -141,7 +141,7 @@ def _store_chunk(
 
     The write and then the completion are each retried in place on transient trouble (a full disk,
     S3 or Redis unreachable) for ``ctx.store_retry_seconds``, the lease kept alive meanwhile: the
-    generated records are not thrown away, and a stored chunk is always counted.
+    generated records are not thrown away, and a stored chunk is counted through a Redis restart.
     """
     quality = job.definition.quality
     thinking = job.definition.spec.thinking
