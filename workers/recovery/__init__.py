@@ -1,1 +1,2 @@
-"""Recovery: lease heartbeats and the reconciler that re-queues chunks whose worker died."""
+"""Recovery: lease heartbeats, the reconciler that re-queues chunks whose worker died, and the
+in-place retries of a generated chunk's store write and completion."""
