@@ -19,7 +19,7 @@ from tests.chaos import checker, procs
 from tests.chaos import schedule as S
 from tests.chaos.checker import Result
 from tests.chaos.cluster import Node, Producer
-from tests.chaos.config import INFLIGHT, LEASE_S, RECOVERY_BOUND_S, REQUEST_S, TIMINGS, Options, job_queue
+from tests.chaos.config import INFLIGHT, LEASE_S, RECOVERY_BOUND_S, TIMINGS, Options, job_queue, sim_flags
 from tests.chaos.history import History, Recorder, verify_argv
 from tests.chaos.inputs import write_input
 from tests.chaos.nemeses import Skip, World, nemeses
@@ -81,9 +81,10 @@ class Run:
             self.output = LocalOutput(self.dir / "store")
         self.inp = self.dir / "prompts.jsonl"
         self.expected, self.bad_lines = write_input(self.inp, opts.prompt_count())
+        flags = sim_flags(opts.request_s)
         for spec in opts.topology:
             self.nodes[spec.name] = Node(
-                spec, links.get(spec.name), self.dir / "nodes", env, self.redis, self.output
+                spec, links.get(spec.name), self.dir / "nodes", env, self.redis, self.output, flags
             )
         for node in self.nodes.values():
             if not node.spec.joins:
@@ -215,7 +216,7 @@ class Run:
                 time.sleep(0.5)
         left = manifest.samples - self.recorder.latest_store[1]
         gpus = sum(len(n.spec.gpus) for n in self.nodes.values() if n.alive())
-        nominal = left / max(1, gpus) / INFLIGHT * REQUEST_S
+        nominal = left / max(1, gpus) / INFLIGHT * self.opts.request_s
         bound = RECOVERY_BOUND_S + 2 * nominal
         self.result.bound_s = round(bound, 1)
         self.history.record("bound", samples_left=left, gpus=gpus, bound_s=bound)
@@ -374,7 +375,8 @@ def main_run(opts: Options, say: Callable[[str], None] = print) -> Result:
     say(
         f"chaos: seed {opts.seed}, {opts.minutes:g} min of faults, {opts.store} store, "
         f"{len(opts.topology) - 1} nodes + 1 joining ({gpus} simulated GPUs), "
-        f"{opts.prompt_count():,} prompts in chunks of {opts.chunk_size()}; lease {LEASE_S:g} s"
+        f"{opts.prompt_count():,} prompts in chunks of {opts.chunk_size()}, {opts.request_s:g} s a request; "
+        f"lease {LEASE_S:g} s"
     )
     say(f"chaos: run folder {run.dir}")
     for line in run.schedule.lines():
