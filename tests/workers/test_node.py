@@ -25,8 +25,8 @@ from workers.node.supervisor import Node, SupervisorConfig
 
 MODEL = "Qwen/Qwen3-8B"
 PROMPTS, CHUNK = 800, 8
-# Requests of ~0.35 s (400 tokens at 40 tok/s, time scale 0.035), 8 in flight per simulated GPU.
-SIM = "--time-scale 0.035 --mean-output-tokens 400"
+# Requests of ~0.2 s (400 tokens at 40 tok/s, time scale 0.02), 8 in flight per simulated GPU.
+SIM = "--time-scale 0.02 --mean-output-tokens 400"
 
 
 def port_base(span: int) -> int:
