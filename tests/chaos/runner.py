@@ -295,8 +295,8 @@ class Run:
         return infra
 
     def _left_behind(self) -> None:
-        time.sleep(1.0)
-        left = [p for p in procs.marked(self.run_id, self.dir) if p.pid not in self._infra()]
+        infra = self._infra()
+        left = _settled(lambda: [p for p in procs.marked(self.run_id, self.dir) if p.pid not in infra], 1.0)
         if left:
             self.problems.append(
                 "processes left behind: " + "; ".join(f"{p.pid} {p.line[:80]}" for p in left[:5])
@@ -311,14 +311,12 @@ class Run:
     def _remove_net(self) -> None:
         if self.net is not None:
             self.problems.extend(self.net.remove())
-            time.sleep(0.5)
-            leftovers = self.net.leftovers()
+            leftovers = _settled(self.net.leftovers, 0.5)
             if leftovers:
                 self.problems.append(f"namespaces or links left: {leftovers}")
 
     def _stray(self) -> None:
-        time.sleep(0.5)
-        stray = procs.marked(self.run_id, self.dir)
+        stray = _settled(lambda: procs.marked(self.run_id, self.dir), 0.5)
         if stray:
             self.problems.append(f"{len(stray)} processes still running after the services stopped")
             for p in stray:
@@ -362,6 +360,16 @@ class Run:
         v += checker.check_history(events)
         r.violations = v
         return r
+
+
+def _settled(probe: Callable[[], list[Any]], seconds: float) -> list[Any]:
+    """What ``probe`` still finds after ``seconds`` (sooner once it finds nothing)."""
+    deadline = time.monotonic() + seconds
+    found = probe()
+    while found and time.monotonic() < deadline:
+        time.sleep(0.1)
+        found = probe()
+    return found
 
 
 def _short(detail: dict[str, Any]) -> str:
