@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from tests.chaos.config import ARTIFACTS, Options
+from tests.chaos.config import ARTIFACTS, REQUEST_S, Options
 
 
 def parse(argv: list[str] | None = None) -> Options:
@@ -28,14 +28,20 @@ def parse(argv: list[str] | None = None) -> Options:
     )
     p.add_argument("--nodes", type=int, default=4, help="nodes at the start; one more joins mid-run")
     p.add_argument("--prompts", type=int, default=0, help="prompts in the job (default: sized to the window)")
+    p.add_argument(
+        "--request-seconds",
+        type=float,
+        default=REQUEST_S,
+        help=f"mean simulated request time; the job is sized to it (default {REQUEST_S:g})",
+    )
     p.add_argument("--keep", action="store_true", help="keep the run folder even when the run passes")
     p.add_argument("--label", default="", help="the run's row in test-artifacts/chaos.{md,json}")
     p.add_argument("--artifacts", type=Path, default=ARTIFACTS, help="where chaos.md and chaos.json go")
     p.add_argument("--run-dir", type=Path, help="logs and history (default: a new temporary folder)")
     p.add_argument("--schedule-only", action="store_true", help="print the schedule and exit")
     args = p.parse_args(argv)
-    if args.minutes <= 0 or args.nodes < 2 or args.prompts < 0:
-        p.error("--minutes must be > 0, --nodes >= 2, --prompts >= 0")
+    if args.minutes <= 0 or args.nodes < 2 or args.prompts < 0 or args.request_seconds <= 0:
+        p.error("--minutes must be > 0, --nodes >= 2, --prompts >= 0, --request-seconds > 0")
     opts = Options(
         minutes=args.minutes,
         seed=args.seed,
@@ -46,6 +52,7 @@ def parse(argv: list[str] | None = None) -> Options:
         label=args.label,
         artifacts=args.artifacts,
         run_dir=args.run_dir,
+        request_s=args.request_seconds,
     )
     if args.schedule_only:
         from tests.chaos.schedule import build

@@ -46,8 +46,10 @@ class Node:
         env: dict[str, str],
         redis: RedisProc,
         output: Output,
+        sim_flags: tuple[str, ...] = SIM_FLAGS,
     ) -> None:
         self.spec = spec
+        self.sim_flags = sim_flags
         self.link = link
         self.folder = folder / spec.name
         self.env = env
@@ -79,7 +81,7 @@ class Node:
         return self.spec.gpus[self.spec.workers.index(worker)]
 
     def argv(self) -> list[str]:
-        sim = list(SIM_FLAGS)
+        sim = list(self.sim_flags)
         if self.link is not None:  # the namespace has only loopback and its link: the run reads stats
             sim += ["--host", "0.0.0.0"]
         argv = [

@@ -34,15 +34,23 @@ HANG_S = 14.0
 INFLIGHT = 4  # requests per simulated GPU (the simulator's running cap too)
 MEAN_TOKENS = 200
 TOKENS_PER_S = 40.0  # the simulator's default decode speed per request
-REQUEST_S = 3.0  # mean simulated request time: MEAN_TOKENS / TOKENS_PER_S * time scale
-SIM_FLAGS = (
-    "--time-scale",
-    f"{REQUEST_S * TOKENS_PER_S / MEAN_TOKENS:g}",
-    "--mean-output-tokens",
-    str(MEAN_TOKENS),
-    "--output-tokens-sigma",
-    "0.2",
-)
+REQUEST_S = 3.0  # mean simulated request time (default): MEAN_TOKENS / TOKENS_PER_S * time scale
+
+
+def sim_flags(request_s: float = REQUEST_S) -> tuple[str, ...]:
+    """The simulator's flags for requests of ``request_s`` seconds on average."""
+    scale = request_s * TOKENS_PER_S / MEAN_TOKENS
+    return (
+        "--time-scale",
+        f"{scale:g}",
+        "--mean-output-tokens",
+        str(MEAN_TOKENS),
+        "--output-tokens-sigma",
+        "0.2",
+    )
+
+
+SIM_FLAGS = sim_flags()
 #: The job must be done this long after the last fault ended, at most (plus the work left then:
 #: see :func:`finish_bound`).
 RECOVERY_BOUND_S = 60.0
@@ -100,6 +108,7 @@ class Options:
     label: str = ""  # the row name in test-artifacts/chaos.{json,md}; default from minutes
     artifacts: Path = ARTIFACTS
     run_dir: Path | None = None
+    request_s: float = REQUEST_S  # mean simulated request time; the job is sized to it
     extra: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -118,7 +127,7 @@ class Options:
         """Prompts in the job: what the GPUs at the start would finish in the window, unfaulted."""
         if self.prompts:
             return self.prompts
-        per_s = self.gpus_at_start * INFLIGHT / REQUEST_S
+        per_s = self.gpus_at_start * INFLIGHT / self.request_s
         return max(200, int(per_s * self.window_s))
 
     def chunk_size(self) -> int:
@@ -134,6 +143,8 @@ class Options:
             args.append(f"--nodes {self.nodes}")
         if self.prompts:
             args.append(f"--prompts {self.prompts}")
+        if self.request_s != REQUEST_S:
+            args.append(f"--request-seconds {self.request_s:g}")
         return f"make chaos CHAOS_ARGS={shlex.quote(' '.join(args))}"
 
     def name(self) -> str:

@@ -19,7 +19,7 @@ from tests.chaos import checker, procs
 from tests.chaos import schedule as S
 from tests.chaos.checker import Result
 from tests.chaos.cluster import Node, Producer
-from tests.chaos.config import INFLIGHT, LEASE_S, RECOVERY_BOUND_S, REQUEST_S, TIMINGS, Options, job_queue
+from tests.chaos.config import INFLIGHT, LEASE_S, RECOVERY_BOUND_S, TIMINGS, Options, job_queue, sim_flags
 from tests.chaos.history import History, Recorder, verify_argv
 from tests.chaos.inputs import write_input
 from tests.chaos.nemeses import Skip, World, nemeses
@@ -81,9 +81,10 @@ class Run:
             self.output = LocalOutput(self.dir / "store")
         self.inp = self.dir / "prompts.jsonl"
         self.expected, self.bad_lines = write_input(self.inp, opts.prompt_count())
+        flags = sim_flags(opts.request_s)
         for spec in opts.topology:
             self.nodes[spec.name] = Node(
-                spec, links.get(spec.name), self.dir / "nodes", env, self.redis, self.output
+                spec, links.get(spec.name), self.dir / "nodes", env, self.redis, self.output, flags
             )
         for node in self.nodes.values():
             if not node.spec.joins:
@@ -215,7 +216,7 @@ class Run:
                 time.sleep(0.5)
         left = manifest.samples - self.recorder.latest_store[1]
         gpus = sum(len(n.spec.gpus) for n in self.nodes.values() if n.alive())
-        nominal = left / max(1, gpus) / INFLIGHT * REQUEST_S
+        nominal = left / max(1, gpus) / INFLIGHT * self.opts.request_s
         bound = RECOVERY_BOUND_S + 2 * nominal
         self.result.bound_s = round(bound, 1)
         self.history.record("bound", samples_left=left, gpus=gpus, bound_s=bound)
@@ -294,8 +295,8 @@ class Run:
         return infra
 
     def _left_behind(self) -> None:
-        time.sleep(1.0)
-        left = [p for p in procs.marked(self.run_id, self.dir) if p.pid not in self._infra()]
+        infra = self._infra()
+        left = _settled(lambda: [p for p in procs.marked(self.run_id, self.dir) if p.pid not in infra], 1.0)
         if left:
             self.problems.append(
                 "processes left behind: " + "; ".join(f"{p.pid} {p.line[:80]}" for p in left[:5])
@@ -310,14 +311,12 @@ class Run:
     def _remove_net(self) -> None:
         if self.net is not None:
             self.problems.extend(self.net.remove())
-            time.sleep(0.5)
-            leftovers = self.net.leftovers()
+            leftovers = _settled(self.net.leftovers, 0.5)
             if leftovers:
                 self.problems.append(f"namespaces or links left: {leftovers}")
 
     def _stray(self) -> None:
-        time.sleep(0.5)
-        stray = procs.marked(self.run_id, self.dir)
+        stray = _settled(lambda: procs.marked(self.run_id, self.dir), 0.5)
         if stray:
             self.problems.append(f"{len(stray)} processes still running after the services stopped")
             for p in stray:
@@ -363,6 +362,16 @@ class Run:
         return r
 
 
+def _settled(probe: Callable[[], list[Any]], seconds: float) -> list[Any]:
+    """What ``probe`` still finds after ``seconds`` (sooner once it finds nothing)."""
+    deadline = time.monotonic() + seconds
+    found = probe()
+    while found and time.monotonic() < deadline:
+        time.sleep(0.1)
+        found = probe()
+    return found
+
+
 def _short(detail: dict[str, Any]) -> str:
     text = json.dumps(detail, default=str)
     return "" if text == "{}" else (text if len(text) < 100 else text[:97] + "...")
@@ -374,7 +383,8 @@ def main_run(opts: Options, say: Callable[[str], None] = print) -> Result:
     say(
         f"chaos: seed {opts.seed}, {opts.minutes:g} min of faults, {opts.store} store, "
         f"{len(opts.topology) - 1} nodes + 1 joining ({gpus} simulated GPUs), "
-        f"{opts.prompt_count():,} prompts in chunks of {opts.chunk_size()}; lease {LEASE_S:g} s"
+        f"{opts.prompt_count():,} prompts in chunks of {opts.chunk_size()}, {opts.request_s:g} s a request; "
+        f"lease {LEASE_S:g} s"
     )
     say(f"chaos: run folder {run.dir}")
     for line in run.schedule.lines():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.chaos import schedule as S
-from tests.chaos.config import Options, topology
+from tests.chaos.config import Options, sim_flags, topology
 from tests.chaos.schedule import build
 
 
@@ -74,3 +74,12 @@ def test_replay_command_names_every_non_default_option() -> None:
     assert Options(minutes=3, seed=1).replay() == "make chaos CHAOS_ARGS='--minutes 3 --seed 1'"
     replay = Options(minutes=1.5, seed=7, nodes=3, store="s3").replay()
     assert replay == "make chaos CHAOS_ARGS='--minutes 1.5 --seed 7 --store s3 --nodes 3'"
+    fast = Options(minutes=1, seed=7, nodes=3, request_s=2.0)
+    assert fast.replay() == "make chaos CHAOS_ARGS='--minutes 1 --seed 7 --nodes 3 --request-seconds 2'"
+
+
+def test_the_job_is_sized_to_the_request_time() -> None:
+    """Faster simulated requests: more prompts for the same window, as densely packed."""
+    assert Options(minutes=1.5, seed=7, nodes=3).prompt_count() == 360
+    assert Options(minutes=1, seed=7, nodes=3, request_s=2.0).prompt_count() == 360
+    assert sim_flags(2.0)[:2] == ("--time-scale", "0.4") and sim_flags()[:2] == ("--time-scale", "0.6")

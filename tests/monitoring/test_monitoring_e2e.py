@@ -295,7 +295,7 @@ def read_progress(out: Path) -> dict[str, Any] | None:
 def test_progress_json_keeps_updating_after_enqueue_is_killed(procs: Processes, tmp_path: Path) -> None:
     procs.env["DFLASH_PROGRESS_SECONDS"] = "1"
     inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
-    write_prompts(inp, 300)
+    write_prompts(inp, 150)
     sim = procs.simulator("--time-scale", "0.02", "--mean-output-tokens", "800")
     procs.worker(sim, "gpu0", "--max-inflight", "12", "--max-chunks", "2")
     producer = subprocess.Popen(
@@ -333,13 +333,13 @@ def test_progress_json_keeps_updating_after_enqueue_is_killed(procs: Processes, 
 
         mid = last_json(procs.run("dflash_tasks.monitoring.status", "--output", str(out), "--json").stdout)
         c = mid["chunks"]
-        assert c["done"] + c["running"] + c["pending"] == c["total"] == 30
+        assert c["done"] + c["running"] + c["pending"] == c["total"] == 15
         assert mid["samples"]["done"] == 10 * c["done"]
 
         final = wait_until(
             lambda: (read_progress(out) or {}).get("state") == "done" and read_progress(out), 90, "done"
         )
-        assert final["samples"]["done"] == 300 and final["chunks"]["done"] == 30 and final["eta_s"] == 0
+        assert final["samples"]["done"] == 150 and final["chunks"]["done"] == 15 and final["eta_s"] == 0
     finally:
         if producer.poll() is None:
             os.killpg(producer.pid, signal.SIGKILL)

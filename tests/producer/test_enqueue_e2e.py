@@ -55,7 +55,7 @@ def test_dry_run_writes_and_queues_nothing(procs: Processes, tmp_path: Path) -> 
 def test_server_stays_busy_across_chunk_boundaries(procs: Processes, tmp_path: Path) -> None:
     """The next chunk fills the slots while one drains its slowest requests."""
     inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
-    write_prompts(inp, 160)
+    write_prompts(inp, 80)
     sim = procs.simulator(
         *("--time-scale", "0.05", "--max-running-requests", "8"),
         *("--mean-output-tokens", "600", "--output-tokens-sigma", "0.8"),
@@ -76,7 +76,7 @@ def test_server_stays_busy_across_chunk_boundaries(procs: Processes, tmp_path: P
         stats = requests.get(f"{sim}/sim/stats", timeout=5).json()
         samples.append((stats["running"], r.llen(procs.model_queue())))
         time.sleep(0.02)
-    assert producer.returncode == 0 and done_chunk_count(out) == 20
+    assert producer.returncode == 0 and done_chunk_count(out) == 10
     # From the first full batch until the last chunk left the queue (before the final drain),
     # the server should be at its in-flight target nearly all the time.
     first_full = next(i for i, (running, _) in enumerate(samples) if running == 8)

@@ -25,8 +25,8 @@ from workers.node.supervisor import Node, SupervisorConfig
 
 MODEL = "Qwen/Qwen3-8B"
 PROMPTS, CHUNK = 800, 8
-# Requests of ~0.5 s (400 tokens at 40 tok/s, time scale 0.05), 8 in flight per simulated GPU.
-SIM = "--time-scale 0.05 --mean-output-tokens 400"
+# Requests of ~0.2 s (400 tokens at 40 tok/s, time scale 0.02), 8 in flight per simulated GPU.
+SIM = "--time-scale 0.02 --mean-output-tokens 400"
 
 
 def port_base(span: int) -> int:
@@ -75,7 +75,7 @@ def test_node_runs_a_job_while_gpus_join_leave_and_die(procs: Processes, tmp_pat
     write_prompts(inp, PROMPTS)
     base = port_base(3)
     t0 = time.monotonic()
-    node_a = start_node(procs, "node-a.log", "0-1", base, "--restart-delay", "6")
+    node_a = start_node(procs, "node-a.log", "0-1", base, "--restart-delay", "2")
     wait_for_line(procs, "node-a.log", r"node ready: 2 GPU\(s\) serving", 60)
     start_s = time.monotonic() - t0
 
