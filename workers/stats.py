@@ -79,24 +79,38 @@ class WorkerStats:
         ``turns``: how many turns (generations) it settles."""
         now = time.time() if now is None else now
         w = self._worker
+        failed = 0 if ok else 1
         with self._lock:
             bucket = self._buckets[(job_id, bucket_start(now))]
-            bucket.update({"samples": 1, "failed": 0 if ok else 1, "tokens": tokens, "turns": turns})
-            bucket.update({f"{w}|samples": 1, f"{w}|tokens": tokens})
-            self._totals[job_id].update({"samples": 1, "failed": 0 if ok else 1, "tokens": tokens})
+            totals = self._totals[job_id]
+            for counts in (bucket, totals):
+                counts["samples"] += 1
+                counts["failed"] += failed
+                counts["tokens"] += tokens
+            bucket["turns"] += turns
+            bucket[f"{w}|samples"] += 1
+            bucket[f"{w}|tokens"] += tokens
             if verify > 0:
-                spec = {"spec_tokens": spec_tokens, "verify": verify}
-                bucket.update(spec)
-                bucket.update({f"{w}|spec_tokens": spec_tokens, f"{w}|verify": verify})
-                self._totals[job_id].update(spec)
+                for counts in (bucket, totals):
+                    counts["spec_tokens"] += spec_tokens
+                    counts["verify"] += verify
+                bucket[f"{w}|spec_tokens"] += spec_tokens
+                bucket[f"{w}|verify"] += verify
                 self._recent.append((now, spec_tokens, verify))
+                self._forget_before(now - WINDOW_SECONDS)
+
+    def _forget_before(self, cutoff: float) -> None:
+        """Drop the per-sample accept-length entries older than ``cutoff`` (the lock is held): they
+        would otherwise pile up for the whole run when nothing scrapes the last-minute figure."""
+        recent = self._recent
+        while recent and recent[0][0] < cutoff:
+            recent.popleft()
 
     def recent_accept_length(self, now: float | None = None, window: float = WINDOW_SECONDS) -> float | None:
         """Σ tokens / Σ verify passes of this worker's samples of the last ``window`` seconds."""
         now = time.time() if now is None else now
         with self._lock:
-            while self._recent and self._recent[0][0] < now - window:
-                self._recent.popleft()
+            self._forget_before(now - window)
             return ratio(sum(t for _, t, _ in self._recent), sum(v for _, _, v in self._recent))
 
     def chunk_started(self, job_id: str, now: float | None = None) -> None:

@@ -438,6 +438,15 @@ def test_worker_recent_accept_length_covers_the_last_minute(bk: Bookkeeping) -> 
     assert stats.recent_accept_length(now=NOW + 60) is None
 
 
+def test_worker_keeps_only_the_last_minute_of_accept_length_entries(bk: Bookkeeping) -> None:
+    # Nothing may scrape the last-minute figure (no metrics port): the entries must not pile up.
+    stats = WorkerStats(bk, "gpu0@h")
+    for i in range(3000):  # 10 samples/s for 300 s
+        stats.sample_done("j", ok=True, tokens=40, spec_tokens=40, verify=10, now=NOW + i / 10)
+    assert len(stats._recent) <= 10 * 60 + 1
+    assert stats.recent_accept_length(now=NOW + 300) == pytest.approx(4.0)
+
+
 def test_a_multi_turn_job_is_measured_in_turns() -> None:
     """300 samples of 3 turns = 900 generations; 300 turns done, 2 turns/s: 5 minutes left, not 1,000 s."""
     per, beats = live_workers(1, NOW)
