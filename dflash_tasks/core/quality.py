@@ -38,7 +38,7 @@ CHECKS = tuple(CHECK_HINTS)
 class QualitySettings:
     """Job-level quality settings (written to job.json; not part of the job's identity)."""
 
-    #: A completion shorter than this many tokens is flagged ``short``.
+    #: A completion shorter than this many tokens is flagged ``short`` (thinking jobs only).
     min_completion_tokens: int = 32
     #: Highest tolerated share of samples failing each check, for the preflight and live gates.
     max_share: dict[str, float] = field(
@@ -85,13 +85,16 @@ def check_turn(turn: Turn, thinking: bool, settings: QualitySettings) -> list[st
         found.append("no_reasoning")
     if not thinking and reasoning:
         found.append("unexpected_reasoning")
-    if any(m in content.lower() or m in reasoning.lower() for m in THINK_MARKERS):
+    text = f"{reasoning}\n{content}".lower()  # once: the texts run to tens of kilobytes
+    if any(m in text for m in THINK_MARKERS):
         found.append("think_marker")
     if not content:
         found.append("empty_answer")
     if turn.finish_reason == "length":
         found.append("truncated")
-    if turn.usage.completion_tokens < settings.min_completion_tokens:
+    # A few tokens are the seed's failure in thinking mode; without thinking, a short answer
+    # ("42") can be exactly right, so the check applies to thinking jobs only.
+    if thinking and turn.usage.completion_tokens < settings.min_completion_tokens:
         found.append("short")
     return found
 

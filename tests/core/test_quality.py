@@ -81,6 +81,17 @@ def test_empty_answer_and_short_completion() -> None:
     assert check_record(record(), thinking=True, settings=strict) == ["short"]
 
 
+def test_a_short_answer_without_thinking_is_not_flagged_short() -> None:
+    # "42" in six tokens is a right answer when thinking is off; with thinking on it is the seed's failure.
+    short_answer = record(reasoning="", usage={"completion_tokens": 6})
+    assert check_record(short_answer, thinking=False, settings=SETTINGS) == []
+    assert check_record(short_answer, thinking=True, settings=SETTINGS) == ["no_reasoning", "short"]
+
+
+def test_a_think_marker_split_across_reasoning_and_answer_is_not_a_marker() -> None:
+    assert check_record(record(reasoning="a <thi", content="nk> b"), thinking=True, settings=SETTINGS) == []
+
+
 def test_failed_request_is_only_failed() -> None:
     assert check_record(
         stored({"status": "failed", "error": "HTTP 400"}), thinking=True, settings=SETTINGS
