@@ -59,28 +59,6 @@ class Conversation:
         )
 
 
-def generate_sample(
-    client: SGLangClient,
-    spec: GenerationSpec,
-    sample: Sample,
-    who: WorkerIdentity,
-    policy: RetryPolicy,
-    rid_prefix: str,
-    sleep: Callable[[float], None] = time.sleep,
-    *,
-    listener: WorkerListener = NO_LISTENER,
-) -> Record:
-    """Generate every turn of ``sample`` in this thread, one after the other; returns its record.
-
-    Raises :class:`~dflash_tasks.core.errors.ServerUnavailable` like :func:`generate_turn`.
-    """
-    conversation = Conversation(spec, sample, who, rid_prefix)
-    while not conversation.finished:
-        messages, added, rid = conversation.next_request()
-        conversation.add(generate_turn(client, spec, messages, added, policy, rid, sleep, listener=listener))
-    return conversation.record()
-
-
 def start_conversation(
     pool: RequestPool,
     client: SGLangClient,
@@ -91,6 +69,7 @@ def start_conversation(
     rid_prefix: str,
     *,
     listener: WorkerListener = NO_LISTENER,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Future[Record]:
     """Run ``sample``'s turns through ``pool``, each queued when the previous one returns.
 
@@ -98,7 +77,7 @@ def start_conversation(
     turn waiting in the pool and sends no further turn.
     """
     conversation = Conversation(spec, sample, who, rid_prefix)
-    send = functools.partial(generate_turn, listener=listener)
+    send = functools.partial(generate_turn, sleep=sleep, listener=listener)
     result: Future[Record] = Future()
     lock = threading.Lock()
     current: list[Future[Turn]] = []

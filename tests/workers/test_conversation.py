@@ -21,7 +21,8 @@ from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
 from dflash_tasks.sim.requestlog import read_requests
-from workers.conversation import generate_sample, start_conversation
+from tests.workers.conversation_support import generate_sample
+from workers.conversation import start_conversation
 from workers.flow.request_pool import RequestPool
 from workers.generation import RetryPolicy, WorkerIdentity
 from workers.sglang_client import Completion, SGLangClient

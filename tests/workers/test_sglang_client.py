@@ -21,7 +21,7 @@ from dflash_tasks.core.record import Record
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
-from workers.conversation import generate_sample
+from tests.workers.conversation_support import generate_sample
 from workers.generation import RetryPolicy, WorkerIdentity, build_request, make_record, make_turn
 from workers.sglang_client import (
     Completion,
