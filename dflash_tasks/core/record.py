@@ -107,11 +107,18 @@ class Turn:
             "latency_s": self.latency_s,
             "attempts": self.attempts,
         }
-        if self.checks is not None:
-            doc["checks"] = list(self.checks)
-        if self.extra:
-            doc.update(self.extra)
-        return doc
+        return _with_checks_and_extra(doc, self.checks, self.extra)
+
+
+def _with_checks_and_extra(
+    doc: dict[str, Any], checks: tuple[str, ...] | None, extra: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The tail both a turn and a record write: ``checks`` once they ran, then the unknown keys."""
+    if checks is not None:
+        doc["checks"] = list(checks)
+    if extra:
+        doc.update(extra)
+    return doc
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,11 +177,7 @@ class Record:
             "latency_s": self.latency_s,
             "attempts": self.attempts,
         }
-        if self.checks is not None:
-            doc["checks"] = list(self.checks)
-        if self.extra:
-            doc.update(self.extra)
-        return doc
+        return _with_checks_and_extra(doc, self.checks, self.extra)
 
     def to_json(self) -> str:
         """The record's line (without the newline): the one encoding of an output record."""
