@@ -26,6 +26,7 @@ from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, WINDOW_SECONDS, win
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, accept_length
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.fleet import alive, live_fleet, serving_warning
+from dflash_tasks.monitoring.settled import settle
 from dflash_tasks.monitoring.snapshot import Snapshot, num, read_progress, read_snapshot
 from dflash_tasks.store import Store
 
@@ -132,6 +133,8 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
     finished = num(job.get("finished_at")) or None
     end = finished if (done_all and finished) else now
     elapsed = max(0.0, end - started) if started else None
+    if snap.settled and not finished:  # finished at a time nobody recorded: unknown, not now - start
+        elapsed = None
 
     failed = int(snap.stats.get("samples_failed", 0.0))
     counted_ok = snap.stats.get("samples_ok", 0.0)
@@ -166,7 +169,7 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
 
     workers = _workers(snap, now)
     live = sum(1 for w in workers if w["alive"])
-    gpu_s = gpu_seconds(job, live, now, started)
+    gpu_s = num(job.get("gpu_seconds")) if snap.settled else gpu_seconds(job, live, now, started)
     spent, projected = cost(snap.gpu_hour_usd, gpu_s, live, eta)
     spec = spec_summary(snap, workers, now)
 
@@ -336,7 +339,10 @@ def compute_progress(
     )
     if not snap.redis_ok or not snap.job.get("started_at"):
         previous = read_progress(store)
-        if previous and previous.get("job_id") == job_id:
+        settled = settle(store, snap, previous)
+        if settled is not None:
+            snap = settled
+        elif previous and previous.get("job_id") == job_id:
             snap = carry_over(snap, previous)
     return summarize(snap, now, writer)
 

@@ -16,6 +16,7 @@ from dflash_tasks.core.errors import DflashError, RetryableError
 from dflash_tasks.core.job import JobDefinition, Manifest
 from dflash_tasks.monitoring.fleet import alive
 from dflash_tasks.monitoring.progress import GPU_GAP_CAP, summarize
+from dflash_tasks.monitoring.settled import is_final, settle
 from dflash_tasks.monitoring.snapshot import Snapshot, num, read_progress, read_snapshot
 from dflash_tasks.store import Store
 
@@ -71,21 +72,28 @@ class ProgressWriter:
     ) -> dict[str, Any]:
         """Compute, bill GPU time, and write ``progress.json`` now (the caller holds the lock)."""
         now = time.time() if now is None else now
+
+        def snapshot() -> Snapshot:
+            return read_snapshot(
+                store,
+                self._bk,
+                job_id,
+                now,
+                queue=self._queue,
+                manifest=manifest,
+                definition=definition,
+                default_gpu_hour_usd=self._price,
+            )
+
         try:
             if not self._live.has_gpu_clock(job_id):  # a new job, or Redis lost its keys
+                finished = self._finished_without_counters(job_id, store, snapshot(), now)
+                if finished is not None:
+                    return finished
                 self._seed(job_id, store)
         except RetryableError as exc:
             log.debug("could not seed progress of job %s: %s", job_id, exc)
-        snap = read_snapshot(
-            store,
-            self._bk,
-            job_id,
-            now,
-            queue=self._queue,
-            manifest=manifest,
-            definition=definition,
-            default_gpu_hour_usd=self._price,
-        )
+        snap = snapshot()
         if snap.redis_ok:
             try:
                 snap = self._tick(snap, now)
@@ -99,6 +107,21 @@ class ProgressWriter:
                 self._live.mark_progress_final(job_id)
             except RetryableError as exc:
                 log.debug("could not mark the progress of job %s final: %s", job_id, exc)
+        return doc
+
+    def _finished_without_counters(
+        self, job_id: str, store: Store, snap: Snapshot, now: float
+    ) -> dict[str, Any] | None:
+        """A done job whose counters Redis lost: its final progress.json stays as it is (or one
+        with recounted figures is written), and is marked final; never re-stamped as finished now."""
+        previous = read_progress(store)
+        settled = settle(store, snap, previous)
+        if settled is None:
+            return None
+        doc = summarize(settled, now, self._owner)
+        if not is_final(previous, snap):
+            store.write(PROGRESS_KEY, (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode())
+        self._live.mark_progress_final(job_id)
         return doc
 
     def _seed(self, job_id: str, store: Store) -> None:

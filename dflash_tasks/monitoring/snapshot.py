@@ -58,6 +58,8 @@ class Snapshot:
     gpu_hour_usd: float = 0.0
     redis_ok: bool = True
     notes: tuple[str, ...] = ()  # extra warnings
+    #: A finished job whose figures are final (monitoring.settled): its time never runs on.
+    settled: bool = False
 
 
 def read_snapshot(
