@@ -74,7 +74,8 @@ class WorkerRuntime:
 
         server = ServerModel(client.identity, on_change=on_model, quick=client.model_identity)
         stats = WorkerStats(bk, hostname, min(FLUSH_SECONDS, settings.progress_seconds))
-        prometheus = PrometheusListener(hostname, settings.endpoint)
+        # a job's figures stay exported a few progress periods after this worker last wrote them
+        prometheus = PrometheusListener(hostname, settings.endpoint, 3 * settings.progress_seconds)
         listener = Listeners([prometheus, StatsListener(stats)])
         ctx = ChunkContext(
             client=client,

@@ -276,6 +276,7 @@ class WorkerMonitor:
             lambda: ctx.pool.waiting,
             held,
             healthy,
+            lambda: ctx.pool.max_inflight,
         )
         prometheus.watch_queue(LiveProgress.of(ctx.bookkeeping), queues)
         return monitor
@@ -314,7 +315,9 @@ class WorkerMonitor:
         for job_id in registered_jobs(self._bk):
             try:
                 handle = self._jobs.get(job_id)
-                if self.writer.write_if_due(job_id, handle.store, handle.manifest, handle.definition):
+                doc = self.writer.write_if_due(job_id, handle.store, handle.manifest, handle.definition)
+                if doc is not None:
+                    self.prometheus.progress_written(doc)
                     written += 1
             except DflashError as exc:  # an unknown or unreachable job: another process may write it
                 log.debug("no progress for job %s: %s", job_id, exc)

@@ -28,6 +28,7 @@ Series (every one has a ``worker`` label):
     dflash_chunk_seconds                      histogram: lease taken → chunk stored
     dflash_inflight_requests{endpoint}        requests in flight against the server
     dflash_waiting_requests{endpoint}         requests waiting for a slot (the backlog)
+    dflash_max_inflight_requests{endpoint}    the in-flight target: requests kept in flight at most
     dflash_chunks_held                        chunks the worker holds now
     dflash_server_healthy{endpoint}           1 while the server passes its health check
     dflash_spec_accept_length{endpoint,source}  source="per_request": Σ tokens / Σ verify passes of
@@ -36,6 +37,8 @@ Series (every one has a ``worker`` label):
                                               avg_spec_accept_length (/server_info)
     dflash_queue_depth{queue}                 messages waiting in each queue the worker consumes
     dflash_worker_info{endpoint}              1, with the worker's endpoint
+    dflash_job_*{job,...}                     the figures of the progress.json this worker wrote
+                                              last (ETA, cost, totals, pause): monitoring.job_metrics
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from dflash_tasks.coord.live_progress import LiveProgress
 from dflash_tasks.core.errors import DflashError, RetryableError
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, SampleCounts
 from dflash_tasks.core.states import Cause, Delivery, ErrorKind
+from dflash_tasks.monitoring.job_metrics import JobProgressGauges
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +118,12 @@ WAITING = Gauge(
     ["worker", "endpoint"],
     registry=REGISTRY,
 )
+MAX_INFLIGHT = Gauge(
+    "dflash_max_inflight_requests",
+    "The in-flight target: requests the worker keeps in flight against the server at most.",
+    ["worker", "endpoint"],
+    registry=REGISTRY,
+)
 HELD = Gauge("dflash_chunks_held", "Chunks the worker holds now.", ["worker"], registry=REGISTRY)
 HEALTHY = Gauge(
     "dflash_server_healthy", "1 while the bound server is healthy.", ["worker", "endpoint"], registry=REGISTRY
@@ -130,12 +140,14 @@ class PrometheusListener:
     the worker's gauges (:meth:`watch_worker`, :meth:`watch_queue`) and its accept length.
     """
 
-    def __init__(self, worker: str, endpoint: str) -> None:
+    def __init__(self, worker: str, endpoint: str, progress_fresh_s: float = 15.0) -> None:
         self.worker, self.endpoint = worker, endpoint
         self.server_accept: float | None = None  # the server's lifetime figure (polled)
         self.recent_accept: Callable[[], float | None] = _unknown  # per-request, last minute
+        self.jobs = JobProgressGauges(worker, progress_fresh_s)
         INFO.labels(worker, endpoint).set(1)
         _register_once(AcceptLength(self))
+        _register_once(self.jobs)
 
     # -- events --------------------------------------------------------------------------------
     def request_failed(self, exc: BaseException, will_retry: bool) -> None:
@@ -174,6 +186,10 @@ class PrometheusListener:
     def chunk_requeued(self, reason: str) -> None:
         REQUEUED.labels(self.worker, reason).inc()
 
+    def progress_written(self, doc: Mapping[str, Any]) -> None:
+        """This worker wrote ``doc`` as a job's progress.json: export its job-level figures."""
+        self.jobs.written(doc)
+
     # -- gauges read at scrape time --------------------------------------------------------------
     def watch_worker(
         self,
@@ -181,8 +197,11 @@ class PrometheusListener:
         waiting: Callable[[], float],
         held: Callable[[], float],
         healthy: Callable[[], bool],
+        max_inflight: Callable[[], float] | None = None,
     ) -> None:
         INFLIGHT.labels(self.worker, self.endpoint).set_function(inflight)
+        if max_inflight is not None:
+            MAX_INFLIGHT.labels(self.worker, self.endpoint).set_function(max_inflight)
         WAITING.labels(self.worker, self.endpoint).set_function(waiting)
         HELD.labels(self.worker).set_function(held)
         HEALTHY.labels(self.worker, self.endpoint).set_function(lambda: 1.0 if healthy() else 0.0)

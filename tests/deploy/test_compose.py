@@ -165,7 +165,7 @@ def test_settings_names_exist_and_required_variables_are_in_env_example() -> Non
             if key.startswith("DFLASH_"):
                 assert key in SETTINGS_VARS, f"{name}: {key} is no settings field"
     required = set(re.findall(r"\$\{(\w+):\?", COMPOSE_TEXT))
-    assert required == {"REDIS_PASSWORD", "FLOWER_PASSWORD", "MODEL_NAME"}
+    assert required == {"REDIS_PASSWORD", "FLOWER_PASSWORD", "GRAFANA_PASSWORD", "MODEL_NAME"}
     example = dict(line.split("=", 1) for line in ENV_EXAMPLE.splitlines() if re.match(r"^[A-Z_]+=", line))
     assert required <= set(example)
     for key in example:
@@ -175,7 +175,7 @@ def test_settings_names_exist_and_required_variables_are_in_env_example() -> Non
 
 def test_cpu_profile_runs_the_same_stack_on_the_simulator() -> None:
     cpu = in_profile("cpu")
-    assert {"redis", "flower", "sim-gpu0", "sim-gpu1", "worker-sim0", "worker-sim1"} == cpu
+    assert {"redis", "flower", "sim-gpu0", "sim-gpu1", "worker-sim0", "worker-sim1"} | MONITORING == cpu
     assert not any(name.startswith("sglang-") for name in cpu)
     for i in (0, 1):
         sim = SERVICES[f"sim-gpu{i}"]
@@ -188,8 +188,57 @@ def test_cpu_profile_runs_the_same_stack_on_the_simulator() -> None:
         assert worker["environment"]["DFLASH_ENDPOINT"] == f"http://sim-gpu{i}:30000"
         assert worker["depends_on"] == {f"sim-gpu{i}": {"condition": "service_healthy"}}
     gpu, join = in_profile("gpu"), in_profile("join")
-    assert {"redis", "flower"} <= gpu and not {"redis", "flower"} & join
+    assert {"redis", "flower", *MONITORING} <= gpu and not {"redis", "flower", *MONITORING} & join
     assert join == {n for n in SERVICES if re.fullmatch(r"(sglang|worker)-gpu\d+", n)} <= gpu
+
+
+MONITORING = {"prometheus", "grafana"}
+
+
+def test_prometheus_and_grafana_are_pinned_mounted_from_the_repo_and_on_loopback() -> None:
+    prom, grafana = SERVICES["prometheus"], SERVICES["grafana"]
+    for svc, default in ((prom, "prom/prometheus:v"), (grafana, "grafana/grafana:")):
+        image = interpolate(svc["image"])
+        assert image.startswith(default) and re.search(r":v?\d+\.\d+\.\d+$", image), image  # no latest
+        assert svc["restart"] == "unless-stopped"
+    assert [interpolate(p) for p in prom["ports"]] == ["127.0.0.1:9090:9090"]
+    assert [interpolate(p) for p in grafana["ports"]] == ["127.0.0.1:3000:3000"]
+    mounts = {
+        interpolate(v).split(":")[1]: interpolate(v).split(":")[0] for v in prom["volumes"] + grafana["volumes"]
+    }
+    for inside, repo_path in (
+        ("/etc/prometheus/prometheus.yml", "deploy/prometheus/prometheus.yml"),
+        ("/etc/prometheus/alerts.yml", "deploy/prometheus/alerts.yml"),
+        ("/etc/prometheus/targets", "deploy/prometheus/targets"),
+        ("/etc/grafana/provisioning", "deploy/grafana/provisioning"),
+        ("/var/lib/grafana/dashboards", "deploy/grafana/dashboards"),
+    ):
+        assert mounts[inside] == f"./{repo_path}" and (REPO / repo_path).exists(), inside
+    assert "--config.file=/etc/prometheus/prometheus.yml" in argv(prom)
+    env = grafana["environment"]
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == "${GRAFANA_PASSWORD:?set GRAFANA_PASSWORD in .env}"
+    assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    home = env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (REPO / "deploy/grafana/dashboards" / Path(home).name).is_file()
+    # the workers serve their metrics inside the compose network, where Prometheus scrapes them
+    assert COMPOSE["x-worker-env"]["DFLASH_METRICS_ADDRESS"] == "0.0.0.0"
+    assert not any("9808" in str(p) for svc in SERVICES.values() for p in svc.get("ports", []))
+
+
+def test_prometheus_finds_every_compose_worker_and_server() -> None:
+    config = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    names = {
+        "dflash-workers": {n for n in SERVICES if n.startswith("worker-")},
+        "sglang": {n for n in SERVICES if n.startswith(("sglang-", "sim-"))},
+    }
+    for job, services in names.items():
+        (dns,) = jobs[job]["dns_sd_configs"]
+        assert services <= set(dns["names"]), (job, services - set(dns["names"]))
+        assert dns["port"] == (9808 if job == "dflash-workers" else 30000)
+        (files,) = jobs[job]["file_sd_configs"]
+        assert files["files"] == ["/etc/prometheus/targets/*.json"]
+    assert jobs["dflash-workers"]["honor_labels"] is True  # our `job` label is the dflash job id
 
 
 def test_project_image_is_built_from_the_dockerfile() -> None:

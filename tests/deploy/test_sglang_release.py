@@ -26,7 +26,7 @@ from tests.sglang_cli import Nargs, cli_options, mtp_architectures, parse_args, 
 from tests.sglang_wheel import SglangSource, WheelUnavailable, ensure_wheel, wheel_name
 from workers.node.launch import LAUNCHER_FLAGS, NodeOptions, plan_node, split_args
 from workers.node.profiles import MTP_ARCHITECTURES, NEXTN
-from workers.node.sglang_release import SGLANG_IMAGE, SGLANG_PIP_SPEC, SGLANG_VERSION
+from workers.node.sglang_release import LAST_CUDA12_IMAGE, SGLANG_IMAGE, SGLANG_PIP_SPEC, SGLANG_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -297,7 +297,9 @@ def test_no_other_sglang_release_is_named_anywhere() -> None:
                 continue  # a template built from SGLANG_VERSION (sglang_release.py)
             seen.setdefault(rel, []).append(m.group(0))
             if m.group(1) is not None:
-                assert m.group(1) in (f"v{SGLANG_VERSION}", f"v{SGLANG_VERSION}-cu129"), (rel, m.group(0))
+                # the pin, or the last CUDA 12 image that the CUDA 12 notes name (there is no
+                # -cu129 image of the pin: 0.5.20 and later are CUDA 13 only)
+                assert m.group(0) in (SGLANG_IMAGE, LAST_CUDA12_IMAGE), (rel, m.group(0))
             else:
                 assert (m.group(2), m.group(3)) == ("==", SGLANG_VERSION), (rel, m.group(0))
     for rel in ("README.md", "docs/deploy.md", "docker-compose.yml", "deploy/env.example"):

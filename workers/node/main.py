@@ -29,6 +29,7 @@ from dflash_tasks.core.errors import ConfigError, DflashError
 from dflash_tasks.core.settings import DEFAULT_MAX_INFLIGHT, NodeSettings, redact_url
 from workers.node.launch import NodeOptions, node_profile, parse_gpus, plan_node, split_args
 from workers.node.procs import redact_argv
+from workers.node.scrape_targets import scrape_host, target_groups, write_targets
 from workers.node.supervisor import Node, SupervisorConfig
 
 
@@ -103,6 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=1.0,
         help="seconds before restarting a dead server or worker; doubles per failure in a row, up to 60",
+    )
+    p.add_argument(
+        "--scrape-targets",
+        default="",
+        metavar="PATH",
+        help="write the node's Prometheus targets (servers and workers) to this file_sd JSON file "
+        "(default LOG_DIR/prometheus-targets.json; 'none': do not write one)",
+    )
+    p.add_argument(
+        "--scrape-host",
+        default="",
+        help="host Prometheus reaches the targets at (default: DFLASH_METRICS_ADDRESS, or this "
+        "machine's name when that is 0.0.0.0)",
     )
     p.add_argument("--print-commands", action="store_true", help="print each GPU's commands and exit")
     return p
@@ -217,6 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     log_dir = Path(settings.log_dir).resolve()
     node = Node(plans, log_dir, config)
+    if args.scrape_targets != "none":
+        targets = Path(args.scrape_targets) if args.scrape_targets else log_dir / "prometheus-targets.json"
+        host = scrape_host(settings.metrics_address, args.scrape_host)
+        try:
+            write_targets(targets, target_groups(plans, socket.gethostname(), settings.metrics_port, host))
+        except OSError as exc:
+            print(f"error: cannot write the Prometheus targets to {targets}: {exc}", file=sys.stderr)
+            return 2
+        node.say(f"Prometheus targets in {targets}")
     kind = "simulated GPUs" if args.simulate else "GPUs"
     node.say(
         f"{len(plans)} {kind} ({', '.join(str(p.gpu) for p in plans)}), ports "

@@ -14,5 +14,8 @@ from __future__ import annotations
 SGLANG_VERSION = "0.5.23"
 #: What ``pip install`` gets (deploy/install.sh).
 SGLANG_PIP_SPEC = f"sglang=={SGLANG_VERSION}"
-#: The official image of that release (CUDA 13 build; ``-cu129`` for CUDA 12 drivers).
+#: The official image of that release: CUDA 13 only, an R580+ driver (SGLang's CUDA 12 images
+#: stopped at v0.5.19-cu129; docs/deploy.md says what a CUDA 12 driver needs).
 SGLANG_IMAGE = f"lmsysorg/sglang:v{SGLANG_VERSION}"
+#: SGLang's last CUDA 12 image (0.5.20 and later are CUDA 13 only): named by the docs, never run.
+LAST_CUDA12_IMAGE = "lmsysorg/sglang:v0.5.19-cu129"
