@@ -203,9 +203,8 @@ def test_prometheus_and_grafana_are_pinned_mounted_from_the_repo_and_on_loopback
         assert svc["restart"] == "unless-stopped"
     assert [interpolate(p) for p in prom["ports"]] == ["127.0.0.1:9090:9090"]
     assert [interpolate(p) for p in grafana["ports"]] == ["127.0.0.1:3000:3000"]
-    mounts = {
-        interpolate(v).split(":")[1]: interpolate(v).split(":")[0] for v in prom["volumes"] + grafana["volumes"]
-    }
+    pairs = [interpolate(v).split(":")[:2] for v in prom["volumes"] + grafana["volumes"]]
+    mounts = {inside: outside for outside, inside in pairs}
     for inside, repo_path in (
         ("/etc/prometheus/prometheus.yml", "deploy/prometheus/prometheus.yml"),
         ("/etc/prometheus/alerts.yml", "deploy/prometheus/alerts.yml"),
