@@ -17,13 +17,14 @@ BENCH_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv redis browser sglang-wheel demo test lint format bench reliability mutate chaos clean distclean
+.PHONY: help venv redis prometheus browser sglang-wheel demo test lint format bench reliability mutate chaos clean distclean
 
 help:
 	@echo "make venv         create $(VENV) (with $(PYTHON)) and install the package with its dev extras"
 	@echo "make redis        install redis-server if missing; start a local Redis at DFLASH_BROKER_URL if none answers"
 	@echo "make demo         4 simulated GPUs + workers + Flower, one 3,000-prompt job, verify (DEMO_ARGS='--help')"
-	@echo "make test         venv + redis + chromium (BROWSER_TESTS=0: without) + the SGLang wheel, then pytest"
+	@echo "make prometheus   install Debian's prometheus (prometheus + promtool, for the dashboard tests) if missing"
+	@echo "make test         venv + redis + prometheus + chromium (BROWSER_TESTS=0: without) + the SGLang wheel, then pytest"
 	@echo "make sglang-wheel download the pinned SGLang wheel (no deps) the flag check reads, once"
 	@echo "make lint         ruff check, ruff format --check, mypy --strict"
 	@echo "make format       sort imports and format with ruff"
@@ -44,6 +45,9 @@ $(STAMP): pyproject.toml
 redis:
 	@bash scripts/ensure_redis.sh
 
+prometheus:
+	@bash scripts/ensure_prometheus.sh
+
 browser:
 	@if [ "$(BROWSER_TESTS)" = 1 ] && ! command -v chromium >/dev/null 2>&1; then \
 		echo "installing Debian's chromium ..."; \
@@ -60,7 +64,8 @@ demo: venv redis
 	$(BIN)/python -m dflash_tasks.demo $(DEMO_ARGS)
 
 # scripts/ensure_redis.sh (the redis target) also installs the redis-server binary the tests start.
-test: venv redis browser sglang-wheel
+# scripts/ensure_prometheus.sh (the prometheus target) installs the binaries the dashboard tests start.
+test: venv redis prometheus browser sglang-wheel
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: venv

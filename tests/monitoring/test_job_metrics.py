@@ -1,0 +1,51 @@
+"""The job figures of the progress.json a worker wrote, as Prometheus gauges, while fresh."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from dflash_tasks.monitoring.job_metrics import JobProgressGauges
+
+DOC: dict[str, Any] = {
+    "job_id": "j1",
+    "state": "paused",
+    "pause_reason": "empty answers 12% > 5%",
+    "updated_at": 1_800_000_000.0,
+    "elapsed_s": 120.0,
+    "eta_s": None,  # unknown: no series
+    "samples": {"total": 1000, "done": 400, "ok": 398, "failed": 2, "remaining": 600},
+    "chunks": {"total": 50, "done": 20, "running": 3, "pending": 27},
+    "tokens": {"generated": 900_000, "prompt": 40_000},
+    "cost": {"gpus": 7, "gpu_hours": 0.23, "usd": 0.9, "projected_total_usd": None},
+    "spec": {"job": 3.1, "window": 2.9},
+}
+
+
+def scrape(gauges: JobProgressGauges) -> str:
+    registry = CollectorRegistry()
+    registry.register(gauges)
+    return generate_latest(registry).decode()
+
+
+def test_a_fresh_document_is_exported_then_dropped() -> None:
+    now = [100.0]
+    gauges = JobProgressGauges("gpu0@n", fresh_s=15.0, clock=lambda: now[0])
+    assert scrape(gauges) == ""
+    gauges.written(DOC)
+    text = scrape(gauges)
+    for line in (
+        'dflash_job_samples{job="j1",kind="done",worker="gpu0@n"} 400.0',
+        'dflash_job_chunks{job="j1",kind="pending",worker="gpu0@n"} 27.0',
+        'dflash_job_tokens{job="j1",kind="generated",worker="gpu0@n"} 900000.0',
+        'dflash_job_cost_usd{job="j1",kind="spent",worker="gpu0@n"} 0.9',
+        'dflash_job_gpus{job="j1",worker="gpu0@n"} 7.0',
+        'dflash_job_accept_length{job="j1",window="last_minute",worker="gpu0@n"} 2.9',
+        'dflash_job_paused{job="j1",reason="empty answers 12% > 5%",worker="gpu0@n"} 1.0',
+        'dflash_job_done{job="j1",worker="gpu0@n"} 0.0',
+    ):
+        assert line in text, line
+    assert "dflash_job_eta_seconds{" not in text and 'kind="projected"' not in text  # unknown
+    now[0] += 16  # another worker writes the job's progress now: this one stops exporting it
+    assert scrape(gauges) == ""
