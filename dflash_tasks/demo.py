@@ -308,7 +308,8 @@ def run_demo(args: argparse.Namespace, children: Children) -> Outcome:
     metrics_urls = ", ".join(f"http://127.0.0.1:{port}/metrics" for port in metrics_ports)
     _say(f"Prometheus (one per worker): {metrics_urls}")
     _say(
-        f"the same run on one dashboard: this node's scrape targets are in {logs / 'prometheus-targets.json'} "
+        "the same run on one dashboard: the node's scrape targets are in "
+        f"{logs / 'prometheus-targets.json'} "
         "(file_sd); on a real run `docker compose up -d` starts Prometheus (127.0.0.1:9090) and Grafana "
         "(127.0.0.1:3000, dashboard 'dflash-tasks: the run'), and further nodes' target files go in "
         "deploy/prometheus/targets/ (docs/monitoring.md, 'Prometheus and Grafana')"
