@@ -13,6 +13,7 @@ from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.states import JobState
+from dflash_tasks.monitoring.progress_writer import job_needs_progress
 from workers.chunk_runner import ChunkContext
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,10 @@ class Requeuer:
     def replan_job(self, job_id: str) -> list[int]:
         """Queue what a job is missing (see :meth:`Reconciler._replan_all`); returns those chunks.
 
-        A finished job leaves the registry; a paused job is left alone (its chunks wait for resume).
+        A finished job leaves the registry once its final progress.json is written (the writers
+        only write registered jobs: unregistered earlier, a job run without ``enqueue --wait``
+        would keep a "running" progress.json forever); a paused job is left alone (its chunks
+        wait for resume).
         """
         job = self.ctx.jobs.get(job_id)
         if self.ctx.bookkeeping.job_state(job_id)[0] != JobState.RUNNING:  # paused, or in its preflight
@@ -67,7 +71,8 @@ class Requeuer:
             claim_expired=False,  # the reconciler's lease path re-queues those
         )
         if len(plan.done) >= job.manifest.chunks:
-            self.ctx.bookkeeping.finish_job(job_id)
+            if not job_needs_progress(self.ctx.bookkeeping, job_id):
+                self.ctx.bookkeeping.finish_job(job_id)
             return []
         parked = self.ctx.bookkeeping.parked(job_id)
         missing = [c for c in plan.to_enqueue if c not in parked]

@@ -7,14 +7,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
 
+from dflash_tasks.coord.progress_keys import PROGRESS_KEY
 from dflash_tasks.coord.publish import queued_chunks
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import RetryableError
 from dflash_tasks.core.job import input_key, output_key
+from dflash_tasks.monitoring.progress_writer import FINAL_AFTER, ProgressWriter
 from tests.helpers import REPO
 from tests.workers.chunk_support import Staged
 from workers.flow.consumer_switch import ConsumerSwitch
@@ -155,3 +158,22 @@ def test_resume_unparks_unpauses_and_queues_only_what_is_missing(
     assert staged.bk.parked(job) == {} and staged.bk.count_chunk_failure(job, 1) == 1  # failures forgotten
     assert runtime.handle_delivery(job, 1, "t-after")["status"] == "done"
     assert staged.sim_log()["wasted"] == 0
+
+
+def test_a_finished_job_stays_registered_until_its_final_progress_json_is_written(
+    staged: Staged, runtime: WorkerRuntime
+) -> None:
+    # Unregistered at once, a job run without `enqueue --wait` kept a "running" progress.json:
+    # the writers only write registered jobs, and the re-plan could come before their next write.
+    job = staged.job_id
+    for chunk in range(3):
+        assert runtime.handle_delivery(job, chunk, f"f{chunk}")["status"] == "done"
+    assert runtime.replan_job(job) == []
+    assert job in staged.bk.jobs()  # its final progress.json is not written yet
+    writer = ProgressWriter(staged.bk, "ut@host", period=1.0)
+    now = time.time()
+    assert writer.write(job, staged.store, now=now)["state"] == "done"
+    writer.write(job, staged.store, now=now + FINAL_AFTER)  # final: the workers' last counts are in
+    assert json.loads(staged.store.read(PROGRESS_KEY))["state"] == "done"
+    assert runtime.replan_job(job) == []
+    assert job not in staged.bk.jobs()
