@@ -195,10 +195,14 @@ def agreement(job: LiveJob) -> dict[str, str]:
         and abs(done_now - doc["samples"]["done"]) <= 4 * rate + CHUNK
     ):
         agreed["samples"] = f"{done_now:.0f} vs {doc['samples']['done']}"
+    # cost: the GPU-hours behind it (the dollars of a short test job round to a cent or two)
     spent = prom.value(f'max(dflash_job_cost_usd{{{sel},kind="spent"}})')
-    usd = doc["cost"]["usd"]
-    if spent is not None and usd and abs(spent - usd) <= 0.01 + 0.2 * usd:
-        agreed["cost"] = f"{spent} vs {usd}"
+    hours = prom.value(f"max(dflash_job_gpu_hours{{{sel}}})")
+    gpu_hours, usd = doc["cost"]["gpu_hours"], doc["cost"]["usd"]
+    known = spent is not None and hours is not None and gpu_hours > 0
+    close = known and abs(hours - gpu_hours) <= 0.0002 + 0.25 * gpu_hours and abs(spent - usd) <= 0.011
+    if close and spent == pytest.approx(PRICE * hours, abs=0.006):
+        agreed["cost"] = f"{hours} vs {gpu_hours} GPU-h, ${spent} vs ${usd}"
     accept = prom.value(f'max(dflash_job_accept_length{{{sel},window="job"}})')
     if accept is not None and doc["spec"]["job"] and accept == pytest.approx(doc["spec"]["job"], rel=0.05):
         agreed["accept"] = f"{accept} vs {doc['spec']['job']}"
