@@ -116,6 +116,8 @@ _GAUGE_HELP = {
     "token_usage": "The token usage.",
     "cache_hit_rate": "The prefix cache hit rate.",
     "max_total_num_tokens": "Maximum total number of tokens.",
+    "num_used_tokens": "The number of used tokens.",
+    "num_retracted_reqs": "The number of retracted requests.",
 }
 _COUNTER_HELP = {
     "prompt_tokens_total": ("prompt_tokens", "Number of prefill tokens processed."),
@@ -138,6 +140,18 @@ def metrics_text(engine: SimEngine) -> str:
     """Prometheus exposition text with the core ``sglang:*`` gauges and counters."""
     cfg = engine.config
     running, waiting = engine.scheduler.counts()
+    max_total = cfg.max_running_requests * KV_TOKENS_PER_SLOT
+    usage, used, retracted = running / cfg.max_running_requests, 0.0, 0.0
+    if engine.batch is not None:  # the slots held by requests still waiting for the cache are queued
+        batch = engine.batch.gauges()
+        waiting += running - int(batch["running"])
+        running = int(batch["running"])
+        retracted = batch["retracted_waiting"]
+        used = batch["kv_used_tokens"]
+        if engine.batch.curve.kv_capacity:
+            max_total, usage = engine.batch.curve.kv_capacity, batch["token_usage"]
+        else:
+            usage = running / cfg.max_running_requests
     totals = engine.totals()
     labels = f'model_name="{_label_value(cfg.served_name)}",engine_type="unified"'
     gauges = {
@@ -146,9 +160,11 @@ def metrics_text(engine: SimEngine) -> str:
         "gen_throughput": engine.gen_throughput(),
         "spec_accept_length": engine.last_spec_accept_length(),
         "spec_accept_rate": _spec_accept_rate(engine.last_spec_accept_length()),
-        "token_usage": running / cfg.max_running_requests,
+        "token_usage": usage,
         "cache_hit_rate": 0.0,
-        "max_total_num_tokens": cfg.max_running_requests * KV_TOKENS_PER_SLOT,
+        "max_total_num_tokens": max_total,
+        "num_used_tokens": used,
+        "num_retracted_reqs": retracted,
     }
     lines: list[str] = []
     for name, value in gauges.items():
