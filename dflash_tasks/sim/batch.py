@@ -127,7 +127,10 @@ class BatchRun:
 
 
 class _Seq:
-    __slots__ = ("accept_area", "done", "end_v", "event", "prompt", "retractions", "start_v", "t_area", "total")
+    __slots__ = (
+        *("accept_area", "done", "end_v", "event", "prompt"),
+        *("retractions", "start_v", "t_area", "total"),
+    )
 
     def __init__(self, total: int, prompt: int) -> None:
         self.total = total
@@ -249,12 +252,16 @@ class DecodeBatch:
     def _finish_done(self) -> None:
         eps = 1e-9
         while self._heap and self._heap[0][0] <= self._v + eps:
-            end_v, _, seq = heapq.heappop(self._heap)
-            if seq not in self._running or end_v != seq.end_v:
-                continue  # retracted since: a stale entry
+            entry = heapq.heappop(self._heap)
+            if self._stale(entry):
+                continue  # retracted since
+            seq = entry[2]
             self._remove(seq)
             seq.done = seq.total
             seq.event.set()
+
+    def _stale(self, entry: tuple[float, int, _Seq]) -> bool:
+        return entry[2] not in self._running or entry[0] != entry[2].end_v
 
     def _remove(self, seq: _Seq) -> None:
         del self._running[seq]
@@ -305,7 +312,7 @@ class DecodeBatch:
         rate = self._rate(b)
         if not rate:
             return wait
-        while self._heap and (self._heap[0][2] not in self._running or self._heap[0][0] != self._heap[0][2].end_v):
+        while self._heap and self._stale(self._heap[0]):
             heapq.heappop(self._heap)
         if self._heap:
             wait = min(wait, (self._heap[0][0] - self._v) / rate)
