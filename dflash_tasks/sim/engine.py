@@ -176,7 +176,7 @@ class SimEngine:
         """The ``GET /sim/stats`` document."""
         with self._lock:
             counters = dict(self._counters)
-        names = ("requests_total", "completed", "aborted", "bad_requests", "faults_injected")
+        names = ("requests_total", "completed", "aborted", "bad_requests", "faults_injected", "retractions")
         tokens = ("prompt_tokens", "generation_tokens", "reasoning_tokens")
         stats: dict[str, Any] = {name: counters.get(name, 0) for name in names + tokens}
         stats.update(self.scheduler.snapshot())
@@ -292,6 +292,7 @@ class SimEngine:
         self._count(
             completed=1,
             aborted=int(plan.finish_reason == "abort"),
+            retractions=retractions,
             prompt_tokens=req.prompt_tokens,
             generation_tokens=plan.completion_tokens,
             reasoning_tokens=reasoning_tokens,
