@@ -78,7 +78,7 @@ def sweep(url: str, targets: Sequence[int], seconds: float) -> dict[int, float]:
         stop = threading.Event()
         tag = uuid.uuid4().hex[:6]
 
-        def load(i: int, tag: str = tag) -> None:
+        def load(i: int, tag: str = tag, stop: threading.Event = stop) -> None:
             session = requests.Session()
             j = 0
             while not stop.is_set():

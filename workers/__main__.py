@@ -20,21 +20,18 @@ from dflash_tasks.core.settings import (
     DEFAULT_INFLIGHT_CEILING,
     DEFAULT_MAX_INFLIGHT,
     WorkerSettings,
+    inflight_overrides,
+    parse_inflight,
     redact_url,
 )
 from workers.runtime import WorkerRuntime
 
-AUTO = "auto"
 
-
-def inflight_arg(text: str) -> int | str:
-    """``--max-inflight``: a number of requests, or ``auto`` (the tuner)."""
-    if text.strip().lower() == AUTO:
-        return AUTO
+def inflight_type(text: str) -> int | str:
     try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of requests or 'auto', got {text!r}") from None
+        return parse_inflight(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -43,7 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--name", help="worker name shown in Flower, e.g. gpu0 [DFLASH_WORKER_NAME]")
     p.add_argument(
         "--max-inflight",
-        type=inflight_arg,
+        type=inflight_type,
         metavar="N|auto",
         help=f"requests kept in flight (default {DEFAULT_MAX_INFLIGHT}) [DFLASH_MAX_INFLIGHT]; auto: "
         "tuned from the server's numbers between --inflight-floor and --inflight-ceiling "
@@ -91,9 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = WorkerSettings.load(
             endpoint=args.endpoint,
             worker_name=args.name,
-            # a number pins the target (whatever DFLASH_TUNE_INFLIGHT says); auto starts the tuner
-            max_inflight=None if args.max_inflight in (None, AUTO) else args.max_inflight,
-            tune_inflight=None if args.max_inflight is None else args.max_inflight == AUTO,
+            **inflight_overrides(args.max_inflight),
             inflight_ceiling=args.inflight_ceiling,
             inflight_floor=args.inflight_floor,
             max_chunks=args.max_chunks,

@@ -339,6 +339,31 @@ def _coerce(name: str, kind: Any, raw: str) -> Any:
     return raw
 
 
+#: ``--max-inflight auto``: the worker tunes its target (``tune_inflight``).
+AUTO_INFLIGHT = "auto"
+
+
+def parse_inflight(text: str) -> int | str:
+    """A ``--max-inflight`` value: a number of requests, or ``auto``; raises ``ValueError`` otherwise
+    (argparse shows its message)."""
+    if text.strip().lower() == AUTO_INFLIGHT:
+        return AUTO_INFLIGHT
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"expected a number of requests or {AUTO_INFLIGHT!r}, got {text!r}") from None
+
+
+def inflight_overrides(value: int | str | None) -> dict[str, Any]:
+    """The settings a ``--max-inflight`` value sets: a number pins the target (whatever
+    ``DFLASH_TUNE_INFLIGHT`` says), ``auto`` turns the tuner on, None leaves both to the environment."""
+    if value is None:
+        return {}
+    if value == AUTO_INFLIGHT:
+        return {"tune_inflight": True}
+    return {"max_inflight": value, "tune_inflight": False}
+
+
 def redact_url(url: str) -> str:
     """``url`` with any password (userinfo or ``?password=``) replaced by ``***``, for logs and messages."""
     scheme, sep, rest = url.partition("://")
