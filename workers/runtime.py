@@ -259,6 +259,7 @@ def tuner_for(settings: WorkerSettings, pool: RequestPool, client: SGLangClient)
         client.load,
         window_seconds=settings.tune_window_seconds,
         sample_seconds=settings.tune_sample_seconds,
+        graph_ceiling=client.decode_graph_ceiling,
     )
 
 

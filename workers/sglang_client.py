@@ -157,6 +157,16 @@ class SGLangClient:
             )
         return parse_metrics(resp.text)
 
+    def decode_graph_ceiling(self, timeout: float = 10.0) -> int | None:
+        """The largest decode batch with a captured graph (``cuda_graph_max_bs_decode``, else
+        ``cuda_graph_max_bs``, from ``/server_info``); None when the server does not say."""
+        info = self.server_info(timeout)
+        for key in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs"):
+            value = info.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
     def server_info(self, timeout: float = 10.0) -> dict[str, Any]:
         """``GET /server_info`` (``/get_server_info`` on releases without it).
 

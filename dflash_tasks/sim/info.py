@@ -24,6 +24,10 @@ def server_info(engine: SimEngine, port: int) -> dict[str, Any]:
     """
     cfg = engine.config
     max_total = cfg.max_running_requests * KV_TOKENS_PER_SLOT
+    curve = engine.batch.curve if engine.batch is not None else None
+    if curve is not None and curve.kv_capacity:
+        max_total = curve.kv_capacity
+    graph = curve.graph_max_bs if curve is not None and curve.graph_max_bs else cfg.max_running_requests
     args: dict[str, Any] = {
         "model_path": cfg.model,
         "tokenizer_path": cfg.model,
@@ -37,7 +41,7 @@ def server_info(engine: SimEngine, port: int) -> dict[str, Any]:
         "max_running_requests": cfg.max_running_requests,
         "max_queued_requests": cfg.max_queued_requests,
         "chunked_prefill_size": 8192,
-        "cuda_graph_max_bs_decode": cfg.max_running_requests,
+        "cuda_graph_max_bs_decode": graph,
         "speculative_algorithm": "EAGLE",
         "speculative_num_steps": SPEC_NUM_DRAFT_TOKENS - 1,
         "speculative_eagle_topk": 1,

@@ -56,6 +56,9 @@ class TunerConfig:
     kv_threshold: float = 0.95
     recheck_windows: int = 20
     probe_step: float = 0.08
+    #: Targets a climbing step must not jump over: the server's decode graph ceiling, above
+    #: which a batch leaves the fast path (the best target is often exactly there).
+    breakpoints: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not 1 <= self.floor <= self.ceiling:
@@ -115,6 +118,14 @@ class InflightTuner:
     def __post_init__(self) -> None:
         self.limit = self.config.ceiling + 1
         self.target = self._clamp(self.config.start)
+
+    def _step(self, frm: int, factor: float) -> int:
+        """``frm * factor``, clamped, and no further than the first breakpoint above ``frm``."""
+        nxt = self._clamp(frm * factor)
+        for point in sorted(self.config.breakpoints):
+            if frm < point < nxt:
+                return point
+        return nxt
 
     def _clamp(self, n: float) -> int:
         return max(self.config.floor, min(self.config.ceiling, self.limit - 1, round(n)))
@@ -194,15 +205,14 @@ class InflightTuner:
         cfg = self.config
         if not self.best or w.tokens_per_s > self.best_tps * (1 + cfg.gain):
             self.best, self.best_tps, self.reason = w.target, w.tokens_per_s, Reason.RISING
-            step = cfg.fine_grow if self._fine else cfg.grow
-            nxt = self._clamp(w.target * step)
+            nxt = self._step(w.target, cfg.fine_grow if self._fine else cfg.grow)
             if nxt <= w.target:
                 return self._settle(w.target, Reason.CEILING)
             self.target = nxt
             return nxt
         if not self._fine:  # one finer step above the best before settling
             self._fine = True
-            nxt = self._clamp(self.best * cfg.fine_grow)
+            nxt = self._step(self.best, cfg.fine_grow)
             if self.best < nxt < w.target:
                 self.target = nxt
                 return nxt

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from dflash_tasks.core.errors import DflashError
@@ -42,6 +43,7 @@ class TunerLoop:
         sample_seconds: float = 1.0,
         on_change: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        graph_ceiling: Callable[[], int | None] | None = None,
     ) -> None:
         self.tuner = tuner
         self.pool = pool
@@ -50,6 +52,7 @@ class TunerLoop:
         self.sample_seconds = sample_seconds
         self._on_change = on_change
         self._clock = clock
+        self._graph_ceiling = graph_ceiling
         self._lock = threading.Lock()
         self._finished = 0
         self._tokens = 0
@@ -100,8 +103,23 @@ class TunerLoop:
         with self._lock:
             return self._finished, self._tokens, self._retractions
 
+    def _learn_graph_ceiling(self) -> None:
+        """Make the server's decode graph ceiling a breakpoint of the climb, once it is known."""
+        if self._graph_ceiling is None:
+            return
+        try:
+            ceiling = self._graph_ceiling()
+        except DflashError:
+            return  # not up yet: asked again before the next window
+        self._graph_ceiling = None
+        if ceiling and ceiling not in self.tuner.config.breakpoints:
+            self.tuner.config = replace(
+                self.tuner.config, breakpoints=(*self.tuner.config.breakpoints, ceiling)
+            )
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._learn_graph_ceiling()
             try:
                 window = self.measure()
             except DflashError as exc:
