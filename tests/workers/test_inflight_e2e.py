@@ -95,13 +95,16 @@ def test_the_tuner_climbs_a_rising_curve_to_its_ceiling_and_shows_it(
 
     status = procs.run("dflash_tasks.status", "--output", str(out))
     assert status.returncode == 0, status.stderr
-    assert "gpu0 in-flight" in status.stdout and "measured" in status.stdout, status.stdout
+    assert re.search(r"gpu0@\S* in-flight settled on 24 \(at the ceiling\); measured 6: ", status.stdout)
 
     metrics = wait_until(
         lambda: requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text, 10, "metrics"
     )
-    assert re.search(r'^dflash_inflight_target\{worker="gpu0@[^"]*",endpoint="[^"]+"\} 24\.0$', metrics, re.M)
+    worker_label = r'worker="gpu0@[^"]*"'
     assert re.search(
-        r'^dflash_tuner_tokens_per_second\{worker="gpu0@[^"]*",target="24"\} [1-9]', metrics, re.M
+        r'^dflash_inflight_target\{endpoint="[^"]+",' + worker_label + r"\} 24\.0$", metrics, re.M
     )
-    assert re.search(r'^dflash_tuner_phase\{worker="gpu0@[^"]*",phase="settled"', metrics, re.M), metrics
+    assert re.search(
+        r'^dflash_tuner_tokens_per_second\{target="24",' + worker_label + r"\} [1-9]", metrics, re.M
+    )
+    assert re.search(r'^dflash_tuner_phase\{phase="[a-z ]+",reason="[^"]+",' + worker_label, metrics, re.M)

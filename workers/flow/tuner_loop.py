@@ -7,7 +7,8 @@ takes a minute a window spans one. The first half-window after a target change i
 while the batch refills. Tokens per second are the mean of ``sglang:gen_throughput`` over the
 window, or the worker's own completed tokens when the server reports no rate. It is a
 :class:`~workers.listener.WorkerListener` too: finished samples tell it the completion rate and
-the retractions the server reported per request.
+the retractions the server reported per request. A window in which the worker did not keep its
+target in flight (no work, the end of a job) is dropped: it says nothing about the target.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from workers.sglang_client import ServerLoad
 
 log = logging.getLogger(__name__)
 
-#: A window spans at most this many request lifetimes' worth of seconds beyond the shortest.
+#: The longest window (s), however long a request takes.
 MAX_WINDOW_SECONDS = 600.0
+#: A window counts only when the worker kept at least this share of its target in flight.
+SATURATED = 0.9
 
 
 class TunerLoop:
@@ -161,8 +164,10 @@ class TunerLoop:
         finished0, tokens0, retract0 = self._counters()
         started = self._clock()
         loads: list[ServerLoad] = []
+        ours = 0  # the worker's own requests in flight, summed over the samples
         while self._clock() - started < length:
             loads.append(self._load())
+            ours += self.pool.running
             if self._stop.wait(self.sample_seconds):
                 return None
         seconds = self._clock() - started
@@ -171,8 +176,8 @@ class TunerLoop:
             return None
         n = len(loads)
         running = sum(x.running for x in loads) / n
-        if running < 0.5 and finished == finished0:
-            return None  # idle: no work, nothing to learn
+        if ours / n < SATURATED * target or self.pool.max_inflight != target:
+            return None  # short of work (idle, a job's drain) or moved meanwhile: nothing to learn
         gauge = sum(x.gen_throughput for x in loads) / n
         own = (tokens - tokens0) / seconds
         self._observe_request_time(running, (finished - finished0) / seconds)
