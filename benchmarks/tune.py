@@ -20,13 +20,18 @@ settled on. ``--set curves=opt48,kvbound``, ``--set prompts=N``, ``--set time_sc
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shlex
+import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -43,7 +48,6 @@ from benchmarks.common import (
     enqueue_args,
     last_json,
     last_output_time,
-    reset_sim_stats,
     say,
     sim_stats,
     stack,
@@ -52,11 +56,16 @@ from benchmarks.common import (
     workspace,
 )
 from benchmarks.prompts import write_prompts
-from tests.helpers import REPO, Processes
+from tests.helpers import REPO, Processes, free_port, read_records, wait_until
+from workers.node.launch import sglang_command
 from workers.sglang_client import parse_metrics
 
 CURVE_NAMES = ("opt48", "opt128", "opt200", "kvbound")
 CEILING = 256
+#: The CPU engine on the tests' tiny checkpoint (35-token answers): its ceiling, sweep and job size.
+CPU_CEILING = 128
+CPU_SWEEP = (1, 4, 8, 16, 32, 64, 128)
+CPU_PROMPTS = 6_000
 SWEEP = (16, 32, 48, 64, 96, 128, 160, 200, 256)
 #: One request alone: 2,300 tokens / (40 tok/s / 0.01) = 0.6 s; 2 to 4 s in a full batch.
 TIME_SCALE = 0.01
@@ -136,37 +145,74 @@ def tuner_timeline(log: Path, start: float) -> list[dict[str, Any]]:
     return moves
 
 
-def run_job(procs: Processes, url: str, inp: Path, work: Path, name: str, inflight: str) -> dict[str, Any]:
+class Probe:
+    """The server's own counters during a job: generated tokens, and its peak of running requests."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def load(self) -> Any:
+        return parse_metrics(requests.get(f"{self.url}/metrics", timeout=10).text)
+
+    def __enter__(self) -> Probe:
+        self.tokens0 = self.load().generation_tokens
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.tokens = self.load().generation_tokens - self.tokens0
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.peak = max(self.peak, self.load().running)
+
+
+def run_job(
+    procs: Processes, url: str, inp: Path, work: Path, name: str, inflight: str, ceiling: int, *extra: str
+) -> dict[str, Any]:
     """One job through a fresh worker at ``--max-inflight inflight``; tokens/s and the tuner's moves."""
-    worker = start_worker(procs, url, name, "--max-inflight", inflight, "--inflight-ceiling", str(CEILING))
+    worker = start_worker(procs, url, name, "--max-inflight", inflight, "--inflight-ceiling", str(ceiling))
     out = work / f"out-{name}"
-    reset_sim_stats([url])
     start = time.time()
-    res = subprocess.run(
-        [sys.executable, "-m", "dflash_tasks.enqueue", *enqueue_args(inp, out, "--wait", "--json")],
-        cwd=REPO,
-        env=procs.env,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
+    with Probe(url) as probe:
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dflash_tasks.enqueue",
+                *enqueue_args(inp, out, "--wait", "--json", *extra),
+            ],
+            cwd=REPO,
+            env=procs.env,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
     if res.returncode != 0:
         raise RuntimeError(f"enqueue failed ({res.returncode}): {res.stderr[-2000:]}")
     summary = last_json(res.stdout)
     check(count_outputs(out) == summary["chunks"], f"{count_outputs(out)} of {summary['chunks']} stored")
     end = last_output_time(out)
-    stats = sim_stats(url)
     worker.terminate()
     worker.wait(timeout=60)
-    wait_idle(url)
-    moves = tuner_timeline(procs.tmp / f"{name}.log", start)
+    records = read_records(out)
+    retractions = sum(
+        (turn.get("meta_info") or {}).get("num_retractions") or 0
+        for r in records
+        for turn in r.get("turns", [])
+    )
     return {
         "seconds": end - start,
-        "tokens_per_s": stats["generation_tokens"] / (end - start),
-        "completed": stats["completed"],
-        "peak_running": stats["peak_running"],
-        "retractions": stats["retractions"],
-        "moves": moves,
+        "tokens_per_s": probe.tokens / (end - start),
+        "completed": len(records),
+        "peak_running": probe.peak,
+        "retractions": retractions,
+        "moves": tuner_timeline(procs.tmp / f"{name}.log", start),
     }
 
 
@@ -189,32 +235,104 @@ def settled_figures(moves: list[dict[str, Any]], start: int) -> dict[str, float]
     return fig
 
 
-def run_curve(opts: Options, name: str, work: Path, procs: Processes, inp: Path) -> tuple[Figures, Any]:
-    scale = opts.get("time_scale", TIME_SCALE)
-    flags = ("--curve", name, "--max-running-requests", str(CEILING), "--time-scale", str(scale))
-    url, _ = start_simulator(procs, f"sim-{name}", *flags)
+@dataclass(frozen=True)
+class Server:
+    """A server under test: where it answers, its running-request cap, and what to compare with."""
+
+    name: str
+    url: str
+    ceiling: int
+    baseline: int  # the fixed target the tuner must beat (48: the seed's; 16 on the CPU engine)
+    sweep: tuple[int, ...]
+    enqueue_flags: tuple[str, ...] = ()
+
+
+def measure(opts: Options, server: Server, work: Path, procs: Processes, inp: Path) -> tuple[Figures, Any]:
+    """Sweep, then fixed baseline, best fixed and tuned jobs on one server; its figures."""
+    name = server.name
     say(f"{name}: sweep of fixed concurrencies ...")
-    curve = sweep(url, SWEEP, 4.0 if opts.quick else 6.0)
+    curve = sweep(server.url, server.sweep, 4.0 if opts.quick else 6.0)
     best = max(curve, key=lambda t: curve[t])
     jobs = {}
-    for label, inflight in (("fixed48", "48"), ("best", str(best)), ("tuned", "auto")):
+    for label, inflight in (("fixed", str(server.baseline)), ("best", str(best)), ("tuned", "auto")):
         say(f"{name}: job with --max-inflight {inflight} ...")
-        jobs[label] = run_job(procs, url, inp, work, f"{name}-{label}", inflight)
-        say(f"{name}: {label}: {jobs[label]['tokens_per_s']:,.0f} tok/s in {jobs[label]['seconds']:.1f}s")
+        job = run_job(
+            procs, server.url, inp, work, f"{name}-{label}", inflight, server.ceiling, *server.enqueue_flags
+        )
+        jobs[label] = job
+        say(f"{name}: {label}: {job['tokens_per_s']:,.0f} tok/s in {job['seconds']:.1f}s")
+        wait_idle(server.url)
     tuned = jobs["tuned"]
     fig: Figures = {
         f"{name}.best_fixed_target": float(best),
-        f"{name}.fixed48_tok_s": jobs["fixed48"]["tokens_per_s"],
+        f"{name}.baseline_target": float(server.baseline),
+        f"{name}.fixed_tok_s": jobs["fixed"]["tokens_per_s"],
         f"{name}.best_tok_s": jobs["best"]["tokens_per_s"],
         f"{name}.tuned_tok_s": tuned["tokens_per_s"],
         f"{name}.tuned_over_best": tuned["tokens_per_s"] / jobs["best"]["tokens_per_s"],
-        f"{name}.tuned_over_fixed48": tuned["tokens_per_s"] / jobs["fixed48"]["tokens_per_s"],
+        f"{name}.tuned_over_fixed": tuned["tokens_per_s"] / jobs["fixed"]["tokens_per_s"],
         f"{name}.tuned_peak_running": float(tuned["peak_running"]),
+        f"{name}.ceiling": float(server.ceiling),
         f"{name}.tuned_retraction_share": tuned["retractions"] / max(1, tuned["completed"]),
     }
     for key, value in settled_figures(tuned["moves"], 48).items():
         fig[f"{name}.tuned_{key}"] = value
     return fig, {"sweep": curve, "jobs": jobs}
+
+
+@contextlib.contextmanager
+def simulated(opts: Options, name: str, procs: Processes) -> Iterator[Server]:
+    scale = opts.get("time_scale", TIME_SCALE)
+    flags = ("--curve", name, "--max-running-requests", str(CEILING), "--time-scale", str(scale))
+    url, pid = start_simulator(procs, f"sim-{name}", *flags)
+    try:
+        yield Server(name, url, CEILING, 48, SWEEP)
+    finally:
+        os.kill(pid, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def real_sglang(opts: Options, procs: Processes) -> Iterator[Server]:
+    """A real SGLang server: ``--set model=PATH`` on a GPU (``--set sglang_python=...``,
+    ``--set sglang_args='...'``), else the pinned release's CPU engine on the tests' tiny checkpoint."""
+    model = opts.params.get("model", "")
+    port = free_port()
+    log = procs.tmp / "sglang.log"
+    if model:  # a GPU: the node launcher's flags, the tuner's ceiling as the caps
+        python = opts.params.get("sglang_python", sys.executable)
+        cmd = sglang_command(python, model, port, CEILING, shlex.split(opts.params.get("sglang_args", "")))
+        proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # noqa: SIM115
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _healthy(url) or proc.poll() is not None, 1800, "SGLang to start")
+        check(proc.poll() is None, f"SGLang exited: {log.read_text(errors='replace')[-3000:]}")
+        try:
+            yield Server(
+                "sglang-gpu", url, CEILING, 48, SWEEP, ("--max-tokens", opts.params.get("max_tokens", "4096"))
+            )
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+        return
+    from tests.real_sglang.checkpoint import ensure_checkpoint
+    from tests.real_sglang.env import cache_root, ensure_env
+    from tests.real_sglang.server import start_server
+
+    python = ensure_env()
+    checkpoint = ensure_checkpoint(cache_root(), python)
+    ceiling = CPU_CEILING
+    server = start_server(python, checkpoint, port, log, extra=("--max-running-requests", str(ceiling)))
+    server.wait_ready()
+    try:
+        yield Server("sglang-cpu", server.url, ceiling, 16, CPU_SWEEP, ("--max-tokens", "256"))
+    finally:
+        server.stop()
+        server.check_no_standin_calls()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/health_generate", timeout=30).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def curves(opts: Options) -> list[str]:
@@ -223,30 +341,37 @@ def curves(opts: Options) -> list[str]:
 
 
 def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
-    prompts = int(opts.get("prompts", QUICK_PROMPTS if opts.quick else PROMPTS))
     figures: Figures = {}
-    details: dict[str, Any] = {"prompts": prompts, "ceiling": CEILING, "curves": {}}
+    details: dict[str, Any] = {"ceiling": CEILING, "servers": {}}
     with workspace("tune", opts) as work, stack(work) as (_, procs):
         procs.env.update(TUNER_ENV)
-        inp = write_prompts(work / "prompts.jsonl", prompts)
         for name in curves(opts):
-            fig, det = run_curve(opts, name, work, procs, inp)
+            if name == "sglang":
+                server_cm = real_sglang(opts, procs)
+                default = CPU_PROMPTS if not opts.params.get("model") else PROMPTS
+            else:
+                server_cm = simulated(opts, name, procs)
+                default = QUICK_PROMPTS if opts.quick else PROMPTS
+            inp = write_prompts(work / f"prompts-{name}.jsonl", int(opts.get("prompts", default)))
+            with server_cm as server:
+                fig, det = measure(opts, server, work, procs, inp)
             figures.update(fig)
-            details["curves"][name] = det
-    print(table(figures, curves(opts)))
+            details["servers"][server.name] = det
+    print(table(figures, [n for n in details["servers"]]))
     return figures, details
 
 
 def table(fig: Figures, names: Sequence[str]) -> str:
     rows = [
-        "| curve | fixed 48 | tuner | best fixed (target) | tuner / best | tuner / 48 | settled on |",
+        "| server | fixed (target) | tuner | best fixed (target) | tuner / best | tuner / fixed | settled |",
         "|---|---|---|---|---|---|---|",
     ]
     for n in names:
         rows.append(
-            f"| {n} | {fig[f'{n}.fixed48_tok_s']:,.0f} | {fig[f'{n}.tuned_tok_s']:,.0f} | "
+            f"| {n} | {fig[f'{n}.fixed_tok_s']:,.0f} ({fig[f'{n}.baseline_target']:.0f}) | "
+            f"{fig[f'{n}.tuned_tok_s']:,.0f} | "
             f"{fig[f'{n}.best_tok_s']:,.0f} ({fig[f'{n}.best_fixed_target']:.0f}) | "
-            f"{fig[f'{n}.tuned_over_best']:.3f} | {fig[f'{n}.tuned_over_fixed48']:.2f} | "
+            f"{fig[f'{n}.tuned_over_best']:.3f} | {fig[f'{n}.tuned_over_fixed']:.2f} | "
             f"{fig.get(f'{n}.tuned_settled_target', 0):.0f} |"
         )
     return "\n".join(rows)
@@ -254,16 +379,18 @@ def table(fig: Figures, names: Sequence[str]) -> str:
 
 def goals(opts: Options) -> list[Goal]:
     out = []
-    for n in curves(opts):
+    for c in curves(opts):
+        n = c if c != "sglang" else ("sglang-gpu" if opts.params.get("model") else "sglang-cpu")
+        ceiling = CPU_CEILING if n == "sglang-cpu" else CEILING
         out += [
             Goal(f"{n}.tuned_over_best", ">=", 0.95, f"{n}: tuner over the best fixed target"),
-            Goal(f"{n}.tuned_peak_running", "<=", CEILING, f"{n}: never past the ceiling"),
+            Goal(f"{n}.tuned_peak_running", "<=", ceiling, f"{n}: never past the ceiling"),
             Goal(f"{n}.tuned_retraction_share", "<=", 0.01, f"{n}: retractions per request"),
             Goal(f"{n}.tuned_settled", ">=", 1, f"{n}: the tuner settled"),
             Goal(f"{n}.tuned_drift_after_settled", "<=", 0.10, f"{n}: within 10% once settled"),
         ]
-        if n != "opt48":
-            out.append(Goal(f"{n}.tuned_over_fixed48", ">=", 1.05, f"{n}: tuner beats a fixed 48"))
+        if n != "opt48":  # elsewhere the best target is not the baseline's
+            out.append(Goal(f"{n}.tuned_over_fixed", ">=", 1.05, f"{n}: tuner beats the fixed baseline"))
     return out
 
 
