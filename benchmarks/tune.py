@@ -65,12 +65,12 @@ CEILING = 256
 #: The CPU engine on the tests' tiny checkpoint (35-token answers): its ceiling, sweep and job size.
 CPU_CEILING = 128
 CPU_SWEEP = (1, 4, 8, 16, 32, 64, 128)
-CPU_PROMPTS = 6_000
 SWEEP = (16, 32, 48, 64, 96, 128, 160, 200, 256)
 #: One request alone: 2,300 tokens / (40 tok/s / 0.01) = 0.6 s; 2 to 4 s in a full batch.
 TIME_SCALE = 0.01
-PROMPTS = 12_000
-QUICK_PROMPTS = 6_000
+#: Each job lasts about this long at the best fixed target (s): the tuner's climb is a part of it.
+JOB_SECONDS = 150.0
+QUICK_JOB_SECONDS = 60.0
 #: The tuner's windows in the benchmark: short, because its requests last seconds, not a minute.
 TUNER_ENV = {"DFLASH_TUNE_WINDOW_SECONDS": "2", "DFLASH_TUNE_SAMPLE_SECONDS": "0.25"}
 
@@ -80,9 +80,11 @@ _TUNER_LINE = re.compile(
 )
 
 
-def sweep(url: str, targets: Sequence[int], seconds: float) -> dict[int, float]:
-    """Steady-state tokens/s at each fixed concurrency (the server's gauge, last two thirds)."""
+def sweep(url: str, targets: Sequence[int], seconds: float) -> tuple[dict[int, float], float]:
+    """Steady-state tokens/s at each fixed concurrency (the server's gauge, last two thirds), and
+    the mean completion tokens of a request."""
     curve: dict[int, float] = {}
+    answered = [0, 0]  # requests, completion tokens
     for target in targets:
         stop = threading.Event()
         tag = uuid.uuid4().hex[:6]
@@ -98,9 +100,12 @@ def sweep(url: str, targets: Sequence[int], seconds: float) -> dict[int, float]:
                     "max_completion_tokens": 4096,
                 }
                 try:
-                    session.post(f"{url}/v1/chat/completions", json=body, timeout=120)
-                except requests.RequestException:
+                    resp = session.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+                    tokens = int(resp.json()["usage"]["completion_tokens"])
+                except (requests.RequestException, ValueError, KeyError, TypeError):
                     return
+                answered[0] += 1
+                answered[1] += tokens
 
         threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(target)]
         for t in threads:
@@ -117,7 +122,7 @@ def sweep(url: str, targets: Sequence[int], seconds: float) -> dict[int, float]:
         curve[target] = sum(samples) / len(samples)
         say(f"  sweep {target:3d} in flight: {curve[target]:,.0f} tok/s")
         wait_idle(url)
-    return curve
+    return curve, answered[1] / max(1, answered[0])
 
 
 def wait_idle(url: str, timeout: float = 60) -> None:
@@ -247,12 +252,17 @@ class Server:
     enqueue_flags: tuple[str, ...] = ()
 
 
-def measure(opts: Options, server: Server, work: Path, procs: Processes, inp: Path) -> tuple[Figures, Any]:
+def measure(opts: Options, server: Server, work: Path, procs: Processes) -> tuple[Figures, Any]:
     """Sweep, then fixed baseline, best fixed and tuned jobs on one server; its figures."""
     name = server.name
     say(f"{name}: sweep of fixed concurrencies ...")
-    curve = sweep(server.url, server.sweep, 4.0 if opts.quick else 6.0)
+    curve, mean_tokens = sweep(server.url, server.sweep, 4.0 if opts.quick else 6.0)
     best = max(curve, key=lambda t: curve[t])
+    # as many prompts as the best target serves in JOB_SECONDS
+    default = curve[best] * (QUICK_JOB_SECONDS if opts.quick else JOB_SECONDS) / max(1.0, mean_tokens)
+    count = int(opts.get("prompts", round(default, -2)))
+    inp = write_prompts(work / f"prompts-{name}.jsonl", count)
+    say(f"{name}: best fixed target {best}; {count:,} prompts of {mean_tokens:,.0f} tokens on average")
     jobs = {}
     for label, inflight in (("fixed", str(server.baseline)), ("best", str(best)), ("tuned", "auto")):
         say(f"{name}: job with --max-inflight {inflight} ...")
@@ -277,7 +287,7 @@ def measure(opts: Options, server: Server, work: Path, procs: Processes, inp: Pa
     }
     for key, value in settled_figures(tuned["moves"], 48).items():
         fig[f"{name}.tuned_{key}"] = value
-    return fig, {"sweep": curve, "jobs": jobs}
+    return fig, {"sweep": curve, "prompts": count, "mean_tokens": mean_tokens, "jobs": jobs}
 
 
 @contextlib.contextmanager
@@ -346,15 +356,9 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
     with workspace("tune", opts) as work, stack(work) as (_, procs):
         procs.env.update(TUNER_ENV)
         for name in curves(opts):
-            if name == "sglang":
-                server_cm = real_sglang(opts, procs)
-                default = CPU_PROMPTS if not opts.params.get("model") else PROMPTS
-            else:
-                server_cm = simulated(opts, name, procs)
-                default = QUICK_PROMPTS if opts.quick else PROMPTS
-            inp = write_prompts(work / f"prompts-{name}.jsonl", int(opts.get("prompts", default)))
+            server_cm = real_sglang(opts, procs) if name == "sglang" else simulated(opts, name, procs)
             with server_cm as server:
-                fig, det = measure(opts, server, work, procs, inp)
+                fig, det = measure(opts, server, work, procs)
             figures.update(fig)
             details["servers"][server.name] = det
     print(table(figures, [n for n in details["servers"]]))
