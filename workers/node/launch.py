@@ -171,8 +171,11 @@ class ServerCap:
 
 
 def server_cap(options: NodeOptions) -> ServerCap:
-    """``--max-running-requests`` (and ``--cuda-graph-max-bs-decode``) for each server: the user's
-    own flag wins; else the tuner's ceiling under ``--max-inflight auto``; else the fixed target."""
+    """``--max-running-requests`` and ``--cuda-graph-max-bs-decode`` for each server: the fixed
+    target; under ``--max-inflight auto`` the tuner's ceiling, or the user's own
+    ``--max-running-requests`` (a user's flag always replaces ours on the command line)."""
+    if not options.tune_inflight:
+        return ServerCap(options.max_inflight, "the fixed in-flight target (--max-inflight)")
     user = _user_value(options.sglang_args, "--max-running-requests")
     if user is not None:
         try:
@@ -180,12 +183,10 @@ def server_cap(options: NodeOptions) -> ServerCap:
         except ValueError:
             raise ConfigError(f"--sglang-arg --max-running-requests {user!r} is not a number") from None
         return ServerCap(value, "your --sglang-arg --max-running-requests")
-    if options.tune_inflight:
-        return ServerCap(
-            options.inflight_ceiling,
-            "the in-flight tuner's ceiling (--inflight-ceiling): each worker tunes its target below it",
-        )
-    return ServerCap(options.max_inflight, "the fixed in-flight target (--max-inflight)")
+    return ServerCap(
+        options.inflight_ceiling,
+        "the in-flight tuner's ceiling (--inflight-ceiling): each worker tunes its target below it",
+    )
 
 
 def _user_value(args: Sequence[str], flag: str) -> str | None:
