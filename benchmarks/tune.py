@@ -386,8 +386,11 @@ def goals(opts: Options) -> list[Goal]:
     for c in curves(opts):
         n = c if c != "sglang" else ("sglang-gpu" if opts.params.get("model") else "sglang-cpu")
         ceiling = CPU_CEILING if n == "sglang-cpu" else CEILING
+        # A --quick job lasts a minute, of which the climb takes a third: there the goal is 0.90
+        # (a smoke test); the full run's jobs last 150 s at the best target, as the 0.95 asks.
+        ratio = 0.90 if opts.quick else 0.95
         out += [
-            Goal(f"{n}.tuned_over_best", ">=", 0.95, f"{n}: tuner over the best fixed target"),
+            Goal(f"{n}.tuned_over_best", ">=", ratio, f"{n}: tuner over the best fixed target"),
             Goal(f"{n}.tuned_peak_running", "<=", ceiling, f"{n}: never past the ceiling"),
             Goal(f"{n}.tuned_retraction_share", "<=", 0.01, f"{n}: retractions per request"),
             Goal(f"{n}.tuned_settled", ">=", 1, f"{n}: the tuner settled"),

@@ -154,8 +154,8 @@ def metrics_text(engine: SimEngine) -> str:
         used = batch["kv_used_tokens"]
         if engine.batch.curve.kv_capacity:
             max_total, usage = engine.batch.curve.kv_capacity, batch["token_usage"]
-        else:
-            usage = running / cfg.max_running_requests
+        else:  # the cache the info endpoints report: max_running_requests x KV_TOKENS_PER_SLOT
+            usage = used / max_total
     totals = engine.totals()
     labels = f'model_name="{_label_value(cfg.served_name)}",engine_type="unified"'
     gauges = {

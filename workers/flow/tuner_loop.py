@@ -3,8 +3,9 @@
 Every ``sample_seconds`` it reads the server's gauges (:meth:`SGLangClient.load`); a window is
 ``window_seconds`` long, or as long as a request takes when that is longer (estimated from the
 requests in flight and the rate they finish: Little's law), so on a GPU where a thinking request
-takes a minute a window spans one. The first half-window after a target change is not measured,
-while the batch refills. Tokens per second are the mean of ``sglang:gen_throughput`` over the
+takes a minute a window spans one. The first half-window after a cut is not measured, while the
+batch shrinks (a quarter after a raise: the new requests start at once). Tokens per second are the
+mean of ``sglang:gen_throughput`` over the
 window, or the worker's own completed tokens when the server reports no rate. It is a
 :class:`~workers.listener.WorkerListener` too: finished samples tell it the completion rate and
 the retractions the server reported per request. A window in which the worker did not keep its
@@ -64,6 +65,7 @@ class TunerLoop:
         self._thread: threading.Thread | None = None
         self.windows = 0
         self._request_seconds = 0.0
+        self._last_target = 0
 
     # ------------------------------------------------------------------ listener events
     def sample_done(self, job_id: str, counts: SampleCounts) -> None:
@@ -159,7 +161,11 @@ class TunerLoop:
         """One window at the current target (None when stopped or when nothing ran)."""
         target = self.pool.max_inflight
         length = self._window_length()
-        if self._stop.wait(length / 2):  # the batch refills after a change
+        # After a raise the new requests start at once (a quarter of a window to settle); after a
+        # cut the batch only shrinks as requests finish (half a window).
+        settle = length / 4 if target >= self._last_target else length / 2
+        self._last_target = target
+        if self._stop.wait(settle):
             return None
         finished0, tokens0, retract0 = self._counters()
         started = self._clock()
