@@ -114,9 +114,9 @@ WAITING = Gauge(
     ["worker", "endpoint"],
     registry=REGISTRY,
 )
-TARGET = Gauge(
-    "dflash_inflight_target",
-    "The worker's in-flight target now (fixed, or the tuner's choice).",
+MAX_INFLIGHT = Gauge(
+    "dflash_max_inflight_requests",
+    "The in-flight target: requests the worker keeps in flight against the server at most.",
     ["worker", "endpoint"],
     registry=REGISTRY,
 )
@@ -187,11 +187,11 @@ class PrometheusListener:
         waiting: Callable[[], float],
         held: Callable[[], float],
         healthy: Callable[[], bool],
-        target: Callable[[], float] | None = None,
+        max_inflight: Callable[[], float] | None = None,
     ) -> None:
         INFLIGHT.labels(self.worker, self.endpoint).set_function(inflight)
-        if target is not None:
-            TARGET.labels(self.worker, self.endpoint).set_function(target)
+        if max_inflight is not None:
+            MAX_INFLIGHT.labels(self.worker, self.endpoint).set_function(max_inflight)
         WAITING.labels(self.worker, self.endpoint).set_function(waiting)
         HELD.labels(self.worker).set_function(held)
         HEALTHY.labels(self.worker, self.endpoint).set_function(lambda: 1.0 if healthy() else 0.0)

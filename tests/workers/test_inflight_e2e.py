@@ -102,7 +102,7 @@ def test_the_tuner_climbs_a_rising_curve_to_its_ceiling_and_shows_it(
     )
     worker_label = r'worker="gpu0@[^"]*"'
     assert re.search(
-        r'^dflash_inflight_target\{endpoint="[^"]+",' + worker_label + r"\} 24\.0$", metrics, re.M
+        r'^dflash_max_inflight_requests\{endpoint="[^"]+",' + worker_label + r"\} 24\.0$", metrics, re.M
     )
     assert re.search(
         r'^dflash_tuner_tokens_per_second\{target="24",' + worker_label + r"\} [1-9]", metrics, re.M
