@@ -16,8 +16,22 @@ from celery import bootsteps, signals
 
 from dflash_tasks.coord.celery_app import app, configure
 from dflash_tasks.core.errors import ConfigError
-from dflash_tasks.core.settings import DEFAULT_MAX_INFLIGHT, WorkerSettings, redact_url
+from dflash_tasks.core.settings import (
+    DEFAULT_INFLIGHT_CEILING,
+    DEFAULT_MAX_INFLIGHT,
+    WorkerSettings,
+    inflight_overrides,
+    parse_inflight,
+    redact_url,
+)
 from workers.runtime import WorkerRuntime
+
+
+def inflight_type(text: str) -> int | str:
+    try:
+        return parse_inflight(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -26,8 +40,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--name", help="worker name shown in Flower, e.g. gpu0 [DFLASH_WORKER_NAME]")
     p.add_argument(
         "--max-inflight",
+        type=inflight_type,
+        metavar="N|auto",
+        help=f"requests kept in flight (default {DEFAULT_MAX_INFLIGHT}) [DFLASH_MAX_INFLIGHT]; auto: "
+        "tuned from the server's numbers between --inflight-floor and --inflight-ceiling "
+        "[DFLASH_TUNE_INFLIGHT=1]",
+    )
+    p.add_argument(
+        "--inflight-ceiling",
         type=int,
-        help=f"requests kept in flight (default {DEFAULT_MAX_INFLIGHT}) [DFLASH_MAX_INFLIGHT]",
+        help=f"the tuner's highest target: the server's --max-running-requests "
+        f"(default {DEFAULT_INFLIGHT_CEILING}) [DFLASH_INFLIGHT_CEILING]",
+    )
+    p.add_argument(
+        "--inflight-floor", type=int, help="the tuner's lowest target (default 8) [DFLASH_INFLIGHT_FLOOR]"
     )
     p.add_argument("--max-chunks", type=int, help="most chunks held at once (default 8) [DFLASH_MAX_CHUNKS]")
     p.add_argument("--broker-url", help="Redis URL (default redis://127.0.0.1:6379/0) [DFLASH_BROKER_URL]")
@@ -62,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = WorkerSettings.load(
             endpoint=args.endpoint,
             worker_name=args.name,
-            max_inflight=args.max_inflight,
+            **inflight_overrides(args.max_inflight),
+            inflight_ceiling=args.inflight_ceiling,
+            inflight_floor=args.inflight_floor,
             max_chunks=args.max_chunks,
             broker_url=args.broker_url,
             queue=args.queue,
@@ -92,12 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     concurrency = settings.max_chunks
     queues = runtime.switch.starting()
     logging.getLogger("workers").info(
-        "worker %s: endpoint %s, broker %s, queues %s, %d in flight, up to %d chunks",
+        "worker %s: endpoint %s, broker %s, queues %s, %s in flight, up to %d chunks",
         runtime.hostname,
         settings.endpoint,
         redact_url(settings.broker_url),
         ",".join(queues),
-        settings.max_inflight,
+        (
+            f"tuned {settings.inflight_floor}-{runtime.ctx.pool.ceiling} (from {settings.max_inflight})"
+            if settings.tune_inflight
+            else str(settings.max_inflight)
+        ),
         concurrency,
     )
     app.worker_main(

@@ -29,8 +29,10 @@ from dflash_tasks.monitoring.metrics import PrometheusListener
 from workers.chunk_runner import ChunkContext, run_chunk
 from workers.flow.consumer_switch import ConsumerSwitch
 from workers.flow.health import HealthGate
+from workers.flow.inflight_tuner import InflightTuner, TunerConfig
 from workers.flow.prefetch import PrefetchController
 from workers.flow.request_pool import RequestPool
+from workers.flow.tuner_loop import TunerLoop
 from workers.generation import RetryPolicy, WorkerIdentity
 from workers.identity import ServerModel
 from workers.listener import Listeners, WorkerListener
@@ -58,6 +60,7 @@ class WorkerRuntime:
     requeuer: Requeuer
     held: HeldChunks
     monitor: WorkerMonitor  # live stats, progress.json, Prometheus
+    tuner: TunerLoop | None  # the in-flight tuner (--max-inflight auto)
 
     @classmethod
     def build(cls, settings: WorkerSettings, app: Celery) -> WorkerRuntime:
@@ -76,10 +79,12 @@ class WorkerRuntime:
         stats = WorkerStats(bk, hostname, min(FLUSH_SECONDS, settings.progress_seconds))
         # a job's figures stay exported a few progress periods after this worker last wrote them
         prometheus = PrometheusListener(hostname, settings.endpoint, 3 * settings.progress_seconds)
-        listener = Listeners([prometheus, StatsListener(stats)])
+        pool = RequestPool(settings.max_inflight, settings.pool_ceiling())
+        tuner = tuner_for(settings, pool, client)
+        listener = Listeners([prometheus, StatsListener(stats), *([tuner] if tuner else [])])
         ctx = ChunkContext(
             client=client,
-            pool=RequestPool(settings.max_inflight),
+            pool=pool,
             bookkeeping=bk,
             jobs=jobs,
             leases=LeaseKeeper(bk, settings.lease_seconds, settings.heartbeat_seconds),
@@ -100,7 +105,7 @@ class WorkerRuntime:
         prefetch = PrefetchController(
             held=held.count,
             backlog=lambda: ctx.pool.waiting,
-            low_water=settings.low_water(),
+            low_water=lambda: settings.low_water(pool.max_inflight),
             max_chunks=settings.max_chunks,
         )
         reconciler = Reconciler(
@@ -116,10 +121,10 @@ class WorkerRuntime:
             listener=listener,
         )
         monitor = WorkerMonitor.for_worker(
-            settings, ctx, hostname, held.count, lambda: health.healthy, stats, prometheus
+            settings, ctx, hostname, held.count, lambda: health.healthy, stats, prometheus, tuner
         )
         return cls(
-            settings, app, hostname, ctx, health, reconciler, prefetch, switch, requeuer, held, monitor
+            settings, app, hostname, ctx, health, reconciler, prefetch, switch, requeuer, held, monitor, tuner
         )
 
     def attach_consumer(self, consumer: Any) -> None:
@@ -137,6 +142,7 @@ class WorkerRuntime:
             (self.health.check_now, self.health.stop),
             (lambda: server.start(self.settings.identity_seconds, lambda: self.health.healthy), server.stop),
             (self.monitor.start, self.monitor.stop),
+            *([(self.tuner.start, self.tuner.stop)] if self.tuner else []),
         ]
 
     def start_background(self) -> None:
@@ -237,6 +243,25 @@ class WorkerRuntime:
             outcome.seconds,
         )
         return outcome.as_dict()
+
+
+def tuner_for(settings: WorkerSettings, pool: RequestPool, client: SGLangClient) -> TunerLoop | None:
+    """The in-flight tuner's loop when ``tune_inflight`` is on, else None (a fixed target)."""
+    if not settings.tune_inflight:
+        return None
+    config = TunerConfig(
+        floor=settings.inflight_floor,
+        ceiling=pool.ceiling,
+        start=settings.max_inflight,
+    )
+    return TunerLoop(
+        InflightTuner(config),
+        pool,
+        client.load,
+        window_seconds=settings.tune_window_seconds,
+        sample_seconds=settings.tune_sample_seconds,
+        graph_ceiling=client.decode_graph_ceiling,
+    )
 
 
 class HeldChunks:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from dflash_tasks.core.errors import ConfigError, RetryableError, SampleRejected
 from dflash_tasks.core.states import ErrorKind
@@ -146,6 +147,26 @@ class SGLangClient:
             return False
         return resp.status_code == 200
 
+    def load(self, timeout: float = 10.0) -> ServerLoad:
+        """The scheduler's gauges from ``GET /metrics`` (needs ``--enable-metrics``; sent without
+        the key, as SGLang leaves it open). Raises :class:`RetryableError` when it cannot be read."""
+        resp = self._get("/metrics", timeout)
+        if resp.status_code != 200:
+            raise RetryableError(
+                f"{self.endpoint}/metrics: HTTP {resp.status_code} (is --enable-metrics on?)"
+            )
+        return parse_metrics(resp.text)
+
+    def decode_graph_ceiling(self, timeout: float = 10.0) -> int | None:
+        """The largest decode batch with a captured graph (``cuda_graph_max_bs_decode``, else
+        ``cuda_graph_max_bs``, from ``/server_info``); None when the server does not say."""
+        info = self.server_info(timeout)
+        for key in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs"):
+            value = info.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
     def server_info(self, timeout: float = 10.0) -> dict[str, Any]:
         """``GET /server_info`` (``/get_server_info`` on releases without it).
 
@@ -207,6 +228,50 @@ class SGLangClient:
             return self._session().get(f"{self.endpoint}{path}", headers=self._auth, timeout=(5.0, timeout))
         except requests.RequestException as exc:
             raise RetryableError(f"{self.endpoint}{path}: connection error: {_short(exc)}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLoad:
+    """What the server's scheduler reports right now (SGLang's ``sglang:*`` names, summed over ranks)."""
+
+    running: float = 0.0  # sglang:num_running_reqs
+    queued: float = 0.0  # sglang:num_queue_reqs
+    retracted: float = 0.0  # sglang:num_retracted_reqs
+    token_usage: float = 0.0  # sglang:token_usage (the highest rank's)
+    gen_throughput: float = 0.0  # sglang:gen_throughput, tokens/s over the last log interval
+    generation_tokens: float = 0.0  # sglang:generation_tokens_total
+    accept_length: float = 0.0  # sglang:spec_accept_length (0 without speculative decoding)
+
+
+_LOAD_FIELDS = {
+    "sglang:num_running_reqs": "running",
+    "sglang:num_queue_reqs": "queued",
+    "sglang:num_retracted_reqs": "retracted",
+    "sglang:token_usage": "token_usage",
+    "sglang:gen_throughput": "gen_throughput",
+    "sglang:generation_tokens_total": "generation_tokens",
+    "sglang:spec_accept_length": "accept_length",
+}
+_MAX_FIELDS = frozenset({"token_usage", "accept_length"})
+
+
+def parse_metrics(text: str) -> ServerLoad:
+    """A :class:`ServerLoad` from Prometheus exposition text; unknown and missing names are skipped."""
+    values: dict[str, float] = {}
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as exc:
+        raise RetryableError(f"/metrics is not Prometheus text: {exc}") from exc
+    for family in families:
+        for sample in family.samples:
+            name = _LOAD_FIELDS.get(sample.name)
+            if name is None or not math.isfinite(sample.value):
+                continue
+            if name in _MAX_FIELDS:
+                values[name] = max(values.get(name, 0.0), sample.value)
+            else:
+                values[name] = values.get(name, 0.0) + sample.value
+    return ServerLoad(**values)
 
 
 def parse_completion(body: bytes) -> Completion:

@@ -13,6 +13,7 @@ every registered job (one process per job wins each period).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -33,6 +34,7 @@ from dflash_tasks.core.spec_stats import accept_length as ratio
 from dflash_tasks.monitoring import metrics
 from dflash_tasks.monitoring.metrics import PrometheusListener
 from dflash_tasks.monitoring.progress_writer import ProgressWriter, registered_jobs
+from workers.flow.tuner_loop import TunerLoop
 from workers.sglang_client import SGLangClient
 
 if TYPE_CHECKING:
@@ -245,8 +247,9 @@ class WorkerMonitor:
         healthy: Callable[[], bool],
         stats: WorkerStats,
         prometheus: PrometheusListener,
+        tuner: TunerLoop | None = None,
     ) -> WorkerMonitor:
-        """Wire a monitor to a worker's pool, chunk count and health."""
+        """Wire a monitor to a worker's pool, chunk count, health and in-flight tuner."""
 
         def queues() -> list[str]:
             served = ctx.server.current
@@ -268,6 +271,8 @@ class WorkerMonitor:
                 "held_chunks": held(),
                 "healthy": healthy(),
                 "server_accept_length": monitor.accept,
+                # the tuner's target, phase, reason and measured curve, as one JSON field
+                "tuner": json.dumps(tuner.state(), separators=(",", ":")) if tuner else "",
             }
 
         monitor = cls(settings, ctx.bookkeeping, ctx.jobs, ctx.client, hostname, state, stats, prometheus)
@@ -278,6 +283,8 @@ class WorkerMonitor:
             healthy,
             lambda: ctx.pool.max_inflight,
         )
+        if tuner is not None:
+            prometheus.watch_tuner(tuner.state)
         prometheus.watch_queue(LiveProgress.of(ctx.bookkeeping), queues)
         return monitor
 

@@ -35,6 +35,9 @@ ENV_PREFIX = "DFLASH_"
 #: Requests a worker keeps in flight against its server: the worker's and the node launcher's
 #: default (SGLang resets an unset running-request cap to 48 under speculative decoding).
 DEFAULT_MAX_INFLIGHT = 48
+#: The tuner's ceiling, and the running-request cap the node launcher gives its servers under
+#: ``--max-inflight auto``: far above 48, below where a 27B model's KV cache binds on one B200.
+DEFAULT_INFLIGHT_CEILING = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +201,21 @@ class WorkerSettings(ProgressSettings):
     #: re-queues the chunk (s); the chunk's lease is kept meanwhile. 0: no retries.
     store_retry_seconds: float = 300.0
     # --- flow control ---
-    #: Requests this worker keeps in flight against its server (SGLang's spec-decoding cap is 48).
+    #: Requests this worker keeps in flight against its server (SGLang's spec-decoding cap is 48);
+    #: with ``tune_inflight``, where the tuner starts.
     max_inflight: int = DEFAULT_MAX_INFLIGHT
+    #: Tune the in-flight target from the server's own numbers (``--max-inflight auto``), between
+    #: ``inflight_floor`` and ``inflight_ceiling`` (docs/performance.md).
+    tune_inflight: bool = False
+    #: The tuner's lowest target.
+    inflight_floor: int = 8
+    #: The tuner's highest target: the server's ``--max-running-requests`` (the node launcher starts
+    #: its servers with it, and with ``--cuda-graph-max-bs-decode`` as large).
+    inflight_ceiling: int = DEFAULT_INFLIGHT_CEILING
+    #: The tuner's shortest measuring window (s); it lengthens a window to one request's lifetime.
+    tune_window_seconds: float = 30.0
+    #: How often the tuner's gauges are read from the server's /metrics within a window (s).
+    tune_sample_seconds: float = 2.0
     #: Most chunks a worker holds at once. It takes the next chunk whenever fewer than
     #: ``backlog_low_water`` requests wait for a slot, so slots never idle at chunk boundaries.
     max_chunks: int = 8
@@ -220,6 +236,13 @@ class WorkerSettings(ProgressSettings):
             raise ConfigError(f"max_inflight must be >= 1, got {self.max_inflight}")
         if self.max_chunks < 1:
             raise ConfigError(f"max_chunks must be >= 1, got {self.max_chunks}")
+        if not 1 <= self.inflight_floor <= self.inflight_ceiling:
+            raise ConfigError(
+                f"inflight_floor ({self.inflight_floor}) must be in "
+                f"1..inflight_ceiling ({self.inflight_ceiling})"
+            )
+        if not (self.tune_window_seconds > 0 and self.tune_sample_seconds > 0):
+            raise ConfigError("tune_window_seconds and tune_sample_seconds must be > 0")
         if self.request_attempts < 1:
             raise ConfigError(f"request_attempts must be >= 1, got {self.request_attempts}")
         if self.heartbeat_seconds <= 0 or self.lease_seconds <= self.heartbeat_seconds:
@@ -240,9 +263,15 @@ class WorkerSettings(ProgressSettings):
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be 0 (off) or a TCP port, got {self.metrics_port}")
 
-    def low_water(self) -> int:
-        """The backlog below which a worker takes another chunk."""
-        return self.backlog_low_water if self.backlog_low_water > 0 else max(1, self.max_inflight // 2)
+    def low_water(self, target: int | None = None) -> int:
+        """The backlog below which a worker takes another chunk (half the in-flight ``target``)."""
+        if self.backlog_low_water > 0:
+            return self.backlog_low_water
+        return max(1, (self.max_inflight if target is None else target) // 2)
+
+    def pool_ceiling(self) -> int:
+        """The most requests the worker may ever have in flight: the fixed target, or the tuner's ceiling."""
+        return max(self.inflight_ceiling, self.max_inflight) if self.tune_inflight else self.max_inflight
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +337,31 @@ def _coerce(name: str, kind: Any, raw: str) -> Any:
     except ValueError:
         raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind_name}") from None
     return raw
+
+
+#: ``--max-inflight auto``: the worker tunes its target (``tune_inflight``).
+AUTO_INFLIGHT = "auto"
+
+
+def parse_inflight(text: str) -> int | str:
+    """A ``--max-inflight`` value: a number of requests, or ``auto``; raises ``ValueError`` otherwise
+    (argparse shows its message)."""
+    if text.strip().lower() == AUTO_INFLIGHT:
+        return AUTO_INFLIGHT
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"expected a number of requests or {AUTO_INFLIGHT!r}, got {text!r}") from None
+
+
+def inflight_overrides(value: int | str | None) -> dict[str, Any]:
+    """The settings a ``--max-inflight`` value sets: a number pins the target (whatever
+    ``DFLASH_TUNE_INFLIGHT`` says), ``auto`` turns the tuner on, None leaves both to the environment."""
+    if value is None:
+        return {}
+    if value == AUTO_INFLIGHT:
+        return {"tune_inflight": True}
+    return {"max_inflight": value, "tune_inflight": False}
 
 
 def redact_url(url: str) -> str:

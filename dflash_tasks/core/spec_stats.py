@@ -58,6 +58,7 @@ class SampleCounts:
     verify: int  # their verify passes
     turns: int  # its user turns (generations settled)
     generations: int  # turns recorded (requests that returned)
+    retractions: int = 0  # times the server retracted its requests (meta_info num_retractions)
 
 
 def sample_counts(record: Record) -> SampleCounts:
@@ -71,4 +72,5 @@ def sample_counts(record: Record) -> SampleCounts:
         verify=verify,
         turns=record.user_turns,
         generations=len(record.turns),
+        retractions=sum((t.meta_info or {}).get("num_retractions") or 0 for t in record.turns),
     )

@@ -206,9 +206,40 @@ class PrometheusListener:
         HELD.labels(self.worker).set_function(held)
         HEALTHY.labels(self.worker, self.endpoint).set_function(lambda: 1.0 if healthy() else 0.0)
 
+    def watch_tuner(self, state: Callable[[], Mapping[str, Any]]) -> None:
+        """Export the in-flight tuner's curve and phase (read from ``state()`` at scrape time)."""
+        _register_once(TunerSeries(self.worker, state))
+
     def watch_queue(self, live: LiveProgress, queues: Callable[[], Sequence[str]]) -> None:
         """Export the depth of the queues ``queues()`` names (read through ``live``)."""
         _register_once(QueueDepth(live, queues))
+
+
+class TunerSeries(Collector):
+    """The in-flight tuner, read at scrape time: ``dflash_tuner_tokens_per_second{worker,target}``
+    (its measured curve: the server's tokens/s at each target it tried) and
+    ``dflash_tuner_phase{worker,phase,reason}`` (always 1: where it is and why)."""
+
+    def __init__(self, worker: str, state: Callable[[], Mapping[str, Any]]) -> None:
+        self.worker, self.state = worker, state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        doc = self.state()
+        curve = GaugeMetricFamily(
+            "dflash_tuner_tokens_per_second",
+            "The in-flight tuner's measured curve: the server's tokens/s at each target it tried.",
+            labels=["worker", "target"],
+        )
+        for point in doc.get("curve", []):
+            curve.add_metric([self.worker, str(point["target"])], float(point["tokens_per_s"]))
+        yield curve
+        phase = GaugeMetricFamily(
+            "dflash_tuner_phase",
+            "Always 1: the in-flight tuner's phase and why.",
+            labels=["worker", "phase", "reason"],
+        )
+        phase.add_metric([self.worker, str(doc.get("phase", "")), str(doc.get("reason", ""))], 1.0)
+        yield phase
 
 
 def _unknown() -> float | None:

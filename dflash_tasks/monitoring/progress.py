@@ -15,6 +15,7 @@ This module is the math (rates, ETA, GPU time, cost, the document); only
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -302,9 +303,21 @@ def _workers(snap: Snapshot, now: float) -> list[dict[str, Any]]:
                 "spec_accept_source": source if accept is not None else None,
                 "spec_accept_length_window": _round(window, 3),
                 "server_accept_length": _round(server, 3),
+                "tuner": _tuner(beat.get("tuner", "")),
             }
         )
     return rows
+
+
+def _tuner(field: str) -> dict[str, Any] | None:
+    """The in-flight tuner's state a worker put in its heartbeat (JSON), or None (a fixed target)."""
+    if not field:
+        return None
+    try:
+        doc = json.loads(field)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _round(x: float | None, digits: int) -> float | None:

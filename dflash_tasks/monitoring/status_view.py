@@ -197,11 +197,20 @@ def worker_rows(workers: Sequence[dict[str, Any]]) -> list[list[str]]:
     ]
 
 
+def tuner_line(name: str, tuner: dict[str, Any]) -> str:
+    """``gpu0 in-flight: settled on 128 (throughput stopped rising); measured 48: 27k, 72: 31k tok/s``."""
+    curve = ", ".join(f"{p['target']}: {p['tokens_per_s']:,.0f}" for p in tuner.get("curve", []))
+    where = f"{tuner.get('phase', '?')} on {tuner.get('target', '?')} ({tuner.get('reason', '')})"
+    return f"{name} in-flight {where}" + (f"; measured {curve} tok/s" if curve else "")
+
+
 def footnotes(doc: dict[str, Any]) -> list[str]:
-    """The accept-length footnote (when a worker's figure is its server's average) and the warnings."""
+    """The accept-length footnote (when a worker's figure is its server's average), each in-flight
+    tuner's state, and the warnings."""
     notes = []
     if any(w.get("spec_accept_source") == SOURCE_SERVER for w in doc["workers"]):
         notes.append(SERVER_AVERAGE_NOTE)
+    notes += [tuner_line(w["name"], w["tuner"]) for w in doc["workers"] if w.get("tuner") and w["alive"]]
     return notes + [f"! {warning}" for warning in doc.get("warnings", [])]
 
 

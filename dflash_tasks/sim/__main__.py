@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
+from dflash_tasks.sim.batch import CURVES
 from dflash_tasks.sim.config import FAULT_KINDS, REASONING_PARSERS, FaultSpec, SimConfig
 from dflash_tasks.sim.server import start_simulator
 
@@ -48,6 +49,36 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=d.decode_log_interval,
         help="verify passes before internal_states reports an accept length",
+    )
+    curve = p.add_argument_group("throughput curve (dflash_tasks.sim.batch; none: a fixed rate per request)")
+    curve.add_argument("--curve", choices=sorted(CURVES), default=None, help="a named curve (sets the knobs)")
+    curve.add_argument(
+        "--batch-knee", type=float, default=d.batch_knee, help="batch where a step turns compute-bound"
+    )
+    curve.add_argument(
+        "--accept-halving-batch",
+        type=float,
+        default=d.accept_halving_batch,
+        help="batch at which the accept length's gain over 1 halves (0: constant)",
+    )
+    curve.add_argument(
+        "--cuda-graph-max-bs-decode",
+        type=int,
+        default=d.cuda_graph_max_bs_decode,
+        help="decode graph ceiling: larger batches run --eager-slowdown times slower (0: none)",
+    )
+    curve.add_argument("--eager-slowdown", type=float, default=d.eager_slowdown)
+    curve.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        default=d.kv_capacity_tokens,
+        help="KV cache size; past it requests are retracted (0: unlimited)",
+    )
+    curve.add_argument(
+        "--kv-reserve-ratio",
+        type=float,
+        default=d.kv_reserve_ratio,
+        help="share of a request's remaining budget reserved at admission (SGLang's new_token_ratio)",
     )
     p.add_argument(
         "--load-seconds", type=float, default=d.load_seconds, help="the port refuses connections meanwhile"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_tasks.sim.batch import BatchCurve, curve_from
+
 FAULT_KINDS = frozenset({"http_500", "http_503", "hang", "bad_json", "abort", "reset", "unhealthy"})
 """Fault kinds accepted by ``POST /sim/faults`` and ``--fault`` (plus ``clear`` over HTTP)."""
 
@@ -97,6 +99,14 @@ class SimConfig:
     #: ``--api-key``: every route but ``/health*``, ``/ready*``, ``/metrics*`` (and ``/sim/*``)
     #: then needs ``Authorization: Bearer <key>``.
     api_key: str | None = field(default=None, repr=False)
+    #: A throughput curve (:mod:`dflash_tasks.sim.batch`): a named one (``--curve``), or the knobs.
+    curve: str | None = None
+    batch_knee: float = 0.0
+    accept_halving_batch: float = 0.0
+    cuda_graph_max_bs_decode: int = 0
+    eager_slowdown: float = 1.5
+    kv_capacity_tokens: int = 0
+    kv_reserve_ratio: float = 0.3
     faults: tuple[FaultSpec, ...] = field(default_factory=tuple)
     verbose: bool = False
     #: Append every chat request body to this JSONL file (see :mod:`dflash_tasks.sim.requestlog`).
@@ -130,6 +140,25 @@ class SimConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        self.batch_curve()  # raises ValueError on a bad knob or an unknown curve
+
+    def batch_curve(self) -> BatchCurve | None:
+        """The throughput curve, or None: every request at ``tokens_per_second`` whatever the batch."""
+        curve = curve_from(
+            self.curve,
+            BatchCurve(
+                tokens_per_second=self.tokens_per_second,
+                accept_length=self.accept_length,
+                knee=self.batch_knee,
+                accept_halving=self.accept_halving_batch,
+                graph_max_bs=self.cuda_graph_max_bs_decode,
+                eager_slowdown=self.eager_slowdown,
+                kv_capacity=self.kv_capacity_tokens,
+                reserve_ratio=self.kv_reserve_ratio,
+            ),
+        )
+        knobs = (curve.knee, curve.accept_halving, curve.graph_max_bs, curve.kv_capacity)
+        return curve if any(knobs) else None
 
     @property
     def served_name(self) -> str:

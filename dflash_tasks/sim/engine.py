@@ -12,6 +12,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from dflash_tasks.sim.batch import DecodeBatch
 from dflash_tasks.sim.config import SPEC_NUM_DRAFT_TOKENS, FaultSpec, SimConfig
 from dflash_tasks.sim.faults import FaultBoard
 from dflash_tasks.sim.protocol import (
@@ -65,6 +66,10 @@ class SimEngine:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.scheduler = SlotScheduler(config.max_running_requests, config.max_queued_requests)
+        curve = config.batch_curve()
+        #: With a throughput curve the running requests decode together (their speed depends on
+        #: the batch, the KV cache may bind); without one each runs at ``tokens_per_second``.
+        self.batch = DecodeBatch(curve, config.time_scale) if curve is not None else None
         self.faults = FaultBoard(config.faults)
         self.started_at = time.time()
         self._ready_at: float | None = None  # set once HTTP is up: then the warmup runs
@@ -87,6 +92,8 @@ class SimEngine:
         """Wake every sleeping or waiting request; they end without an answer."""
         self._stopping.set()
         self.scheduler.stop()
+        if self.batch is not None:
+            self.batch.stop()
         self.requests.close()
 
     def http_up(self) -> None:
@@ -159,6 +166,8 @@ class SimEngine:
 
     def gen_throughput(self) -> float:
         """Current generation rate in tokens per wall-clock second."""
+        if self.batch is not None:
+            return self.batch.gauges()["gen_throughput"]
         running, _ = self.scheduler.counts()
         scale = self.config.time_scale
         return running * self.config.tokens_per_second / (scale if scale > 0 else 1.0)
@@ -167,7 +176,7 @@ class SimEngine:
         """The ``GET /sim/stats`` document."""
         with self._lock:
             counters = dict(self._counters)
-        names = ("requests_total", "completed", "aborted", "bad_requests", "faults_injected")
+        names = ("requests_total", "completed", "aborted", "bad_requests", "faults_injected", "retractions")
         tokens = ("prompt_tokens", "generation_tokens", "reasoning_tokens")
         stats: dict[str, Any] = {name: counters.get(name, 0) for name in names + tokens}
         stats.update(self.scheduler.snapshot())
@@ -258,9 +267,14 @@ class SimEngine:
         cfg = self.config
         started = time.monotonic()
         plan, thinking = self._plan(req, fault)
-        duration = plan.completion_tokens / cfg.tokens_per_second * cfg.time_scale
-        if duration > 0 and self._stopping.wait(duration):
-            return None
+        mean_accept, retractions = cfg.accept_length, 0
+        if self.batch is not None:
+            run = self.batch.run(plan.completion_tokens, req.prompt_tokens, self._stopping)
+            mean_accept, retractions = run.accept_length, run.retractions
+        else:
+            duration = plan.completion_tokens / cfg.tokens_per_second * cfg.time_scale
+            if duration > 0 and self._stopping.wait(duration):
+                return None
         raw = render_raw(prompt_rng(cfg.seed + 1, req.prompt), plan)
         if cfg.has_reasoning_parser and req.separate_reasoning:
             reasoning, content = split_reasoning(raw, force_reasoning=thinking)
@@ -269,7 +283,7 @@ class SimEngine:
         reasoning_tokens = plan.reasoning_tokens if cfg.has_reasoning_parser else 0
         accept = draw_accept_length(
             prompt_rng(cfg.seed + 2, req.prompt),
-            cfg.accept_length,
+            mean_accept,
             cfg.accept_length_sd,
             SPEC_NUM_DRAFT_TOKENS,
         )
@@ -278,6 +292,7 @@ class SimEngine:
         self._count(
             completed=1,
             aborted=int(plan.finish_reason == "abort"),
+            retractions=retractions,
             prompt_tokens=req.prompt_tokens,
             generation_tokens=plan.completion_tokens,
             reasoning_tokens=reasoning_tokens,
@@ -293,6 +308,7 @@ class SimEngine:
             e2e_latency=time.monotonic() - started,
             verify_ct=verify,
             cached_tokens=self._cached_tokens(req.prompt, req.prompt_tokens),
+            retractions=retractions,
         )
 
     def _log(self, line: str) -> None:

@@ -24,6 +24,10 @@ def server_info(engine: SimEngine, port: int) -> dict[str, Any]:
     """
     cfg = engine.config
     max_total = cfg.max_running_requests * KV_TOKENS_PER_SLOT
+    curve = engine.batch.curve if engine.batch is not None else None
+    if curve is not None and curve.kv_capacity:
+        max_total = curve.kv_capacity
+    graph = curve.graph_max_bs if curve is not None and curve.graph_max_bs else cfg.max_running_requests
     args: dict[str, Any] = {
         "model_path": cfg.model,
         "tokenizer_path": cfg.model,
@@ -37,7 +41,7 @@ def server_info(engine: SimEngine, port: int) -> dict[str, Any]:
         "max_running_requests": cfg.max_running_requests,
         "max_queued_requests": cfg.max_queued_requests,
         "chunked_prefill_size": 8192,
-        "cuda_graph_max_bs_decode": cfg.max_running_requests,
+        "cuda_graph_max_bs_decode": graph,
         "speculative_algorithm": "EAGLE",
         "speculative_num_steps": SPEC_NUM_DRAFT_TOKENS - 1,
         "speculative_eagle_topk": 1,
@@ -116,6 +120,8 @@ _GAUGE_HELP = {
     "token_usage": "The token usage.",
     "cache_hit_rate": "The prefix cache hit rate.",
     "max_total_num_tokens": "Maximum total number of tokens.",
+    "num_used_tokens": "The number of used tokens.",
+    "num_retracted_reqs": "The number of retracted requests.",
 }
 _COUNTER_HELP = {
     "prompt_tokens_total": ("prompt_tokens", "Number of prefill tokens processed."),
@@ -138,6 +144,18 @@ def metrics_text(engine: SimEngine) -> str:
     """Prometheus exposition text with the core ``sglang:*`` gauges and counters."""
     cfg = engine.config
     running, waiting = engine.scheduler.counts()
+    max_total = cfg.max_running_requests * KV_TOKENS_PER_SLOT
+    usage, used, retracted = running / cfg.max_running_requests, 0.0, 0.0
+    if engine.batch is not None:  # the slots held by requests still waiting for the cache are queued
+        batch = engine.batch.gauges()
+        waiting += running - int(batch["running"])
+        running = int(batch["running"])
+        retracted = batch["retracted_waiting"]
+        used = batch["kv_used_tokens"]
+        if engine.batch.curve.kv_capacity:
+            max_total, usage = engine.batch.curve.kv_capacity, batch["token_usage"]
+        else:  # the cache the info endpoints report: max_running_requests x KV_TOKENS_PER_SLOT
+            usage = used / max_total
     totals = engine.totals()
     labels = f'model_name="{_label_value(cfg.served_name)}",engine_type="unified"'
     gauges = {
@@ -146,9 +164,11 @@ def metrics_text(engine: SimEngine) -> str:
         "gen_throughput": engine.gen_throughput(),
         "spec_accept_length": engine.last_spec_accept_length(),
         "spec_accept_rate": _spec_accept_rate(engine.last_spec_accept_length()),
-        "token_usage": running / cfg.max_running_requests,
+        "token_usage": usage,
         "cache_hit_rate": 0.0,
-        "max_total_num_tokens": cfg.max_running_requests * KV_TOKENS_PER_SLOT,
+        "max_total_num_tokens": max_total,
+        "num_used_tokens": used,
+        "num_retracted_reqs": retracted,
     }
     lines: list[str] = []
     for name, value in gauges.items():

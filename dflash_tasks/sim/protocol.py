@@ -210,6 +210,7 @@ class Outcome:
     e2e_latency: float
     verify_ct: int = 0
     cached_tokens: int = 0
+    retractions: int = 0
 
 
 def chat_response(req: ChatRequest, out: Outcome, config: SimConfig) -> dict[str, Any]:
@@ -229,7 +230,7 @@ def chat_response(req: ChatRequest, out: Outcome, config: SimConfig) -> dict[str
             "finish_reason": _finish_info(out.plan),
             "prompt_tokens": req.prompt_tokens,
             "weight_version": "default",
-            "num_retractions": 0,
+            "num_retractions": out.retractions,
             "reasoning_tokens": out.reasoning_tokens,
             "completion_tokens": completion,
             "cached_tokens": out.cached_tokens,

@@ -303,3 +303,39 @@ def test_node_cli_refuses_a_model_directory_without_a_readable_config(
 def test_node_cli_reports_bad_gpus(capsys: pytest.CaptureFixture[str]) -> None:
     assert node_main(["--gpus", "2-0", "--simulate"]) == 2
     assert "runs backwards" in capsys.readouterr().err
+
+
+def test_auto_caps_every_server_at_the_tuners_ceiling_and_its_worker_tunes_below_it() -> None:
+    for plan in plans(tune_inflight=True):
+        assert flag(plan.server_argv, "--max-running-requests") == "256"
+        assert flag(plan.server_argv, "--cuda-graph-max-bs-decode") == "256"
+        assert flag(plan.worker_argv, "--max-inflight") == "auto"
+        assert flag(plan.worker_argv, "--inflight-ceiling") == "256"
+    (plan,) = plans(gpus=(0,), tune_inflight=True, inflight_ceiling=160)
+    assert flag(plan.server_argv, "--max-running-requests") == "160"
+    assert flag(plan.worker_argv, "--inflight-ceiling") == "160"
+
+
+def test_under_auto_a_users_running_request_cap_is_the_ceiling_and_print_commands_says_why(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (plan,) = plans(gpus=(0,), tune_inflight=True, sglang_args=("--max-running-requests", "96"))
+    assert plan.server_argv.count("--max-running-requests") == 1
+    assert flag(plan.server_argv, "--max-running-requests") == "96"
+    assert flag(plan.server_argv, "--cuda-graph-max-bs-decode") == "96"
+    assert flag(plan.worker_argv, "--inflight-ceiling") == "96"
+    model = write_model(tmp_path, "Qwen3-8B", QWEN3_8B)
+    argv = ["--gpus", "0", "--model", str(model), "--max-inflight", "auto", "--print-commands"]
+    assert node_main([*argv, "--sglang-arg", "--max-running-requests 96"]) == 0
+    out = capsys.readouterr().out
+    assert "# in flight: tuned per GPU from 48, at most 96; servers capped at 96 running requests " in out
+    assert "(your --sglang-arg --max-running-requests)" in out
+    assert node_main(["--gpus", "0", "--model", str(model), "--print-commands"]) == 0
+    assert "# in flight: 48 fixed; servers capped at 48" in capsys.readouterr().out
+
+
+def test_a_bad_max_inflight_is_refused_with_the_values_it_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        node_main(["--gpus", "0", "--model", "m", "--max-inflight", "lots", "--print-commands"])
+    assert exc.value.code == 2
+    assert "expected a number of requests or 'auto', got 'lots'" in capsys.readouterr().err

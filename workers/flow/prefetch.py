@@ -35,7 +35,7 @@ class PrefetchController:
         self,
         held: Callable[[], int],
         backlog: Callable[[], int],
-        low_water: int,
+        low_water: int | Callable[[], int],
         max_chunks: int,
         interval: float = 0.05,
     ) -> None:
@@ -62,7 +62,8 @@ class PrefetchController:
 
     def target(self) -> int:
         """The prefetch count wanted now."""
-        target = prefetch_target(self._held(), self._backlog(), self._low_water, self._max)
+        low = self._low_water() if callable(self._low_water) else self._low_water
+        target = prefetch_target(self._held(), self._backlog(), low, self._max)
         # A message waiting for its countdown (a re-queued chunk) is unacked too: leave room for it.
         return target + _countdown_messages()
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError
-from dflash_tasks.core.settings import DEFAULT_MAX_INFLIGHT
+from dflash_tasks.core.settings import DEFAULT_INFLIGHT_CEILING, DEFAULT_MAX_INFLIGHT
 from workers.node.profiles import FlagPair, Profile, SpecDecode, choose_profile
 
 HOST = "127.0.0.1"
@@ -36,6 +36,9 @@ class NodeOptions:
     model_path: str
     port_base: int = 30000
     max_inflight: int = DEFAULT_MAX_INFLIGHT
+    #: ``--max-inflight auto``: each worker tunes its target below the servers' cap.
+    tune_inflight: bool = False
+    inflight_ceiling: int = DEFAULT_INFLIGHT_CEILING
     sglang_args: tuple[str, ...] = ()
     simulate: bool = False
     sim_args: tuple[str, ...] = ()
@@ -159,6 +162,55 @@ def merge_flags(ours: Sequence[FlagPair], user: Sequence[str]) -> list[str]:
     return [*out, *user]
 
 
+@dataclass(frozen=True, slots=True)
+class ServerCap:
+    """The running-request cap every server gets, and why (``--print-commands`` says it)."""
+
+    value: int
+    why: str
+
+
+def server_cap(options: NodeOptions) -> ServerCap:
+    """``--max-running-requests`` and ``--cuda-graph-max-bs-decode`` for each server: the fixed
+    target; under ``--max-inflight auto`` the tuner's ceiling, or the user's own
+    ``--max-running-requests`` (a user's flag always replaces ours on the command line)."""
+    if not options.tune_inflight:
+        return ServerCap(options.max_inflight, "the fixed in-flight target (--max-inflight)")
+    user = _user_value(options.sglang_args, "--max-running-requests")
+    if user is not None:
+        try:
+            value = int(user)
+        except ValueError:
+            raise ConfigError(f"--sglang-arg --max-running-requests {user!r} is not a number") from None
+        return ServerCap(value, "your --sglang-arg --max-running-requests")
+    return ServerCap(
+        options.inflight_ceiling,
+        "the in-flight tuner's ceiling (--inflight-ceiling): each worker tunes its target below it",
+    )
+
+
+def _user_value(args: Sequence[str], flag: str) -> str | None:
+    """The value the user's args give ``flag`` (the last one wins, as in argparse), or None."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def inflight_summary(options: NodeOptions) -> str:
+    """One line: what each worker keeps in flight and each server's cap, with the reason."""
+    cap = server_cap(options)
+    if options.tune_inflight:
+        start = min(options.max_inflight, cap.value)
+        kept = f"tuned per GPU from {start}, at most {cap.value}"
+    else:
+        kept = f"{options.max_inflight} fixed"
+    return f"in flight: {kept}; servers capped at {cap.value} running requests ({cap.why})"
+
+
 def sglang_command(
     python: str,
     model_path: str,
@@ -210,18 +262,13 @@ def sim_command(
     ]
 
 
-def worker_command(python: str, endpoint: str, name: str, max_inflight: int) -> list[str]:
-    return [
-        python,
-        "-m",
-        "workers",
-        "--endpoint",
-        endpoint,
-        "--name",
-        name,
-        "--max-inflight",
-        str(max_inflight),
-    ]
+def worker_command(
+    python: str, endpoint: str, name: str, max_inflight: int, ceiling: int | None = None
+) -> list[str]:
+    """``python -m workers`` bound to one server: a fixed target, or (``ceiling`` given) the tuner
+    starting from ``max_inflight`` below the server's cap."""
+    inflight = [str(max_inflight)] if ceiling is None else ["auto", "--inflight-ceiling", str(ceiling)]
+    return [python, "-m", "workers", "--endpoint", endpoint, "--name", name, "--max-inflight", *inflight]
 
 
 def child_env(base: Mapping[str, str], gpu: int, metrics_port_base: int = 0) -> dict[str, str]:
@@ -247,25 +294,27 @@ def plan_node(options: NodeOptions, base_env: Mapping[str, str]) -> list[GpuPlan
     if options.metrics_port_base > 0 and options.metrics_port_base + max(options.gpus) > 65535:
         raise ConfigError(f"metrics port {options.metrics_port_base} + GPU {max(options.gpus)} is past 65535")
     profile = NO_SPEC if options.simulate else node_profile(options)
+    cap = server_cap(options)
+    if cap.value < 1:
+        raise ConfigError(f"the servers' running-request cap must be >= 1, got {cap.value}")
     plans = []
     for gpu in options.gpus:
         port = options.port_base + gpu
         endpoint = f"http://{HOST}:{port}"
         if options.simulate:
-            server = sim_command(
-                options.python, options.model_path, port, options.max_inflight, options.sim_args
-            )
+            server = sim_command(options.python, options.model_path, port, cap.value, options.sim_args)
         else:
             server = sglang_command(
                 options.sglang_python or options.python,
                 options.model_path,
                 port,
-                options.max_inflight,
+                cap.value,
                 options.sglang_args,
                 profile,
             )
         name = f"gpu{gpu}"
-        worker = worker_command(options.python, endpoint, name, options.max_inflight)
+        ceiling = cap.value if options.tune_inflight else None
+        worker = worker_command(options.python, endpoint, name, options.max_inflight, ceiling)
         env = child_env(base_env, gpu, options.metrics_port_base)
         plans.append(GpuPlan(gpu, name, port, endpoint, tuple(server), tuple(worker), env))
     return plans

@@ -26,11 +26,32 @@ from types import FrameType
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError, DflashError
-from dflash_tasks.core.settings import DEFAULT_MAX_INFLIGHT, NodeSettings, redact_url
-from workers.node.launch import NodeOptions, node_profile, parse_gpus, plan_node, split_args
+from dflash_tasks.core.settings import (
+    DEFAULT_INFLIGHT_CEILING,
+    DEFAULT_MAX_INFLIGHT,
+    NodeSettings,
+    inflight_overrides,
+    parse_inflight,
+    redact_url,
+)
+from workers.node.launch import (
+    NodeOptions,
+    inflight_summary,
+    node_profile,
+    parse_gpus,
+    plan_node,
+    split_args,
+)
 from workers.node.procs import redact_argv
 from workers.node.scrape_targets import scrape_host, target_groups, write_targets
 from workers.node.supervisor import Node, SupervisorConfig
+
+
+def inflight_type(text: str) -> int | str:
+    try:
+        return parse_inflight(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,9 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-inflight",
+        type=inflight_type,
+        metavar="N|auto",
+        help=f"requests per GPU (default {DEFAULT_MAX_INFLIGHT}), and SGLang's caps [DFLASH_MAX_INFLIGHT]; "
+        "auto: each worker tunes its own target, from DFLASH_MAX_INFLIGHT up to --inflight-ceiling, "
+        "and the servers are capped there [DFLASH_TUNE_INFLIGHT=1]",
+    )
+    p.add_argument(
+        "--inflight-ceiling",
         type=int,
-        help=f"requests per GPU; sets SGLang's caps too (default {DEFAULT_MAX_INFLIGHT}) "
-        "[DFLASH_MAX_INFLIGHT]",
+        help=f"with auto: every server's --max-running-requests and --cuda-graph-max-bs-decode "
+        f"(default {DEFAULT_INFLIGHT_CEILING}; a --sglang-arg --max-running-requests wins) "
+        "[DFLASH_INFLIGHT_CEILING]",
     )
     p.add_argument(
         "--sglang-arg",
@@ -147,6 +177,8 @@ def options_from(args: argparse.Namespace, settings: NodeSettings) -> NodeOption
         model_path=settings.model_path,
         port_base=settings.port_base,
         max_inflight=settings.max_inflight,
+        tune_inflight=settings.tune_inflight,
+        inflight_ceiling=settings.inflight_ceiling,
         sglang_args=split_args([settings.sglang_args, *args.sglang_arg]),
         simulate=args.simulate,
         sim_args=split_args(args.sim_arg),
@@ -186,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
             gpus=args.gpus,
             model_path=args.model,
             port_base=args.port_base,
-            max_inflight=args.max_inflight,
+            **inflight_overrides(args.max_inflight),
+            inflight_ceiling=args.inflight_ceiling,
             log_dir=args.log_dir,
         )
         options = options_from(args, settings)
@@ -200,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_commands:
         if profile:
             print(f"# {profile.describe()}")
+        print(f"# {inflight_summary(options)}")
         for plan in plans:
             print(
                 f"# {plan.name}\nCUDA_VISIBLE_DEVICES={plan.gpu} {shlex.join(redact_argv(plan.server_argv))}"
@@ -243,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     kind = "simulated GPUs" if args.simulate else "GPUs"
     node.say(
         f"{len(plans)} {kind} ({', '.join(str(p.gpu) for p in plans)}), ports "
-        f"{', '.join(str(p.port) for p in plans)}, {settings.max_inflight} in flight each; broker "
+        f"{', '.join(str(p.port) for p in plans)}; {inflight_summary(options)}; broker "
         f"{redact_url(settings.broker_url)}, queue {settings.queue!r}; logs in {log_dir}"
     )
     if profile:

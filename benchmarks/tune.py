@@ -1,0 +1,404 @@
+"""Tune: the in-flight tuner against fixed targets, on simulated throughput curves.
+
+For each curve (``opt48``, ``opt128``, ``opt200``, ``kvbound``: :data:`dflash_tasks.sim.batch.CURVES`)
+one simulator runs with ``--max-running-requests 256`` (the ceiling) and the curve, then:
+
+1. a **sweep** with a direct client (a thread per slot, no queue, no worker) at fixed concurrencies
+   from 16 to 256 reads the server's own ``sglang:gen_throughput`` in steady state, and picks the
+   best fixed target;
+2. three **jobs** through the whole pipeline (a private Redis, one ``python -m workers``,
+   ``enqueue --no-preflight --wait``), the same prompts each time: ``--max-inflight 48`` (the
+   seed's), ``--max-inflight <best>`` and ``--max-inflight auto``. A job's tokens/s is the
+   simulator's generated tokens over the job's time from launching enqueue to the last chunk stored.
+
+The tuner's decisions are read from the worker's log (``in-flight tuner: A -> B (phase: reason)``).
+Per curve it prints fixed 48 vs the tuner vs the best fixed target. Goals, per curve: the tuner
+reaches 0.95 of the best fixed target's tokens/s, beats fixed 48 where the best is not 48, never
+goes past the ceiling, retracts under 1% of its requests, and stays within ±10% of the target it
+settled on. ``--set curves=opt48,kvbound``, ``--set prompts=N``, ``--set time_scale=X``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from benchmarks.common import (
+    Benchmark,
+    Figures,
+    Goal,
+    Options,
+    check,
+    count_outputs,
+    enqueue_args,
+    last_json,
+    last_output_time,
+    say,
+    sim_stats,
+    stack,
+    start_simulator,
+    start_worker,
+    workspace,
+)
+from benchmarks.prompts import write_prompts
+from tests.helpers import REPO, Processes, free_port, read_records, wait_until
+from workers.node.launch import sglang_command
+from workers.sglang_client import parse_metrics
+
+CURVE_NAMES = ("opt48", "opt128", "opt200", "kvbound")
+CEILING = 256
+#: The CPU engine on the tests' tiny checkpoint (35-token answers): its ceiling, sweep and job size.
+CPU_CEILING = 128
+CPU_SWEEP = (1, 4, 8, 16, 32, 64, 128)
+SWEEP = (16, 32, 48, 64, 96, 128, 160, 200, 256)
+#: One request alone: 2,300 tokens / (40 tok/s / 0.01) = 0.6 s; 2 to 4 s in a full batch.
+TIME_SCALE = 0.01
+#: Each job lasts about this long at the best fixed target (s): the tuner's climb is a part of it.
+JOB_SECONDS = 150.0
+QUICK_JOB_SECONDS = 60.0
+#: The tuner's windows in the benchmark: short, because its requests last seconds, not a minute.
+TUNER_ENV = {"DFLASH_TUNE_WINDOW_SECONDS": "2", "DFLASH_TUNE_SAMPLE_SECONDS": "0.25"}
+
+_TUNER_LINE = re.compile(
+    r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*in-flight tuner: (?P<old>\d+) -> (?P<new>\d+) "
+    r"\((?P<phase>[^:]+): (?P<reason>[^)]+)\)"
+)
+
+
+def sweep(url: str, targets: Sequence[int], seconds: float) -> tuple[dict[int, float], float]:
+    """Steady-state tokens/s at each fixed concurrency (the server's gauge, last two thirds), and
+    the mean completion tokens of a request."""
+    curve: dict[int, float] = {}
+    answered = [0, 0]  # requests, completion tokens
+    for target in targets:
+        stop = threading.Event()
+        tag = uuid.uuid4().hex[:6]
+
+        def load(i: int, tag: str = tag, stop: threading.Event = stop) -> None:
+            session = requests.Session()
+            j = 0
+            while not stop.is_set():
+                j += 1
+                body = {
+                    "model": "m",
+                    "messages": [{"role": "user", "content": f"sweep {tag} {i} {j}"}],
+                    "max_completion_tokens": 4096,
+                }
+                try:
+                    resp = session.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+                    tokens = int(resp.json()["usage"]["completion_tokens"])
+                except (requests.RequestException, ValueError, KeyError, TypeError):
+                    return
+                answered[0] += 1
+                answered[1] += tokens
+
+        threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(target)]
+        for t in threads:
+            t.start()
+        time.sleep(seconds / 3)
+        samples = []
+        until = time.monotonic() + seconds * 2 / 3
+        while time.monotonic() < until:
+            samples.append(parse_metrics(requests.get(f"{url}/metrics", timeout=10).text).gen_throughput)
+            time.sleep(0.2)
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        curve[target] = sum(samples) / len(samples)
+        say(f"  sweep {target:3d} in flight: {curve[target]:,.0f} tok/s")
+        wait_idle(url)
+    return curve, answered[1] / max(1, answered[0])
+
+
+def wait_idle(url: str, timeout: float = 60) -> None:
+    until = time.monotonic() + timeout
+    while time.monotonic() < until and sim_stats(url)["running"] + sim_stats(url)["waiting"] > 0:
+        time.sleep(0.2)
+
+
+def tuner_timeline(log: Path, start: float) -> list[dict[str, Any]]:
+    """The tuner's moves from a worker log: seconds since ``start``, old, new, phase, reason."""
+    moves = []
+    for text in log.read_text(errors="replace").splitlines():
+        m = _TUNER_LINE.match(text)
+        if m:
+            at = datetime.strptime(m["ts"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            moves.append(
+                {
+                    "t": round(at - start, 1),
+                    "old": int(m["old"]),
+                    "new": int(m["new"]),
+                    "phase": m["phase"],
+                    "reason": m["reason"],
+                }
+            )
+    return moves
+
+
+class Probe:
+    """The server's own counters during a job: generated tokens, and its peak of running requests."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def load(self) -> Any:
+        return parse_metrics(requests.get(f"{self.url}/metrics", timeout=10).text)
+
+    def __enter__(self) -> Probe:
+        self.tokens0 = self.load().generation_tokens
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.tokens = self.load().generation_tokens - self.tokens0
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.peak = max(self.peak, self.load().running)
+
+
+def run_job(
+    procs: Processes, url: str, inp: Path, work: Path, name: str, inflight: str, ceiling: int, *extra: str
+) -> dict[str, Any]:
+    """One job through a fresh worker at ``--max-inflight inflight``; tokens/s and the tuner's moves."""
+    worker = start_worker(procs, url, name, "--max-inflight", inflight, "--inflight-ceiling", str(ceiling))
+    out = work / f"out-{name}"
+    start = time.time()
+    with Probe(url) as probe:
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dflash_tasks.enqueue",
+                *enqueue_args(inp, out, "--wait", "--json", *extra),
+            ],
+            cwd=REPO,
+            env=procs.env,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+    if res.returncode != 0:
+        raise RuntimeError(f"enqueue failed ({res.returncode}): {res.stderr[-2000:]}")
+    summary = last_json(res.stdout)
+    check(count_outputs(out) == summary["chunks"], f"{count_outputs(out)} of {summary['chunks']} stored")
+    end = last_output_time(out)
+    worker.terminate()
+    worker.wait(timeout=60)
+    records = read_records(out)
+    retractions = sum(
+        (turn.get("meta_info") or {}).get("num_retractions") or 0
+        for r in records
+        for turn in r.get("turns", [])
+    )
+    return {
+        "seconds": end - start,
+        "tokens_per_s": probe.tokens / (end - start),
+        "completed": len(records),
+        "peak_running": probe.peak,
+        "retractions": retractions,
+        "moves": tuner_timeline(procs.tmp / f"{name}.log", start),
+    }
+
+
+def settled_figures(moves: list[dict[str, Any]], start: int) -> dict[str, float]:
+    """The target it first settled on, the widest move after that (as a share), and its highest."""
+    targets = [start] + [m["new"] for m in moves]
+    first = next((i for i, m in enumerate(moves) if m["phase"] == "settled"), None)
+    fig = {"max_target": float(max(targets))}
+    if first is None:
+        return {**fig, "settled": 0.0}
+    settled = moves[first]["new"]
+    later = [m["new"] for m in moves[first:]]
+    fig.update(
+        settled=1.0,
+        settled_target=float(settled),
+        settled_at_s=float(moves[first]["t"]),
+        drift_after_settled=max(abs(t - settled) / settled for t in later),
+        final_target=float(later[-1]),
+    )
+    return fig
+
+
+@dataclass(frozen=True)
+class Server:
+    """A server under test: where it answers, its running-request cap, and what to compare with."""
+
+    name: str
+    url: str
+    ceiling: int
+    baseline: int  # the fixed target the tuner must beat (48: the seed's; 16 on the CPU engine)
+    sweep: tuple[int, ...]
+    enqueue_flags: tuple[str, ...] = ()
+
+
+def measure(opts: Options, server: Server, work: Path, procs: Processes) -> tuple[Figures, Any]:
+    """Sweep, then fixed baseline, best fixed and tuned jobs on one server; its figures."""
+    name = server.name
+    say(f"{name}: sweep of fixed concurrencies ...")
+    curve, mean_tokens = sweep(server.url, server.sweep, 4.0 if opts.quick else 6.0)
+    best = max(curve, key=lambda t: curve[t])
+    # as many prompts as the best target serves in JOB_SECONDS
+    default = curve[best] * (QUICK_JOB_SECONDS if opts.quick else JOB_SECONDS) / max(1.0, mean_tokens)
+    count = int(opts.get("prompts", round(default, -2)))
+    inp = write_prompts(work / f"prompts-{name}.jsonl", count)
+    say(f"{name}: best fixed target {best}; {count:,} prompts of {mean_tokens:,.0f} tokens on average")
+    jobs = {}
+    for label, inflight in (("fixed", str(server.baseline)), ("best", str(best)), ("tuned", "auto")):
+        say(f"{name}: job with --max-inflight {inflight} ...")
+        job = run_job(
+            procs, server.url, inp, work, f"{name}-{label}", inflight, server.ceiling, *server.enqueue_flags
+        )
+        jobs[label] = job
+        say(f"{name}: {label}: {job['tokens_per_s']:,.0f} tok/s in {job['seconds']:.1f}s")
+        wait_idle(server.url)
+    tuned = jobs["tuned"]
+    fig: Figures = {
+        f"{name}.best_fixed_target": float(best),
+        f"{name}.baseline_target": float(server.baseline),
+        f"{name}.fixed_tok_s": jobs["fixed"]["tokens_per_s"],
+        f"{name}.best_tok_s": jobs["best"]["tokens_per_s"],
+        f"{name}.tuned_tok_s": tuned["tokens_per_s"],
+        f"{name}.tuned_over_best": tuned["tokens_per_s"] / jobs["best"]["tokens_per_s"],
+        f"{name}.tuned_over_fixed": tuned["tokens_per_s"] / jobs["fixed"]["tokens_per_s"],
+        f"{name}.tuned_peak_running": float(tuned["peak_running"]),
+        f"{name}.ceiling": float(server.ceiling),
+        f"{name}.tuned_retraction_share": tuned["retractions"] / max(1, tuned["completed"]),
+    }
+    for key, value in settled_figures(tuned["moves"], 48).items():
+        fig[f"{name}.tuned_{key}"] = value
+    return fig, {"sweep": curve, "prompts": count, "mean_tokens": mean_tokens, "jobs": jobs}
+
+
+@contextlib.contextmanager
+def simulated(opts: Options, name: str, procs: Processes) -> Iterator[Server]:
+    scale = opts.get("time_scale", TIME_SCALE)
+    flags = ("--curve", name, "--max-running-requests", str(CEILING), "--time-scale", str(scale))
+    url, pid = start_simulator(procs, f"sim-{name}", *flags)
+    try:
+        yield Server(name, url, CEILING, 48, SWEEP)
+    finally:
+        os.kill(pid, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def real_sglang(opts: Options, procs: Processes) -> Iterator[Server]:
+    """A real SGLang server: ``--set model=PATH`` on a GPU (``--set sglang_python=...``,
+    ``--set sglang_args='...'``), else the pinned release's CPU engine on the tests' tiny checkpoint."""
+    model = opts.params.get("model", "")
+    port = free_port()
+    log = procs.tmp / "sglang.log"
+    if model:  # a GPU: the node launcher's flags, the tuner's ceiling as the caps
+        python = opts.params.get("sglang_python", sys.executable)
+        cmd = sglang_command(python, model, port, CEILING, shlex.split(opts.params.get("sglang_args", "")))
+        proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # noqa: SIM115
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _healthy(url) or proc.poll() is not None, 1800, "SGLang to start")
+        check(proc.poll() is None, f"SGLang exited: {log.read_text(errors='replace')[-3000:]}")
+        try:
+            yield Server(
+                "sglang-gpu", url, CEILING, 48, SWEEP, ("--max-tokens", opts.params.get("max_tokens", "4096"))
+            )
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+        return
+    from tests.real_sglang.checkpoint import ensure_checkpoint
+    from tests.real_sglang.env import cache_root, ensure_env
+    from tests.real_sglang.server import start_server
+
+    python = ensure_env()
+    checkpoint = ensure_checkpoint(cache_root(), python)
+    ceiling = CPU_CEILING
+    server = start_server(python, checkpoint, port, log, extra=("--max-running-requests", str(ceiling)))
+    server.wait_ready()
+    try:
+        yield Server("sglang-cpu", server.url, ceiling, 16, CPU_SWEEP, ("--max-tokens", "256"))
+    finally:
+        server.stop()
+        server.check_no_standin_calls()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/health_generate", timeout=30).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def curves(opts: Options) -> list[str]:
+    names = [n for n in opts.params.get("curves", ",".join(CURVE_NAMES)).split(",") if n]
+    return names
+
+
+def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
+    figures: Figures = {}
+    details: dict[str, Any] = {"ceiling": CEILING, "servers": {}}
+    with workspace("tune", opts) as work, stack(work) as (_, procs):
+        procs.env.update(TUNER_ENV)
+        for name in curves(opts):
+            server_cm = real_sglang(opts, procs) if name == "sglang" else simulated(opts, name, procs)
+            with server_cm as server:
+                fig, det = measure(opts, server, work, procs)
+            figures.update(fig)
+            details["servers"][server.name] = det
+    print(table(figures, [n for n in details["servers"]]))
+    return figures, details
+
+
+def table(fig: Figures, names: Sequence[str]) -> str:
+    rows = [
+        "| server | fixed (target) | tuner | best fixed (target) | tuner / best | tuner / fixed | settled |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for n in names:
+        rows.append(
+            f"| {n} | {fig[f'{n}.fixed_tok_s']:,.0f} ({fig[f'{n}.baseline_target']:.0f}) | "
+            f"{fig[f'{n}.tuned_tok_s']:,.0f} | "
+            f"{fig[f'{n}.best_tok_s']:,.0f} ({fig[f'{n}.best_fixed_target']:.0f}) | "
+            f"{fig[f'{n}.tuned_over_best']:.3f} | {fig[f'{n}.tuned_over_fixed']:.2f} | "
+            f"{fig.get(f'{n}.tuned_settled_target', 0):.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def goals(opts: Options) -> list[Goal]:
+    out = []
+    for c in curves(opts):
+        n = c if c != "sglang" else ("sglang-gpu" if opts.params.get("model") else "sglang-cpu")
+        ceiling = CPU_CEILING if n == "sglang-cpu" else CEILING
+        # A --quick job lasts a minute, of which the climb takes a third: there the goal is 0.90
+        # (a smoke test); the full run's jobs last 150 s at the best target, as the issue's 0.95 asks.
+        ratio = 0.90 if opts.quick else 0.95
+        out += [
+            Goal(f"{n}.tuned_over_best", ">=", ratio, f"{n}: tuner over the best fixed target"),
+            Goal(f"{n}.tuned_peak_running", "<=", ceiling, f"{n}: never past the ceiling"),
+            Goal(f"{n}.tuned_retraction_share", "<=", 0.01, f"{n}: retractions per request"),
+            Goal(f"{n}.tuned_settled", ">=", 1, f"{n}: the tuner settled"),
+            Goal(f"{n}.tuned_drift_after_settled", "<=", 0.10, f"{n}: within 10% once settled"),
+        ]
+        if n != "opt48":  # elsewhere the best target is not the baseline's
+            out.append(Goal(f"{n}.tuned_over_fixed", ">=", 1.05, f"{n}: tuner beats the fixed baseline"))
+    return out
+
+
+BENCHMARK = Benchmark("tune", __doc__.splitlines()[0], run, goals)

@@ -1,0 +1,110 @@
+"""The in-flight target end to end: a real worker process, a simulator, a job.
+
+The bound from above: a worker never has more requests open at its server than its target (the
+simulator's own peak of running requests, with room for far more). The tuner: on a curve that rises
+until the ceiling, ``--max-inflight auto`` climbs there, and says so in its log, progress.json,
+``status`` and Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import requests
+
+from tests.e2e.test_pipeline_e2e import enqueue_args, last_json
+from tests.helpers import REPO, Processes, free_port, wait_until, write_prompts
+
+
+def run_job(procs: Processes, inp: Path, out: Path, *extra: str) -> dict[str, object]:
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dflash_tasks.producer.enqueue",
+            *enqueue_args(inp, out, "--wait", "--json", "--no-preflight", "--chunk-size", "16", *extra),
+        ],
+        cwd=REPO,
+        env=procs.env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return last_json(res.stdout)
+
+
+def test_a_worker_never_has_more_requests_open_than_its_target(procs: Processes, tmp_path: Path) -> None:
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    write_prompts(inp, 160)
+    # room for 64 at the server, and 500s to retry: retries must not open extra requests either
+    sim = procs.simulator(
+        *("--max-running-requests", "64", "--time-scale", "0.02", "--mean-output-tokens", "300"),
+        *("--fault", "http_500:12"),
+    )
+    procs.worker(sim, "gpu0", "--max-inflight", "6", "--max-chunks", "6")
+    summary = run_job(procs, inp, out)
+    assert summary["chunks"] == 10
+    stats = requests.get(f"{sim}/sim/stats", timeout=5).json()
+    assert stats["completed"] == 160
+    assert stats["peak_running"] == 6, stats  # reached, never passed
+
+
+def test_the_tuner_climbs_a_rising_curve_to_its_ceiling_and_shows_it(
+    procs: Processes, tmp_path: Path
+) -> None:
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    write_prompts(inp, 900)
+    # throughput grows with the batch all the way (no compute knee below 1000): the best is the ceiling
+    sim = procs.simulator(
+        *("--max-running-requests", "64", "--time-scale", "0.01", "--mean-output-tokens", "400"),
+        *("--batch-knee", "1000"),
+    )
+    port = free_port()
+    procs.env.update(
+        DFLASH_TUNE_WINDOW_SECONDS="0.3",
+        DFLASH_TUNE_SAMPLE_SECONDS="0.05",
+        DFLASH_METRICS_PORT=str(port),
+        DFLASH_PROGRESS_SECONDS="0.5",
+        DFLASH_MAX_INFLIGHT="6",  # where the tuner starts
+    )
+    procs.worker(
+        sim, "gpu0", *("--max-inflight", "auto", "--inflight-ceiling", "24", "--inflight-floor", "4")
+    )
+    procs.env["DFLASH_METRICS_PORT"] = "0"
+    run_job(procs, inp, out)
+
+    log = (procs.tmp / "gpu0.log").read_text()
+    assert "tuned 4-24 (from 6) in flight" in log
+    moves = [line.split("in-flight tuner: ", 1)[1] for line in log.splitlines() if "in-flight tuner:" in line]
+    assert moves and moves[0].startswith("6 -> 9 (climbing: throughput rising)"), moves
+    assert any(m.startswith("24 -> 24 (settled: at the ceiling)") for m in moves), moves
+    stats = requests.get(f"{sim}/sim/stats", timeout=5).json()
+    assert stats["peak_running"] <= 24
+
+    progress = json.loads((out / "progress.json").read_text())
+    (worker,) = progress["workers"]
+    assert worker["max_inflight"] == 24
+    assert worker["tuner"]["phase"] in ("settled", "probing down")
+    assert worker["tuner"]["ceiling"] == 24
+    assert [p["target"] for p in worker["tuner"]["curve"]][-1] == 24
+
+    status = procs.run("dflash_tasks.status", "--output", str(out))
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"gpu0@\S* in-flight settled on 24 \(at the ceiling\); measured 6: ", status.stdout)
+
+    metrics = wait_until(
+        lambda: requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text, 10, "metrics"
+    )
+    worker_label = r'worker="gpu0@[^"]*"'
+    assert re.search(
+        r'^dflash_max_inflight_requests\{endpoint="[^"]+",' + worker_label + r"\} 24\.0$", metrics, re.M
+    )
+    assert re.search(
+        r'^dflash_tuner_tokens_per_second\{target="24",' + worker_label + r"\} [1-9]", metrics, re.M
+    )
+    assert re.search(r'^dflash_tuner_phase\{phase="[a-z ]+",reason="[^"]+",' + worker_label, metrics, re.M)

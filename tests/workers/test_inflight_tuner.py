@@ -1,0 +1,115 @@
+"""The in-flight tuner's policy, fed windows from known curves (no threads, no server)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from dflash_tasks.sim.batch import CURVES, BatchCurve
+from workers.flow.inflight_tuner import InflightTuner, Phase, Reason, TunerConfig, Window
+
+
+def drive(
+    tuner: InflightTuner, tps: Callable[[int], float], windows: int, **extra: Callable[[int], float]
+) -> list[int]:
+    """Feed ``windows`` windows measured on ``tps``; returns the targets tried, in order."""
+    tried = [tuner.target]
+    for _ in range(windows):
+        t = tuner.target
+        fields = {k: f(t) for k, f in extra.items()}
+        tried.append(tuner.observe(Window(target=t, seconds=30, tokens_per_s=tps(t), running=t, **fields)))
+    return tried
+
+
+def sim_curve(name: str) -> Callable[[int], float]:
+    curve = BatchCurve(tokens_per_second=40, accept_length=3.6, **CURVES[name])
+    return curve.throughput
+
+
+@pytest.mark.parametrize(
+    ("name", "low", "high"), [("opt48", 36, 66), ("opt128", 108, 128), ("opt200", 160, 256)]
+)
+def test_it_settles_near_each_curves_best_and_stays_within_ten_percent(
+    name: str, low: int, high: int
+) -> None:
+    tps = sim_curve(name)
+    best = max(range(8, 257), key=tps)
+    tuner = InflightTuner(TunerConfig(recheck_windows=5))
+    tried = drive(tuner, tps, 60)
+    assert tuner.phase is not Phase.CLIMB
+    assert low <= tuner.best <= high, (tried, best)
+    assert tps(tuner.best) >= 0.95 * tps(best)
+    settled_at = next(i for i, t in enumerate(tried) if i > 0 and tuner.curve.get(t) and t == tuner.best)
+    after = tried[settled_at + 3 :]
+    assert all(abs(t - tuner.best) <= 0.1 * tuner.best for t in after), tried
+    assert max(tried) <= 256
+
+
+def test_a_flat_curve_settles_on_the_lower_target() -> None:
+    tuner = InflightTuner(TunerConfig())
+    drive(tuner, lambda t: 4000.0 if t >= 32 else 125.0 * t, 3)
+    assert tuner.phase is Phase.SETTLED
+    assert tuner.target == 48
+    assert tuner.reason is Reason.FLAT
+
+
+def test_retractions_send_it_back_below_and_it_never_tries_that_target_again() -> None:
+    tuner = InflightTuner(TunerConfig(recheck_windows=2))
+    tried = drive(tuner, lambda t: 100.0 * t, 30, retractions=lambda t: 1.0 if t >= 100 else 0.0)
+    assert tuner.reason in (Reason.RETRACTIONS, Reason.HELD)
+    assert tuner.target < 100
+    first_bad = next(i for i, t in enumerate(tried) if t >= 100)
+    assert all(t < tried[first_bad] for t in tried[first_bad + 1 :]), tried
+
+
+def test_a_server_queue_past_the_band_stops_the_climb() -> None:
+    tuner = InflightTuner(TunerConfig())
+    # the server admits 90 at most (its KV cache): the rest queue
+    drive(tuner, lambda t: 100.0 * min(t, 90), 8, queued=lambda t: max(0.0, t - 90.0))
+    assert tuner.phase is Phase.SETTLED
+    assert tuner.target <= 108
+    assert tuner.curve[tuner.target].tokens_per_s >= 0.8 * 9000
+
+
+def test_kv_use_past_the_threshold_stops_the_climb() -> None:
+    tuner = InflightTuner(TunerConfig())
+    drive(tuner, lambda t: 100.0 * t, 8, token_usage=lambda t: t / 100)
+    assert tuner.reason is Reason.KV or tuner.target < 100
+    assert tuner.target < 100
+
+
+def test_it_never_leaves_floor_and_ceiling() -> None:
+    tuner = InflightTuner(TunerConfig(floor=16, ceiling=64, start=48, recheck_windows=1))
+    tried = drive(tuner, lambda t: 10.0 * t, 30)
+    assert max(tried) == 64
+    assert min(tried) >= 16
+    assert tuner.reason in (Reason.CEILING, Reason.HELD)
+
+
+def test_a_better_neighbour_found_on_a_recheck_moves_the_target() -> None:
+    peak = [60]
+    tuner = InflightTuner(TunerConfig(recheck_windows=3))
+
+    def tps(t: int) -> float:
+        return 10_000.0 - 50.0 * abs(t - peak[0])
+
+    drive(tuner, tps, 12)
+    before = tuner.target
+    peak[0] = 120  # the workload changed: longer outputs, the best concurrency moved up
+    drive(tuner, tps, 40)
+    assert tuner.target >= before + 20, (before, tuner.target)
+
+
+def test_a_stale_window_is_ignored() -> None:
+    tuner = InflightTuner(TunerConfig())
+    assert tuner.observe(Window(target=999, seconds=1, tokens_per_s=1e9)) == 48
+    assert tuner.curve == {}
+
+
+def test_its_state_is_json_ready_and_sorted() -> None:
+    tuner = InflightTuner(TunerConfig())
+    drive(tuner, lambda t: 100.0 * t, 3)
+    state = tuner.state()
+    assert [p["target"] for p in state["curve"]] == sorted(p["target"] for p in state["curve"])  # type: ignore[attr-defined]
+    assert state["phase"] == tuner.phase.value

@@ -1,0 +1,230 @@
+"""The in-flight tuner's policy: which target to try next, from windows of the server's numbers.
+
+Pure (no threads, no I/O): :class:`InflightTuner` is fed one :class:`Window` per measurement
+(the target it ran at, the server's generated tokens per second, running and queued requests,
+KV use, retractions, accept length) and answers with the next target. It climbs while throughput
+rises, stops on the server's warnings, settles on the best target it measured and re-checks its
+neighbours now and then, because the best concurrency drifts over a job:
+
+* **climb**: from the start target, times ``grow`` per window while tokens/s rise by more than
+  ``gain``; at the first window that does not, one finer step (times ``fine_grow``) above the best,
+  then settle on the best. A flat curve settles on the lower target (fewer requests, less KV).
+* **guards**: a retraction, a server queue past ``queue_band`` of its running requests, or KV use
+  past ``kv_threshold`` means the server is out of room at this target: the tuner goes back to
+  the best target below it and never climbs to this one again.
+* **settled**: every ``recheck_windows`` windows it tries ±``probe_step`` around the target and
+  moves when a neighbour is better by more than ``gain``; a guard while settled lowers the target
+  by ``probe_step``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    CLIMB = "climbing"
+    SETTLED = "settled"
+    PROBE_UP = "probing up"
+    PROBE_DOWN = "probing down"
+
+
+class Reason(StrEnum):
+    """Why the tuner is where it is (shown in progress.json, status, Prometheus and the log)."""
+
+    STARTING = "starting"
+    RISING = "throughput rising"
+    FLAT = "throughput stopped rising"
+    CEILING = "at the ceiling"
+    RETRACTIONS = "the server retracted requests"
+    QUEUE = "the server queued requests past the band"
+    KV = "KV cache use past the threshold"
+    HELD = "no better neighbour"
+    MOVED = "a neighbour was better"
+
+
+@dataclass(frozen=True, slots=True)
+class TunerConfig:
+    floor: int = 8
+    ceiling: int = 256
+    start: int = 48
+    grow: float = 1.5
+    fine_grow: float = 1.2
+    gain: float = 0.03
+    queue_band: float = 0.25
+    kv_threshold: float = 0.95
+    recheck_windows: int = 20
+    probe_step: float = 0.08
+    #: Targets a climbing step must not jump over: the server's decode graph ceiling, above
+    #: which a batch leaves the fast path (the best target is often exactly there).
+    breakpoints: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.floor <= self.ceiling:
+            raise ValueError(f"in-flight floor {self.floor} must be in 1..ceiling ({self.ceiling})")
+        if self.grow <= 1 or self.fine_grow <= 1:
+            raise ValueError("grow and fine_grow must be > 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """What the server did over one window at one target."""
+
+    target: int
+    seconds: float
+    tokens_per_s: float
+    running: float = 0.0  # mean running requests (sglang:num_running_reqs)
+    queued: float = 0.0  # mean queued requests (sglang:num_queue_reqs)
+    token_usage: float = 0.0  # highest KV use seen (sglang:token_usage)
+    retractions: int = 0  # requests retracted in the window
+    accept_length: float = 0.0
+
+
+@dataclass(slots=True)
+class CurvePoint:
+    """The measured curve at one target: the latest window's figures, and how many windows."""
+
+    target: int
+    tokens_per_s: float
+    accept_length: float
+    token_usage: float
+    windows: int = 1
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "target": self.target,
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "accept_length": round(self.accept_length, 3),
+            "token_usage": round(self.token_usage, 3),
+            "windows": self.windows,
+        }
+
+
+@dataclass(slots=True)
+class InflightTuner:
+    config: TunerConfig
+    target: int = 0
+    phase: Phase = Phase.CLIMB
+    reason: Reason = Reason.STARTING
+    best: int = 0
+    best_tps: float = 0.0
+    limit: int = 0  # guarded: never this many or more
+    curve: dict[int, CurvePoint] = field(default_factory=dict)
+    _fine: bool = False
+    _settled_windows: int = 0
+    _settled_tps: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.limit = self.config.ceiling + 1
+        self.target = self._clamp(self.config.start)
+
+    def _step(self, frm: int, factor: float) -> int:
+        """``frm * factor``, clamped, and no further than the first breakpoint above ``frm``."""
+        nxt = self._clamp(frm * factor)
+        for point in sorted(self.config.breakpoints):
+            if frm < point < nxt:
+                return point
+        return nxt
+
+    def _clamp(self, n: float) -> int:
+        return max(self.config.floor, min(self.config.ceiling, self.limit - 1, round(n)))
+
+    def _guard(self, w: Window) -> Reason | None:
+        cfg = self.config
+        if w.retractions > 0:
+            return Reason.RETRACTIONS
+        if w.token_usage > cfg.kv_threshold:
+            return Reason.KV
+        if w.queued >= 2 and w.queued > cfg.queue_band * max(w.running, 1.0):
+            return Reason.QUEUE
+        return None
+
+    def _record(self, w: Window) -> None:
+        point = self.curve.get(w.target)
+        if point is None:
+            self.curve[w.target] = CurvePoint(w.target, w.tokens_per_s, w.accept_length, w.token_usage)
+        else:
+            point.tokens_per_s, point.accept_length = w.tokens_per_s, w.accept_length
+            point.token_usage, point.windows = w.token_usage, point.windows + 1
+
+    def _settle(self, target: float, reason: Reason) -> int:
+        self.phase, self.reason = Phase.SETTLED, reason
+        self.target = self._clamp(target)
+        self._settled_windows = 0
+        return self.target
+
+    def observe(self, w: Window) -> int:
+        """Take one window measured at ``w.target``; return the next target."""
+        if w.target != self.target:  # a stale window (the target moved meanwhile): ignore it
+            return self.target
+        self._record(w)
+        guard = self._guard(w)
+        if guard is not None:
+            return self._on_guard(w, guard)
+        if self.phase is Phase.CLIMB:
+            return self._climb(w)
+        if self.phase is Phase.SETTLED:
+            self._settled_tps = w.tokens_per_s
+            self._settled_windows += 1
+            if self._settled_windows >= self.config.recheck_windows:
+                up = self._clamp(self.target * (1 + self.config.probe_step))
+                if up > self.target:
+                    self.phase, self.best, self.best_tps = Phase.PROBE_UP, self.target, w.tokens_per_s
+                    self.target = up
+                    return up
+                return self._probe_down()
+            return self.target
+        if self.phase is Phase.PROBE_UP:
+            if w.tokens_per_s > self.best_tps * (1 + self.config.gain):
+                return self._settle(w.target, Reason.MOVED)
+            return self._probe_down()
+        # PROBE_DOWN: go down only when it is better, not merely as good (noise would walk it down)
+        if w.tokens_per_s > self.best_tps * (1 + self.config.gain):
+            return self._settle(w.target, Reason.MOVED)
+        return self._settle(self.best, Reason.HELD)
+
+    def _probe_down(self) -> int:
+        if self.phase is Phase.SETTLED:
+            self.best, self.best_tps = self.target, self._settled_tps
+        down = self._clamp(self.best * (1 - self.config.probe_step))
+        if down >= self.best:
+            return self._settle(self.best, Reason.HELD)
+        self.phase, self.target = Phase.PROBE_DOWN, down
+        return down
+
+    def _on_guard(self, w: Window, guard: Reason) -> int:
+        self.limit = min(self.limit, w.target)
+        if self.phase is Phase.CLIMB and self.best and self.best < w.target:
+            return self._settle(self.best, guard)
+        if self.phase in (Phase.PROBE_UP, Phase.PROBE_DOWN) and self.best < w.target:
+            return self._settle(self.best, guard)
+        return self._settle(w.target * (1 - self.config.probe_step), guard)
+
+    def _climb(self, w: Window) -> int:
+        cfg = self.config
+        if not self.best or w.tokens_per_s > self.best_tps * (1 + cfg.gain):
+            self.best, self.best_tps, self.reason = w.target, w.tokens_per_s, Reason.RISING
+            nxt = self._step(w.target, cfg.fine_grow if self._fine else cfg.grow)
+            if nxt <= w.target:
+                return self._settle(w.target, Reason.CEILING)
+            self.target = nxt
+            return nxt
+        if not self._fine:  # one finer step above the best before settling
+            self._fine = True
+            nxt = self._step(self.best, cfg.fine_grow)
+            if self.best < nxt < w.target:
+                self.target = nxt
+                return nxt
+        return self._settle(self.best, Reason.FLAT)
+
+    def state(self) -> dict[str, object]:
+        """JSON-ready: target, phase, reason and the measured curve (sorted by target)."""
+        return {
+            "target": self.target,
+            "phase": self.phase.value,
+            "reason": self.reason.value,
+            "floor": self.config.floor,
+            "ceiling": self.config.ceiling,
+            "curve": [self.curve[t].as_dict() for t in sorted(self.curve)],
+        }

@@ -1,0 +1,207 @@
+"""The in-flight tuner's loop: measure the server a window at a time, move the pool's target.
+
+Every ``sample_seconds`` it reads the server's gauges (:meth:`SGLangClient.load`); a window is
+``window_seconds`` long, or as long as a request takes when that is longer (estimated from the
+requests in flight and the rate they finish: Little's law), so on a GPU where a thinking request
+takes a minute a window spans one. The first half-window after a cut is not measured, while the
+batch shrinks (a quarter after a raise: the new requests start at once). Tokens per second are the
+mean of ``sglang:gen_throughput`` over the
+window, or the worker's own completed tokens when the server reports no rate. It is a
+:class:`~workers.listener.WorkerListener` too: finished samples tell it the completion rate and
+the retractions the server reported per request. A window in which the worker did not keep its
+target in flight (no work, the end of a job) is dropped: it says nothing about the target.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from dflash_tasks.core.errors import DflashError
+from dflash_tasks.core.spec_stats import SampleCounts
+from workers.flow.inflight_tuner import InflightTuner, Window
+from workers.flow.request_pool import RequestPool
+from workers.sglang_client import ServerLoad
+
+log = logging.getLogger(__name__)
+
+#: The longest window (s), however long a request takes.
+MAX_WINDOW_SECONDS = 600.0
+#: A window counts only when the worker kept at least this share of its target in flight.
+SATURATED = 0.9
+
+
+class TunerLoop:
+    """Runs an :class:`InflightTuner` against a :class:`RequestPool` on a background thread."""
+
+    def __init__(
+        self,
+        tuner: InflightTuner,
+        pool: RequestPool,
+        load: Callable[[], ServerLoad],
+        window_seconds: float = 30.0,
+        sample_seconds: float = 1.0,
+        on_change: Callable[[dict[str, Any]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        graph_ceiling: Callable[[], int | None] | None = None,
+    ) -> None:
+        self.tuner = tuner
+        self.pool = pool
+        self._load = load
+        self.window_seconds = window_seconds
+        self.sample_seconds = sample_seconds
+        self._on_change = on_change
+        self._clock = clock
+        self._graph_ceiling = graph_ceiling
+        self._lock = threading.Lock()
+        self._finished = 0
+        self._tokens = 0
+        self._retractions = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.windows = 0
+        self._request_seconds = 0.0
+        self._last_target = 0
+
+    # ------------------------------------------------------------------ listener events
+    def sample_done(self, job_id: str, counts: SampleCounts) -> None:
+        with self._lock:
+            self._finished += counts.generations
+            self._tokens += counts.completion_tokens
+            self._retractions += counts.retractions
+
+    def request_failed(self, exc: BaseException, will_retry: bool) -> None:
+        pass
+
+    def chunk_started(self, job_id: str) -> None:
+        pass
+
+    def chunk_stored(self, job_id: str, seconds: float) -> None:
+        pass
+
+    def delivery(self, result: Mapping[str, Any], redelivered: bool) -> None:
+        pass
+
+    def chunk_requeued(self, reason: str) -> None:
+        pass
+
+    # ------------------------------------------------------------------ the loop
+    def state(self) -> dict[str, Any]:
+        """The tuner's state (target, phase, reason, curve) plus the current window length."""
+        return {**self.tuner.state(), "window_seconds": round(self._window_length(), 1)}
+
+    def start(self) -> None:
+        self.pool.set_target(self.tuner.target)
+        self._thread = threading.Thread(target=self._run, name="dflash-tuner", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _counters(self) -> tuple[int, int, int]:
+        with self._lock:
+            return self._finished, self._tokens, self._retractions
+
+    def _learn_graph_ceiling(self) -> None:
+        """Make the server's decode graph ceiling a breakpoint of the climb, once it is known."""
+        if self._graph_ceiling is None:
+            return
+        try:
+            ceiling = self._graph_ceiling()
+        except DflashError:
+            return  # not up yet: asked again before the next window
+        self._graph_ceiling = None
+        if ceiling and ceiling not in self.tuner.config.breakpoints:
+            self.tuner.config = replace(
+                self.tuner.config, breakpoints=(*self.tuner.config.breakpoints, ceiling)
+            )
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._learn_graph_ceiling()
+            try:
+                window = self.measure()
+            except DflashError as exc:
+                log.warning("in-flight tuner: cannot read the server's load (%s); holding", exc)
+                self._stop.wait(max(self.window_seconds, 5.0))
+                continue
+            if window is None:
+                continue
+            self.apply(window)
+
+    def apply(self, window: Window) -> int:
+        """Feed one window to the tuner and move the pool to the target it answers."""
+        before = self.tuner.target, self.tuner.phase, self.tuner.reason
+        target = self.pool.set_target(self.tuner.observe(window))
+        self.windows += 1
+        if (self.tuner.target, self.tuner.phase, self.tuner.reason) != before:
+            log.info(
+                "in-flight tuner: %d -> %d (%s: %s); %d at %.0f tok/s, running %.0f, queued %.0f, KV %.2f",
+                before[0],
+                target,
+                self.tuner.phase.value,
+                self.tuner.reason.value,
+                window.target,
+                window.tokens_per_s,
+                window.running,
+                window.queued,
+                window.token_usage,
+            )
+            if self._on_change is not None:
+                self._on_change(self.state())
+        return target
+
+    def measure(self) -> Window | None:
+        """One window at the current target (None when stopped or when nothing ran)."""
+        target = self.pool.max_inflight
+        length = self._window_length()
+        # After a raise the new requests start at once (a quarter of a window to settle); after a
+        # cut the batch only shrinks as requests finish (half a window).
+        settle = length / 4 if target >= self._last_target else length / 2
+        self._last_target = target
+        if self._stop.wait(settle):
+            return None
+        finished0, tokens0, retract0 = self._counters()
+        started = self._clock()
+        loads: list[ServerLoad] = []
+        ours = 0  # the worker's own requests in flight, summed over the samples
+        while self._clock() - started < length:
+            loads.append(self._load())
+            ours += self.pool.running
+            if self._stop.wait(self.sample_seconds):
+                return None
+        seconds = self._clock() - started
+        finished, tokens, retract = self._counters()
+        if not loads or seconds <= 0:
+            return None
+        n = len(loads)
+        running = sum(x.running for x in loads) / n
+        if ours / n < SATURATED * target or self.pool.max_inflight != target:
+            return None  # short of work (idle, a job's drain) or moved meanwhile: nothing to learn
+        gauge = sum(x.gen_throughput for x in loads) / n
+        own = (tokens - tokens0) / seconds
+        self._observe_request_time(running, (finished - finished0) / seconds)
+        return Window(
+            target=target,
+            seconds=seconds,
+            tokens_per_s=gauge if gauge > 0 else own,
+            running=running,
+            queued=sum(x.queued for x in loads) / n,
+            token_usage=max(x.token_usage for x in loads),
+            retractions=(retract - retract0) + int(max(x.retracted for x in loads)),
+            accept_length=sum(x.accept_length for x in loads) / n,
+        )
+
+    def _observe_request_time(self, running: float, finished_per_s: float) -> None:
+        """Little's law: requests in flight / completions per second = seconds per request."""
+        if finished_per_s > 0:
+            self._request_seconds = running / finished_per_s
+
+    def _window_length(self) -> float:
+        return min(MAX_WINDOW_SECONDS, max(self.window_seconds, self._request_seconds))
