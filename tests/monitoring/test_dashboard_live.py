@@ -69,13 +69,26 @@ def live(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) ->
     tmp = tmp_path_factory.mktemp("dashboard")
     with processes(tmp, redis_server.url, f"q{uuid.uuid4().hex[:8]}") as procs:
         procs.env["DFLASH_PROGRESS_SECONDS"] = "1"
+        # the workers tune their target (from 8, at most 16), so the tuner's panel has its series
+        procs.env.update(
+            DFLASH_MAX_INFLIGHT="8", DFLASH_TUNE_WINDOW_SECONDS="0.5", DFLASH_TUNE_SAMPLE_SECONDS="0.1"
+        )
         base, metrics = port_base(2), port_base(2)
         procs.env["DFLASH_METRICS_PORT"] = str(metrics)
         targets = tmp / "targets"
         node = procs.spawn(
             [
                 *("-m", "workers.node", "--gpus", "0-1", "--simulate", "--port-base", str(base)),
-                *("--max-inflight", "8", "--sim-arg", SIM, "--log-dir", str(tmp / "logs")),
+                *(
+                    "--max-inflight",
+                    "auto",
+                    "--inflight-ceiling",
+                    "16",
+                    "--sim-arg",
+                    SIM,
+                    "--log-dir",
+                    str(tmp / "logs"),
+                ),
                 *("--health-interval", "0.5", "--scrape-targets", str(targets / "node.json")),
             ],
             "node.log",
