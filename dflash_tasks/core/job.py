@@ -18,6 +18,7 @@ from typing import Any
 
 from dflash_tasks.core.errors import JobMismatch, StoreError
 from dflash_tasks.core.quality import QualitySettings
+from dflash_tasks.core.trainer_view import TrainerView
 
 JOB_KEY = "job.json"
 MANIFEST_KEY = "manifest.json"
@@ -76,6 +77,8 @@ class JobDefinition:
     spec: GenerationSpec
     #: Quality checks and gates; recorded with the job but not part of its identity.
     quality: QualitySettings = field(default_factory=QualitySettings)
+    #: How the trainer reads the rows (loss tokens); recorded, not part of the identity.
+    trainer: TrainerView = field(default_factory=TrainerView)
 
     @classmethod
     def create(
@@ -84,10 +87,18 @@ class JobDefinition:
         input_name: str,
         spec: GenerationSpec,
         quality: QualitySettings | None = None,
+        trainer: TrainerView | None = None,
     ) -> JobDefinition:
         identity = json.dumps({"input": input_fingerprint, "spec": spec.identity()}, sort_keys=True)
         job_id = hashlib.sha256(identity.encode()).hexdigest()[:16]
-        return cls(job_id, input_fingerprint, input_name, spec, quality or QualitySettings())
+        return cls(
+            job_id,
+            input_fingerprint,
+            input_name,
+            spec,
+            quality or QualitySettings(),
+            trainer or TrainerView(),
+        )
 
     def to_json(self) -> bytes:
         doc = {
@@ -97,6 +108,7 @@ class JobDefinition:
             "input_name": self.input_name,
             "spec": asdict(self.spec),
             "quality": self.quality.to_dict(),
+            "trainer": self.trainer.to_dict(),
         }
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
@@ -112,6 +124,7 @@ class JobDefinition:
                 input_name=str(doc.get("input_name", "")),
                 spec=GenerationSpec(**spec),
                 quality=QualitySettings.from_dict(doc.get("quality")),
+                trainer=TrainerView.from_dict(doc.get("trainer")),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"{where} is not a valid dflash job file: {exc}") from None
