@@ -118,7 +118,8 @@ class TrainableSummary:
         lines = [
             f"  loss tokens       total {self.total:,} over {self.samples:,} samples  mean {d['mean']:,.0f}  "
             f"p10 {d['p10']:,}  p50 {d['p50']:,}  p90 {d['p90']:,}  max {d['max']:,}",
-            f"  trainer view      {self.few:,} ({self.few / n:.1%}) under {self.min_loss_tokens} loss tokens, "
+            f"  trainer view      {self.few:,} ({self.few / n:.1%}) under {self.min_loss_tokens} loss "
+            "tokens, "
             f"{self.truncated:,} ({self.truncated / n:.1%}) cut by max_length {self.max_length:,} "
             f"({self.lost_to_max_length:,} loss tokens lost)",
         ]

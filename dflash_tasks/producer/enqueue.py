@@ -33,8 +33,8 @@ from dflash_tasks.core.job import (
     check_same_job,
     output_key,
 )
-from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.loss_tokens import load_tokenizer
+from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.quality import GATES, QualitySettings
 from dflash_tasks.core.settings import CommonSettings, ProducerSettings, WorkerSettings
 from dflash_tasks.core.states import JobState
