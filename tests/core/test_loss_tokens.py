@@ -72,7 +72,8 @@ def test_the_last_query_rule_drops_earlier_reasoning(qwen3: Any) -> None:
         msg("assistant", "gamma", "alpha"),
     ]
     row = counter(qwen3).count(messages)
-    # turn 1 as history: beta <|im_end|> \n (3); turn 2: <think> \n alpha \n </think> \n \n gamma <|im_end|> \n
+    # turn 1 as history: beta <|im_end|> \n (3)
+    # turn 2: <think> \n alpha \n </think> \n \n gamma <|im_end|> \n (10)
     assert row.loss_tokens == 3 + 10
     assert (row.reasoning_turns, row.reasoning_dropped) == (2, 1)
     assert counter(qwen3, last_turn_only=True).count(messages).loss_tokens == 10
