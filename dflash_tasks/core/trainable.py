@@ -46,7 +46,7 @@ def counter_for(
     if view.tokenizer is not None:
         path, source = view.tokenizer, "--tokenizer"
     elif served_path and (Path(served_path) / "tokenizer_config.json").is_file():
-        path, source = served_path, "the served model's path (from /model_info)"
+        path, source = served_path, "the served model's path, from /model_info"
     else:
         why = (
             f"the served model path {served_path} is not readable here"
