@@ -22,6 +22,7 @@ message, so a multi-turn sample's earlier thoughts are generated but never train
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 from collections.abc import Mapping, Sequence
@@ -146,44 +147,64 @@ class LossTokenCounter:
         self.where = where
         self.markers = markers_of(tokenizer, thinking, where)
         self._pattern = self.markers.pattern()
+        self._backend = _untruncated_copy(tokenizer)
 
     def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
         return _render(self.tokenizer, messages, thinking=self.thinking, generation=False)
 
     def count(self, messages: Sequence[Mapping[str, Any]]) -> RowTokens:
         text = self.render(messages)
-        encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        offsets: list[tuple[int, int]] = encoding["offset_mapping"]
+        # The backend tokenizer directly: the same encoding, without transformers' per-call wrapping.
+        offsets: list[tuple[int, int]] = self._backend.encode(text, add_special_tokens=False).offsets
+        starts = [a for a, _ in offsets]
+        ends = [b for _, b in offsets]
         spans = [m.span(1) for m in self._pattern.finditer(text)]
         if self.view.last_turn_only:
             spans = spans[-1:]
-        ignored = [(i, i + len(s)) for s in self.markers.ignore for i in _occurrences(text, s)]
         limit = self.view.max_length
         kept = total = 0
-        index, tokens = 0, len(offsets)
         for start, end in spans:
-            while index < tokens and offsets[index][0] < start:  # spans come in text order
-                index += 1
-            i = index
-            while i < tokens and offsets[i][1] <= end:
-                a, b = offsets[i]
-                if not any(lo <= a and b <= hi for lo, hi in ignored):
-                    total += 1
-                    kept += i < limit
-                i += 1
-            index = i
+            first, last = _tokens_within(starts, ends, start, end)
+            cut = [(first, last)]
+            for s in self.markers.ignore:  # ignored tokens inside this span leave it
+                for at in _occurrences(text, s, start, end):
+                    lo, hi = _tokens_within(starts, ends, at, at + len(s))
+                    cut = [piece for a, b in cut for piece in ((a, min(b, lo)), (max(a, hi), b))]
+            for a, b in cut:
+                if a < b:
+                    total += b - a
+                    kept += max(0, min(b, limit) - a)
         reasoning = [
             str(m["reasoning_content"]).strip()
             for m in messages
             if m.get("role") == "assistant" and str(m.get("reasoning_content") or "").strip()
         ]
         dropped = sum(1 for r in reasoning if r not in text)
-        return RowTokens(tokens, kept, total, len(reasoning), dropped)
+        return RowTokens(len(offsets), kept, total, len(reasoning), dropped)
 
 
-def _occurrences(text: str, needle: str) -> list[int]:
-    found, start = [], 0
-    while (i := text.find(needle, start)) != -1:
+def _untruncated_copy(tokenizer: Any) -> Any:
+    """A private copy of a fast tokenizer's backend (the ``tokenizers`` object), never truncating:
+    transformers leaves the shared one in the truncation state of its last call."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    return backend
+
+
+def _tokens_within(starts: list[int], ends: list[int], start: int, end: int) -> tuple[int, int]:
+    """The token indexes ``[first, last)`` whose characters lie wholly within ``[start, end)``."""
+    first = bisect.bisect_left(starts, start)
+    last = bisect.bisect_right(ends, end)
+    return first, max(first, last)
+
+
+def _occurrences(text: str, needle: str, start: int, end: int) -> list[int]:
+    """Where ``needle`` occurs wholly within ``text[start:end]``."""
+    found = []
+    while (i := text.find(needle, start, end)) != -1:
         found.append(i)
         start = i + len(needle)
     return found

@@ -11,7 +11,8 @@ feeds the ``few_loss_tokens`` and ``truncated_by_trainer`` gates of
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from dflash_tasks.core.trainer_view import TrainerView
 #: The gates judged on the trainer's view (thresholds in job.json's ``quality``).
 FEW_LOSS_TOKENS = "few_loss_tokens"
 TRUNCATED_BY_TRAINER = "truncated_by_trainer"
+#: The latest count over a job's rows (written by the preflight and ``report``; read by ``status``).
+TRAINABLE_KEY = "trainable.json"
 
 
 def served_model_path(records: Iterable[Record]) -> str | None:
@@ -62,6 +65,31 @@ def counter_for(
     )
 
 
+class TrainableTally:
+    """Counts records as they stream by; the tokenizer is picked at the first ok record."""
+
+    def __init__(self, view: TrainerView, thinking: bool, min_loss_tokens: int) -> None:
+        self.view, self.thinking = view, thinking
+        self._summary = TrainableSummary(min_loss_tokens, view.max_length)
+        self._counter: LossTokenCounter | None = None
+        self._resolved = False
+        self.note = ""  # which tokenizer counts, or why none does
+
+    def add(self, record: Record) -> None:
+        if not record.ok:
+            return
+        if not self._resolved:
+            self._counter, self.note = counter_for(self.view, self.thinking, served_model_path([record]))
+            self._resolved = True
+        if self._counter is not None:
+            self._summary.add(self._counter.count(row_messages(record)))
+
+    @property
+    def summary(self) -> TrainableSummary | None:
+        """The counts, or None when no tokenizer was at hand."""
+        return self._summary if self._counter is not None else None
+
+
 @dataclass(slots=True)
 class TrainableSummary:
     """The loss tokens of the ok records counted so far."""
@@ -84,11 +112,6 @@ class TrainableSummary:
         self.lost_to_max_length += row.lost_to_max_length
         self.reasoning_turns += row.reasoning_turns
         self.reasoning_dropped += row.reasoning_dropped
-
-    def add_records(self, counter: LossTokenCounter, records: Iterable[Record]) -> None:
-        for record in records:
-            if record.ok:
-                self.add(counter.count(row_messages(record)))
 
     @property
     def total(self) -> int:
@@ -129,3 +152,29 @@ class TrainableSummary:
                 "turns' reasoning is not rendered by the chat template (earlier turns of multi-turn samples)"
             )
         return "\n".join(lines)
+
+
+def trainable_doc(summary: TrainableSummary, source: str, samples_in_job: int) -> dict[str, Any]:
+    """The ``trainable.json`` document: the count, who made it, and the job's projected total."""
+    mean = summary.total / summary.samples if summary.samples else 0.0
+    return {
+        "source": source,
+        "written_at": round(time.time(), 3),
+        "counted_samples": summary.samples,
+        "total_loss_tokens": summary.total,
+        "mean_per_sample": round(mean, 1),
+        "samples_in_job": samples_in_job,
+        "projected_total_loss_tokens": round(mean * samples_in_job),
+        "max_length": summary.max_length,
+        "few_loss_tokens": summary.few,
+        "truncated_by_trainer": summary.truncated,
+    }
+
+
+def describe_trainable(doc: Mapping[str, Any]) -> str:
+    """One line for ``status``: the counted total, and the projection when not every sample is in."""
+    counted, total = int(doc.get("counted_samples", 0)), int(doc.get("total_loss_tokens", 0))
+    line = f"{total:,} loss tokens over {counted:,} samples (by {doc.get('source', '?')})"
+    if counted < int(doc.get("samples_in_job", 0)):
+        line += f", ~{int(doc.get('projected_total_loss_tokens', 0)):,} projected for the job"
+    return line

@@ -38,6 +38,7 @@ from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.quality import GATES, QualitySettings
 from dflash_tasks.core.settings import CommonSettings, ProducerSettings, WorkerSettings
 from dflash_tasks.core.states import JobState
+from dflash_tasks.core.trainable import TRAINABLE_KEY, trainable_doc
 from dflash_tasks.core.trainer_view import add_trainer_flags, view_from_args
 from dflash_tasks.monitoring.fleet import capacity, live_fleet
 from dflash_tasks.monitoring.progress_writer import record_gpu_price
@@ -323,6 +324,9 @@ def run_preflight(
     print(report.render(), file=sys.stderr)
     if report.passed:
         store.write(PREFLIGHT_KEY, (json.dumps(report.to_dict(), indent=2) + "\n").encode())
+        if report.trainable is not None:
+            doc = trainable_doc(report.trainable, "preflight", manifest.samples)
+            store.write(TRAINABLE_KEY, (json.dumps(doc, indent=2) + "\n").encode())
         bk.set_preflight(job.job_id, False)
         return
     reason = "preflight failed: " + "; ".join(f.message for f in report.failures)

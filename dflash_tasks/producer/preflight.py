@@ -22,7 +22,7 @@ from dflash_tasks.core.distribution import describe
 from dflash_tasks.core.job import Manifest, output_key
 from dflash_tasks.core.quality import CHECKS, GateFailure, QualitySettings, count_checks, evaluate_gates
 from dflash_tasks.core.record import decode_records
-from dflash_tasks.core.trainable import TrainableSummary, counter_for, served_model_path
+from dflash_tasks.core.trainable import TrainableSummary, TrainableTally
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.monitoring.progress_bar import format_duration
 from dflash_tasks.store import Store
@@ -174,10 +174,11 @@ def judge(
     failures = evaluate_gates(total, counts, settings)
     trainable, note = None, ""
     if trainer is not None:
-        counter, note = counter_for(trainer, thinking, served_model_path(records))
-        if counter is not None:
-            trainable = TrainableSummary(settings.min_loss_tokens, trainer.max_length)
-            trainable.add_records(counter, records)
+        tally = TrainableTally(trainer, thinking, settings.min_loss_tokens)
+        for record in records:
+            tally.add(record)
+        trainable, note = tally.summary, tally.note
+        if trainable is not None:
             failures += evaluate_gates(trainable.samples, trainable.gate_counts(), settings)
     turns = [t for r in records for t in r.turns]
     ok = [t for t in turns if t.ok]

@@ -72,13 +72,31 @@ def test_rows_the_trainer_cuts_stop_the_preflight_and_a_longer_max_length_runs(
     assert trainable["max_length"] == 65536 and trainable["truncated_by_trainer"] == 0
     assert trainable["total_loss_tokens"] > 256 * 500  # thoughts of ~1,700 words each
     verify_ok(procs, inp, out)
+    status = procs.run("dflash_tasks.status", "--output", str(out), "--json")
+    shown = last_json(status.stdout)["trainable_tokens"]
+    assert shown["source"] == "preflight" and shown["counted_samples"] == trainable["samples"]
+    assert shown["projected_total_loss_tokens"] > shown["total_loss_tokens"]  # 256 of 640 samples counted
 
+    # The job recorded max_length 512 (its first run): report and export take the flag too.
+    longer = ("--train-max-length", "65536")
+    report = procs.run("dflash_tasks.report", "--output", str(out), "--json", *longer)
+    assert report.returncode == 0, report.stderr
+    counted = last_json(report.stdout)["trainable"]
+    assert counted["samples"] == 640 and counted["total_loss_tokens"] > trainable["total_loss_tokens"]
+    assert "(--tokenizer)" in last_json(report.stdout)["trainer_note"]
+    status = procs.run("dflash_tasks.status", "--output", str(out))
+    assert (
+        f"trainable {counted['total_loss_tokens']:,} loss tokens over 640 samples (by report)"
+        in status.stdout
+    )
 
-def test_mostly_truncated_outputs_stop_the_preflight(procs: Processes, tmp_path: Path) -> None:
-    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
-    write_prompts(inp, 640)
-    served_model(procs, tmp_path)
-    res = procs.run("dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--max-tokens", "600", "--json"))
-    assert res.returncode == 3, res.stderr
-    assert "of samples are truncated: outputs hit max_tokens" in res.stderr
-    assert_stopped_before_the_full_job(procs, out)
+    to = tmp_path / "train.jsonl"
+    exported = procs.run("dflash_tasks.export", "--output", str(out), "--to", str(to), *longer)
+    assert exported.returncode == 0, exported.stderr
+    manifest = json.loads((tmp_path / "train.jsonl.manifest.json").read_text())
+    assert manifest["trainable"]["samples"] == manifest["success"]  # the rows written, no more
+    assert 0 < manifest["trainable_tokens"] <= counted["total_loss_tokens"]
+    assert manifest["trainer"]["max_length"] == 65536
+    assert f"trainable: {manifest['trainable_tokens']:,} loss tokens in {manifest['success']:,} rows" in (
+        exported.stderr
+    )
