@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ def test_loss_tokens_of_known_rows_in_the_text_and_the_picture(models: dict[str,
     report = build_report(JOB, records, 1, 1, TrainerView())
     assert report.trainable is not None
     per_row = sorted(report.trainable.loss_tokens)
-    assert [b - a for a, b in zip(per_row, per_row[1:], strict=False)] == [8, 10]  # 2 tokens per word pair
+    assert [b - a for a, b in itertools.pairwise(per_row)] == [8, 10]  # 2 tokens per word pair
     assert report.trainable.total == sum(per_row) and report.trainable.few == 0
     assert "the served model's path, from /model_info" in report.trainer_note
     text = render_text(report)
