@@ -153,9 +153,21 @@ class LossTokenCounter:
         return _render(self.tokenizer, messages, thinking=self.thinking, generation=False)
 
     def count(self, messages: Sequence[Mapping[str, Any]]) -> RowTokens:
-        text = self.render(messages)
+        return self.count_many([messages])[0]
+
+    def count_many(self, rows: Sequence[Sequence[Mapping[str, Any]]]) -> list[RowTokens]:
+        """:meth:`count` of each row; the texts are tokenized together, on every core."""
+        texts = [self.render(messages) for messages in rows]
         # The backend tokenizer directly: the same encoding, without transformers' per-call wrapping.
-        offsets: list[tuple[int, int]] = self._backend.encode(text, add_special_tokens=False).offsets
+        encodings = self._backend.encode_batch(texts, add_special_tokens=False)
+        return [
+            self._row(messages, text, e.offsets)
+            for messages, text, e in zip(rows, texts, encodings, strict=True)
+        ]
+
+    def _row(
+        self, messages: Sequence[Mapping[str, Any]], text: str, offsets: list[tuple[int, int]]
+    ) -> RowTokens:
         starts = [a for a, _ in offsets]
         ends = [b for _, b in offsets]
         spans = [m.span(1) for m in self._pattern.finditer(text)]

@@ -66,13 +66,17 @@ def counter_for(
 
 
 class TrainableTally:
-    """Counts records as they stream by; the tokenizer is picked at the first ok record."""
+    """Counts records as they stream by, :data:`BATCH` rows at a time (tokenized on every core);
+    the tokenizer is picked at the first ok record. Read :attr:`summary` once every record is in."""
+
+    BATCH = 256
 
     def __init__(self, view: TrainerView, thinking: bool, min_loss_tokens: int) -> None:
         self.view, self.thinking = view, thinking
         self._summary = TrainableSummary(min_loss_tokens, view.max_length)
         self._counter: LossTokenCounter | None = None
         self._resolved = False
+        self._pending: list[list[dict[str, Any]]] = []
         self.note = ""  # which tokenizer counts, or why none does
 
     def add(self, record: Record) -> None:
@@ -82,11 +86,20 @@ class TrainableTally:
             self._counter, self.note = counter_for(self.view, self.thinking, served_model_path([record]))
             self._resolved = True
         if self._counter is not None:
-            self._summary.add(self._counter.count(row_messages(record)))
+            self._pending.append(row_messages(record))
+            if len(self._pending) >= self.BATCH:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._counter is not None and self._pending:
+            for row in self._counter.count_many(self._pending):
+                self._summary.add(row)
+        self._pending = []
 
     @property
     def summary(self) -> TrainableSummary | None:
         """The counts, or None when no tokenizer was at hand."""
+        self._flush()
         return self._summary if self._counter is not None else None
 
 
