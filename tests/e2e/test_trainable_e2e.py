@@ -100,3 +100,13 @@ def test_rows_the_trainer_cuts_stop_the_preflight_and_a_longer_max_length_runs(
     assert f"trainable: {manifest['trainable_tokens']:,} loss tokens in {manifest['success']:,} rows" in (
         exported.stderr
     )
+
+
+def test_mostly_truncated_outputs_stop_the_preflight(procs: Processes, tmp_path: Path) -> None:
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    write_prompts(inp, 640)
+    served_model(procs, tmp_path)
+    res = procs.run("dflash_tasks.producer.enqueue", *enqueue_args(inp, out, "--max-tokens", "600", "--json"))
+    assert res.returncode == 3, res.stderr
+    assert "of samples are truncated: outputs hit max_tokens" in res.stderr
+    assert_stopped_before_the_full_job(procs, out)
