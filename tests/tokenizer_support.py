@@ -2,8 +2,9 @@
 
 A byte-level BPE trained with ``tokenizers`` on a few lines, saved as ``tokenizer.json`` plus a
 ``tokenizer_config.json`` carrying a chat template: :data:`QWEN3_TEMPLATE` follows Qwen3's rules
-(think blocks only for assistant turns after the last user message, the empty think block with
-``enable_thinking`` false), :data:`PLAIN_TEMPLATE` is a header-and-end template without reasoning.
+(think blocks only for assistant turns after the last user message unless ``preserve_thinking``,
+as Qwen3.6's, the empty think block with ``enable_thinking`` false); :data:`PLAIN_TEMPLATE` is
+a header-and-end template without reasoning.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ QWEN3_TEMPLATE = (
     "{%- for m in messages -%}"
     "{%- if m.role == 'assistant' -%}"
     "{%- set reasoning = m.reasoning_content or '' -%}"
-    "{%- if loop.index0 > ns.last_query and (loop.last or reasoning) -%}"
+    "{%- if (loop.index0 > ns.last_query and (loop.last or reasoning))"
+    " or (preserve_thinking is defined and preserve_thinking and reasoning) -%}"
     "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n'"
     " + m.content.lstrip('\\n') -}}"
     "{%- else -%}{{- '<|im_start|>assistant\\n' + m.content -}}{%- endif -%}"

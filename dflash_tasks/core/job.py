@@ -29,6 +29,10 @@ SPEC_VERSION = 1
 #: How a conversation is generated: ``all`` regenerates every assistant turn in order from the
 #: model's own history; ``last`` sends the source's history as is and regenerates the last turn.
 TURNS_MODES = ("all", "last")
+#: What a multi-turn request carries of the earlier turns' reasoning: ``drop`` sends their answers
+#: only (as Qwen3's chat template renders history); ``keep`` sends their reasoning too and asks the
+#: template to render it (``preserve_thinking``, Qwen3.6), and the loss-token count renders it so.
+HISTORY_REASONING = ("drop", "keep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,17 +47,29 @@ class GenerationSpec:
     thinking: bool = True
     chunk_size: int = 64
     turns: str = "all"
+    history_reasoning: str = "drop"
 
     def __post_init__(self) -> None:
         if self.turns not in TURNS_MODES:
             raise ValueError(f"turns must be one of {', '.join(TURNS_MODES)}, got {self.turns!r}")
+        if self.history_reasoning not in HISTORY_REASONING:
+            raise ValueError(
+                f"history_reasoning must be one of {', '.join(HISTORY_REASONING)}, "
+                f"got {self.history_reasoning!r}"
+            )
+
+    @property
+    def keeps_history_reasoning(self) -> bool:
+        return self.history_reasoning == "keep"
 
     def identity(self) -> dict[str, Any]:
-        """The fields that name the job. ``turns: last`` is left out: jobs made before the field
-        existed generated the last turn only, and keep their ids."""
+        """The fields that name the job. ``turns: last`` and ``history_reasoning: drop`` are left
+        out: jobs made before those fields existed behaved so, and keep their ids."""
         doc = asdict(self)
         if doc["turns"] == "last":
             del doc["turns"]
+        if doc["history_reasoning"] == "drop":
+            del doc["history_reasoning"]
         return doc
 
     def sampling(self) -> dict[str, Any]:

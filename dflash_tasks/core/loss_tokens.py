@@ -110,9 +110,16 @@ def markers_of(tokenizer: Any, thinking: bool, where: str) -> TemplateMarkers:
     return TemplateMarkers(header, end, ignore)
 
 
-def _render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], thinking: bool, generation: bool) -> str:
+def _render(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    thinking: bool,
+    generation: bool,
+    preserve_thinking: bool = False,
+) -> str:
+    extra = {"preserve_thinking": True} if preserve_thinking else {}
     text = tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=generation, enable_thinking=thinking
+        list(messages), tokenize=False, add_generation_prompt=generation, enable_thinking=thinking, **extra
     )
     return str(text)
 
@@ -140,17 +147,27 @@ class RowTokens:
 class LossTokenCounter:
     """Counts rows' loss tokens with one tokenizer and trainer view (one per command)."""
 
-    def __init__(self, tokenizer: Any, view: TrainerView, thinking: bool, where: str) -> None:
+    def __init__(
+        self, tokenizer: Any, view: TrainerView, thinking: bool, where: str, preserve_thinking: bool = False
+    ) -> None:
         self.tokenizer = tokenizer
         self.view = view
         self.thinking = thinking
+        #: ``history_reasoning: keep``: the template renders earlier turns' reasoning (Qwen3.6).
+        self.preserve_thinking = preserve_thinking
         self.where = where
         self.markers = markers_of(tokenizer, thinking, where)
         self._pattern = self.markers.pattern()
         self._backend = _untruncated_copy(tokenizer)
 
     def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        return _render(self.tokenizer, messages, thinking=self.thinking, generation=False)
+        return _render(
+            self.tokenizer,
+            messages,
+            thinking=self.thinking,
+            generation=False,
+            preserve_thinking=self.preserve_thinking,
+        )
 
     def count(self, messages: Sequence[Mapping[str, Any]]) -> RowTokens:
         return self.count_many([messages])[0]

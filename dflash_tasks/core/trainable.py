@@ -39,7 +39,7 @@ def served_model_path(records: Iterable[Record]) -> str | None:
 
 
 def counter_for(
-    view: TrainerView, thinking: bool, served_path: str | None
+    view: TrainerView, thinking: bool, served_path: str | None, preserve_thinking: bool = False
 ) -> tuple[LossTokenCounter | None, str]:
     """The counter for ``view`` and a line saying which tokenizer it uses, or why none.
 
@@ -57,8 +57,10 @@ def counter_for(
             else "no served model path is known"
         )
         return None, f"loss tokens not counted: no --tokenizer, and {why}"
-    counter = LossTokenCounter(load_tokenizer(path), view, thinking, f"--tokenizer {path}")
+    counter = LossTokenCounter(load_tokenizer(path), view, thinking, f"--tokenizer {path}", preserve_thinking)
     turns = "the last assistant turn" if view.last_turn_only else "every assistant turn"
+    if preserve_thinking:
+        turns += ", earlier turns' reasoning kept (preserve_thinking)"
     return counter, (
         f"loss tokens counted with the tokenizer and chat template at {path} ({source}), "
         f"max_length {view.max_length:,}, {turns}"
@@ -71,8 +73,10 @@ class TrainableTally:
 
     BATCH = 256
 
-    def __init__(self, view: TrainerView, thinking: bool, min_loss_tokens: int) -> None:
-        self.view, self.thinking = view, thinking
+    def __init__(
+        self, view: TrainerView, thinking: bool, min_loss_tokens: int, preserve_thinking: bool = False
+    ) -> None:
+        self.view, self.thinking, self.preserve_thinking = view, thinking, preserve_thinking
         self._summary = TrainableSummary(min_loss_tokens, view.max_length)
         self._counter: LossTokenCounter | None = None
         self._resolved = False
@@ -83,7 +87,8 @@ class TrainableTally:
         if not record.ok:
             return
         if not self._resolved:
-            self._counter, self.note = counter_for(self.view, self.thinking, served_model_path([record]))
+            served = served_model_path([record])
+            self._counter, self.note = counter_for(self.view, self.thinking, served, self.preserve_thinking)
             self._resolved = True
         if self._counter is not None:
             self._pending.append(row_messages(record))

@@ -208,7 +208,7 @@ def export(
     seen: set[str] = set()
     thinking = job.spec.thinking
     view = trainer or job.trainer
-    tally = TrainableTally(view, thinking, job.quality.min_loss_tokens)
+    tally = TrainableTally(view, thinking, job.quality.min_loss_tokens, job.spec.keeps_history_reasoning)
 
     def rows() -> Iterator[dict[str, Any]]:
         for record in iter_records(store, manifest, missing):

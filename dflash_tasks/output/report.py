@@ -106,7 +106,13 @@ def build_report(
 ) -> QualityReport:
     """The report; with ``trainer``, the ok samples' loss tokens too (when a tokenizer is at hand)."""
     report = QualityReport(job.job_id, job.spec.thinking, chunks_done=chunks_done, chunks=chunks)
-    tally = TrainableTally(trainer, job.spec.thinking, job.quality.min_loss_tokens) if trainer else None
+    tally = (
+        TrainableTally(
+            trainer, job.spec.thinking, job.quality.min_loss_tokens, job.spec.keeps_history_reasoning
+        )
+        if trainer
+        else None
+    )
     for record in records:
         if tally is not None:
             tally.add(record)

@@ -25,6 +25,7 @@ from dflash_tasks.coord.planner import Plan, plan_job, queue_missing
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import ConfigError, DflashError
 from dflash_tasks.core.job import (
+    HISTORY_REASONING,
     JOB_KEY,
     TURNS_MODES,
     GenerationSpec,
@@ -94,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="all (default): regenerate every assistant turn in order from the model's own answers; "
         "last: send the source's history as is and regenerate the last turn only",
     )
+    p.add_argument(
+        "--history-reasoning",
+        choices=HISTORY_REASONING,
+        default=spec["history_reasoning"],
+        help="drop (default): a turn's request carries the earlier answers only; keep: their reasoning "
+        "too, rendered with preserve_thinking (Qwen3.6), and so counted in the loss tokens",
+    )
     p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
     p.add_argument("--queue", help="base queue name; chunks go to <base>.<model key> [DFLASH_QUEUE]")
     p.add_argument("--wait", action="store_true", help="show a progress bar until the job is finished")
@@ -156,6 +164,7 @@ def spec_from_args(args: argparse.Namespace) -> GenerationSpec:
         thinking=not args.no_thinking,
         chunk_size=args.chunk_size,
         turns=args.turns,
+        history_reasoning=args.history_reasoning,
     )
 
 
@@ -320,6 +329,7 @@ def run_preflight(
         remaining_samples=manifest.samples - sum(manifest.chunk_samples(c) for c in done),
         trainer=view_from_args(args, job.trainer),
         thinking=job.spec.thinking,
+        preserve_thinking=job.spec.keeps_history_reasoning,
     )
     print(report.render(), file=sys.stderr)
     if report.passed:

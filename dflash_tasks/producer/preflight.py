@@ -160,6 +160,7 @@ def judge(
     remaining_samples: int | None = None,
     trainer: TrainerView | None = None,
     thinking: bool = True,
+    preserve_thinking: bool = False,
 ) -> PreflightReport:
     """Read the preflight chunks' records and apply the gates; ``remaining`` counts turns.
 
@@ -174,7 +175,7 @@ def judge(
     failures = evaluate_gates(total, counts, settings)
     trainable, note = None, ""
     if trainer is not None:
-        tally = TrainableTally(trainer, thinking, settings.min_loss_tokens)
+        tally = TrainableTally(trainer, thinking, settings.min_loss_tokens, preserve_thinking)
         for record in records:
             tally.add(record)
         trainable, note = tally.summary, tally.note

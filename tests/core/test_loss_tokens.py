@@ -169,3 +169,16 @@ def test_counts_agree_with_specforges_rule(
             row = [{**m, "reasoning_content": None} for m in row]
         ours = count.count(row).loss_tokens
         assert ours == specforge_loss_tokens(qwen3, row, max_length, thinking, last_turn_only), row
+
+
+def test_preserve_thinking_renders_and_counts_the_earlier_reasoning(qwen3: Any) -> None:
+    messages = [
+        msg("user", "alpha"),
+        msg("assistant", "beta", "gamma delta"),
+        msg("user", "delta"),
+        msg("assistant", "gamma", "alpha"),
+    ]
+    kept = LossTokenCounter(qwen3, TrainerView(), True, "test", preserve_thinking=True).count(messages)
+    # turn 1 now: <think> \n gamma Ġdelta \n </think> \n \n beta <|im_end|> \n (11) instead of 3
+    assert kept.loss_tokens == 11 + 10
+    assert (kept.reasoning_turns, kept.reasoning_dropped) == (2, 0)

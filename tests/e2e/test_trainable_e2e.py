@@ -10,6 +10,8 @@ from pathlib import Path
 
 import redis
 
+from dflash_tasks.sim.requestlog import read_requests
+from tests.e2e.test_multiturn_e2e import write_conversations
 from tests.e2e.test_pipeline_e2e import MODEL, enqueue_args, last_json, verify_ok
 from tests.helpers import Processes, done_chunk_count, write_prompts
 from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir
@@ -110,3 +112,39 @@ def test_mostly_truncated_outputs_stop_the_preflight(procs: Processes, tmp_path:
     assert res.returncode == 3, res.stderr
     assert "of samples are truncated: outputs hit max_tokens" in res.stderr
     assert_stopped_before_the_full_job(procs, out)
+
+
+def test_history_reasoning_keep_sends_counts_and_exports_the_earlier_reasoning(
+    procs: Processes, tmp_path: Path
+) -> None:
+    inp, out, log = tmp_path / "convos.jsonl", tmp_path / "out", tmp_path / "requests.jsonl"
+    write_conversations(inp, 24)
+    model_dir = served_model(procs, tmp_path, "--mean-output-tokens", "600", "--record-requests", str(log))
+    args = enqueue_args(
+        inp, out, "--history-reasoning", "keep", "--chunk-size", "8", "--no-preflight", "--wait", "--json"
+    )
+    res = procs.run("dflash_tasks.producer.enqueue", *args)
+    assert res.returncode == 0, res.stderr
+    later = [b for b in read_requests(log) if "-T1-" not in str(b.get("rid"))]
+    assert later and all(b["chat_template_kwargs"]["preserve_thinking"] is True for b in later)
+    history = [m for b in later for m in b["messages"] if m["role"] == "assistant"]
+    assert history and all(m.get("reasoning_content", "").strip() for m in history)
+
+    keep = procs.run("dflash_tasks.report", "--output", str(out), "--json", "--tokenizer", model_dir)
+    kept = last_json(keep.stdout)
+    assert "earlier turns' reasoning kept (preserve_thinking)" in kept["trainer_note"]
+    assert kept["trainable"]["reasoning_turns"] > kept["trainable"]["samples"]  # multi-turn rows
+    assert kept["trainable"]["reasoning_dropped_by_template"] == 0
+    exported = procs.run(
+        "dflash_tasks.export",
+        "--output",
+        str(out),
+        "--to",
+        str(tmp_path / "t.jsonl"),
+        "--tokenizer",
+        model_dir,
+    )
+    assert exported.returncode == 0, exported.stderr
+    manifest = json.loads((tmp_path / "t.jsonl.manifest.json").read_text())
+    assert manifest["spec"]["spec"]["history_reasoning"] == "keep"
+    assert manifest["trainable"]["reasoning_dropped_by_template"] == 0
