@@ -56,7 +56,7 @@ def test_rows_the_trainer_cuts_stop_the_preflight_and_a_longer_max_length_runs(
     procs: Processes, tmp_path: Path
 ) -> None:
     inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
-    write_prompts(inp, 640)
+    write_prompts(inp, 320)
     model_dir = served_model(procs, tmp_path)
     args = enqueue_args(inp, out, "--tokenizer", model_dir, "--json")
     res = procs.run("dflash_tasks.producer.enqueue", *args, "--train-max-length", "512")
@@ -69,7 +69,7 @@ def test_rows_the_trainer_cuts_stop_the_preflight_and_a_longer_max_length_runs(
 
     rerun = procs.run("dflash_tasks.producer.enqueue", *args, "--train-max-length", "65536", "--wait")
     assert rerun.returncode == 0, rerun.stderr
-    assert "preflight passed" in rerun.stderr and last_json(rerun.stdout)["chunks_done"] == 10
+    assert "preflight passed" in rerun.stderr and last_json(rerun.stdout)["chunks_done"] == 5
     trainable = json.loads((out / "preflight.json").read_text())["trainable"]
     assert trainable["max_length"] == 65536 and trainable["truncated_by_trainer"] == 0
     assert trainable["total_loss_tokens"] > 256 * 500  # thoughts of ~1,700 words each
@@ -77,18 +77,18 @@ def test_rows_the_trainer_cuts_stop_the_preflight_and_a_longer_max_length_runs(
     status = procs.run("dflash_tasks.status", "--output", str(out), "--json")
     shown = last_json(status.stdout)["trainable_tokens"]
     assert shown["source"] == "preflight" and shown["counted_samples"] == trainable["samples"]
-    assert shown["projected_total_loss_tokens"] > shown["total_loss_tokens"]  # 256 of 640 samples counted
+    assert shown["projected_total_loss_tokens"] > shown["total_loss_tokens"]  # 256 of 320 samples counted
 
     # The job recorded max_length 512 (its first run): report and export take the flag too.
     longer = ("--train-max-length", "65536")
     report = procs.run("dflash_tasks.report", "--output", str(out), "--json", *longer)
     assert report.returncode == 0, report.stderr
     counted = last_json(report.stdout)["trainable"]
-    assert counted["samples"] == 640 and counted["total_loss_tokens"] > trainable["total_loss_tokens"]
+    assert counted["samples"] == 320 and counted["total_loss_tokens"] > trainable["total_loss_tokens"]
     assert "(--tokenizer)" in last_json(report.stdout)["trainer_note"]
     status = procs.run("dflash_tasks.status", "--output", str(out))
     assert (
-        f"trainable {counted['total_loss_tokens']:,} loss tokens over 640 samples (by report)"
+        f"trainable {counted['total_loss_tokens']:,} loss tokens over 320 samples (by report)"
         in status.stdout
     )
 
