@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.common import RESULTS_DIR, Benchmark, Figures, Options, median_figures, say
 
-NAMES = ("saturation", "scale", "overhead", "tune")
+NAMES = ("saturation", "scale", "overhead", "tune", "loss_tokens")
 
 
 def load(name: str) -> Benchmark:

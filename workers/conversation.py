@@ -48,7 +48,9 @@ class Conversation:
         """(messages to send, the messages new in this turn, rid prefix) of the next turn."""
         index = len(self.turns)
         answers = [t.content for t in self.turns]
-        return request_messages(self.inputs, answers), self.inputs[index], f"{self._rid_prefix}-T{index + 1}"
+        reasonings = [t.reasoning for t in self.turns] if self.spec.keeps_history_reasoning else None
+        messages = request_messages(self.inputs, answers, reasonings)
+        return messages, self.inputs[index], f"{self._rid_prefix}-T{index + 1}"
 
     def add(self, turn: Turn) -> None:
         self.turns.append(turn)

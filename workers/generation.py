@@ -60,11 +60,20 @@ def build_request(spec: GenerationSpec, messages: list[dict[str, str]], rid: str
         "top_k": spec.top_k,
         "n": 1,
         "stream": False,
-        "chat_template_kwargs": {"enable_thinking": spec.thinking},
+        "chat_template_kwargs": template_kwargs(spec),
         "separate_reasoning": True,
         "return_meta_info": True,
         "rid": rid,
     }
+
+
+def template_kwargs(spec: GenerationSpec) -> dict[str, bool]:
+    """The chat template's switches: thinking, and with ``history_reasoning: keep`` Qwen3.6's
+    ``preserve_thinking`` (render the earlier turns' reasoning the request carries)."""
+    kwargs = {"enable_thinking": spec.thinking}
+    if spec.keeps_history_reasoning:
+        kwargs["preserve_thinking"] = True
+    return kwargs
 
 
 def generate_turn(

@@ -6,8 +6,9 @@ assistant messages are one turn's *input*, and each turn is one request::
 
     [system, user1, assistant, user2, assistant, user3]  ->  inputs [[system, user1], [user2], [user3]]
 
-Turn ``j`` is sent as the inputs of turns ``1..j`` with the model's own answers (text only) to turns
-``1..j-1`` between them: the source's old answers are never sent (staging already blanks them).
+Turn ``j`` is sent as the inputs of turns ``1..j`` with the model's own answers (text only; with
+``history_reasoning: keep`` their reasoning too) to turns ``1..j-1`` between them: the source's old
+answers are never sent (staging already blanks them).
 Assistant messages before the first input, and runs of several assistant messages, mark nothing
 more. With ``turns: last`` the whole conversation, old answers included, is one turn's input.
 
@@ -55,12 +56,18 @@ def blank_answers(messages: Sequence[Message]) -> list[Message]:
     return [{"role": "assistant", "content": ""} if m["role"] == "assistant" else m for m in messages]
 
 
-def request_messages(inputs: Sequence[Sequence[Message]], answers: Sequence[str]) -> list[Message]:
-    """The messages of the request for turn ``len(answers) + 1``: inputs with the model's answers between."""
+def request_messages(
+    inputs: Sequence[Sequence[Message]], answers: Sequence[str], reasonings: Sequence[str] | None = None
+) -> list[Message]:
+    """The messages of the request for turn ``len(answers) + 1``: inputs with the model's answers
+    between; with ``reasonings`` (``history_reasoning: keep``), each answer carries its reasoning."""
     messages: list[Message] = []
-    for turn_input, answer in zip(inputs, answers, strict=False):
+    for index, (turn_input, answer) in enumerate(zip(inputs, answers, strict=False)):
         messages += turn_input
-        messages.append({"role": "assistant", "content": answer})
+        message = {"role": "assistant", "content": answer}
+        if reasonings is not None:
+            message["reasoning_content"] = reasonings[index]
+        messages.append(message)
     messages += inputs[len(answers)]
     return messages
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from dflash_tasks.core.errors import JobMismatch, StoreError
 from dflash_tasks.core.quality import QualitySettings
+from dflash_tasks.core.trainer_view import TrainerView
 
 JOB_KEY = "job.json"
 MANIFEST_KEY = "manifest.json"
@@ -28,6 +29,10 @@ SPEC_VERSION = 1
 #: How a conversation is generated: ``all`` regenerates every assistant turn in order from the
 #: model's own history; ``last`` sends the source's history as is and regenerates the last turn.
 TURNS_MODES = ("all", "last")
+#: What a multi-turn request carries of the earlier turns' reasoning: ``drop`` sends their answers
+#: only (as Qwen3's chat template renders history); ``keep`` sends their reasoning too and asks the
+#: template to render it (``preserve_thinking``, Qwen3.6), and the loss-token count renders it so.
+HISTORY_REASONING = ("drop", "keep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,17 +47,29 @@ class GenerationSpec:
     thinking: bool = True
     chunk_size: int = 64
     turns: str = "all"
+    history_reasoning: str = "drop"
 
     def __post_init__(self) -> None:
         if self.turns not in TURNS_MODES:
             raise ValueError(f"turns must be one of {', '.join(TURNS_MODES)}, got {self.turns!r}")
+        if self.history_reasoning not in HISTORY_REASONING:
+            raise ValueError(
+                f"history_reasoning must be one of {', '.join(HISTORY_REASONING)}, "
+                f"got {self.history_reasoning!r}"
+            )
+
+    @property
+    def keeps_history_reasoning(self) -> bool:
+        return self.history_reasoning == "keep"
 
     def identity(self) -> dict[str, Any]:
-        """The fields that name the job. ``turns: last`` is left out: jobs made before the field
-        existed generated the last turn only, and keep their ids."""
+        """The fields that name the job. ``turns: last`` and ``history_reasoning: drop`` are left
+        out: jobs made before those fields existed behaved so, and keep their ids."""
         doc = asdict(self)
         if doc["turns"] == "last":
             del doc["turns"]
+        if doc["history_reasoning"] == "drop":
+            del doc["history_reasoning"]
         return doc
 
     def sampling(self) -> dict[str, Any]:
@@ -76,6 +93,8 @@ class JobDefinition:
     spec: GenerationSpec
     #: Quality checks and gates; recorded with the job but not part of its identity.
     quality: QualitySettings = field(default_factory=QualitySettings)
+    #: How the trainer reads the rows (loss tokens); recorded, not part of the identity.
+    trainer: TrainerView = field(default_factory=TrainerView)
 
     @classmethod
     def create(
@@ -84,10 +103,18 @@ class JobDefinition:
         input_name: str,
         spec: GenerationSpec,
         quality: QualitySettings | None = None,
+        trainer: TrainerView | None = None,
     ) -> JobDefinition:
         identity = json.dumps({"input": input_fingerprint, "spec": spec.identity()}, sort_keys=True)
         job_id = hashlib.sha256(identity.encode()).hexdigest()[:16]
-        return cls(job_id, input_fingerprint, input_name, spec, quality or QualitySettings())
+        return cls(
+            job_id,
+            input_fingerprint,
+            input_name,
+            spec,
+            quality or QualitySettings(),
+            trainer or TrainerView(),
+        )
 
     def to_json(self) -> bytes:
         doc = {
@@ -97,6 +124,7 @@ class JobDefinition:
             "input_name": self.input_name,
             "spec": asdict(self.spec),
             "quality": self.quality.to_dict(),
+            "trainer": self.trainer.to_dict(),
         }
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
@@ -112,6 +140,7 @@ class JobDefinition:
                 input_name=str(doc.get("input_name", "")),
                 spec=GenerationSpec(**spec),
                 quality=QualitySettings.from_dict(doc.get("quality")),
+                trainer=TrainerView.from_dict(doc.get("trainer")),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"{where} is not a valid dflash job file: {exc}") from None

@@ -33,6 +33,21 @@ CHECK_HINTS: dict[str, str] = {
 }
 CHECKS = tuple(CHECK_HINTS)
 
+#: Gates on the trainer's view of the rows (loss tokens under the model's chat template, see
+#: core/trainable.py): judged where a tokenizer is at hand (the preflight, ``report``), not per record.
+TRAINER_GATE_HINTS: dict[str, str] = {
+    "few_loss_tokens": (
+        "the trainer would learn from almost nothing in these rows (the seed's 6-loss-token failure): "
+        "is thinking on and the reasoning parser right, and is --tokenizer the served model's?"
+    ),
+    "truncated_by_trainer": (
+        "the trainer's max_length cuts the thoughts: set --train-max-length to the trainer's real "
+        "max_length, or lower --max-tokens"
+    ),
+}
+#: Every gate, the per-record checks first.
+GATES = (*CHECKS, *TRAINER_GATE_HINTS)
+
 
 @dataclass(frozen=True, slots=True)
 class QualitySettings:
@@ -50,8 +65,12 @@ class QualitySettings:
             "empty_answer": 0.25,
             "truncated": 0.30,
             "short": 0.25,
+            "few_loss_tokens": 0.10,
+            "truncated_by_trainer": 0.30,
         }
     )
+    #: A row with fewer loss tokens than this counts toward ``few_loss_tokens``.
+    min_loss_tokens: int = 64
     #: The live gate looks at the most recent samples, at least this many.
     window: int = 300
     #: The live gate decides nothing before this many samples are in the window.
@@ -71,6 +90,7 @@ class QualitySettings:
             max_share={k: float(v) for k, v in shares.items()},
             window=int(doc.get("window", base.window)),
             min_samples=int(doc.get("min_samples", base.min_samples)),
+            min_loss_tokens=int(doc.get("min_loss_tokens", base.min_loss_tokens)),
         )
 
 
@@ -130,7 +150,8 @@ class GateFailure:
 
     @property
     def message(self) -> str:
-        return f"{self.share:.0%} of samples {_DESCRIBE[self.check]}: {CHECK_HINTS[self.check]}"
+        hint = CHECK_HINTS.get(self.check) or TRAINER_GATE_HINTS[self.check]
+        return f"{self.share:.0%} of samples {_DESCRIBE[self.check]}: {hint}"
 
 
 _DESCRIBE = {
@@ -141,6 +162,8 @@ _DESCRIBE = {
     "empty_answer": "have no answer",
     "truncated": "are truncated",
     "short": "are shorter than the minimum",
+    "few_loss_tokens": "have fewer than the minimum loss tokens under the chat template",
+    "truncated_by_trainer": "lose loss tokens to the trainer's max_length",
 }
 
 

@@ -261,12 +261,30 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
             "usd": _round(spent, 2),
             "projected_total_usd": _round(projected, 2),
         },
+        "trainable_tokens": _trainable(snap.trainable),
         "spec_accept_length": spec["accept_length"],
         "spec": spec,
         "workers": workers,
         "counters": counters,
         "warnings": warnings,
     }
+
+
+def _trainable(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The dataset's trainable (loss) tokens as last counted (trainable.json), or None."""
+    if not doc:
+        return None
+    keys = (
+        "source",
+        "written_at",
+        "counted_samples",
+        "total_loss_tokens",
+        "mean_per_sample",
+        "samples_in_job",
+        "projected_total_loss_tokens",
+        "max_length",
+    )
+    return {k: doc.get(k) for k in keys}
 
 
 def _workers(snap: Snapshot, now: float) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from dflash_tasks.coord.progress_keys import PROGRESS_KEY, window_bounds
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import ConfigError, DflashError, RetryableError, StoreError
 from dflash_tasks.core.job import JobDefinition, Manifest
+from dflash_tasks.core.trainable import TRAINABLE_KEY
 from dflash_tasks.store import Store
 from dflash_tasks.store.jobfiles import done_chunks, load_job, load_manifest
 
@@ -60,6 +61,7 @@ class Snapshot:
     notes: tuple[str, ...] = ()  # extra warnings
     #: A finished job whose figures are final (monitoring.settled): its time never runs on.
     settled: bool = False
+    trainable: Mapping[str, Any] | None = None  # the latest trainable.json (loss-token count)
 
 
 def read_snapshot(
@@ -103,6 +105,7 @@ def read_snapshot(
         done_turns=None if manifest.turns is None else sum(manifest.turns_of(c) for c in done),
         redis_ok=False,
         gpu_hour_usd=gpu_hour_usd if gpu_hour_usd is not None else default_gpu_hour_usd,
+        trainable=read_trainable(store),
     )
     if bookkeeping is None:
         return snap
@@ -140,6 +143,15 @@ def num(value: object) -> float:
     except (TypeError, ValueError):
         return 0.0
     return x if math.isfinite(x) else 0.0
+
+
+def read_trainable(store: Store) -> dict[str, Any] | None:
+    """The latest loss-token count (``trainable.json``), or None if there is none (or unreadable)."""
+    try:
+        doc = json.loads(store.read(TRAINABLE_KEY))
+    except (KeyError, ValueError, DflashError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def read_progress(store: Store) -> dict[str, Any] | None:

@@ -16,6 +16,11 @@ row breaking SpecForge's validator rules, see :mod:`dflash_tasks.output.trainer_
 count per reason is printed; ``--keep REASON`` keeps such rows, ``--keep-failed`` failed ones. A
 manifest (``PATH.manifest.json``) records counts, what was left out and why, filters, the job
 spec and checksums; ``PATH.dropped.jsonl`` lists every row left out, with its reason.
+
+With a tokenizer (``--tokenizer``, else the served model's path when readable here) the manifest
+also carries ``trainable_tokens``: the exported rows' loss tokens under the model's chat template
+and the trainer's ``--train-max-length`` (:mod:`dflash_tasks.core.trainable`), the size a drafter
+trainer cares about.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from dflash_tasks.core.errors import ConfigError, DflashError, StoreError
 from dflash_tasks.core.quality import CHECKS, QualitySettings, check_record
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.settings import CommonSettings
+from dflash_tasks.core.trainable import TrainableTally
+from dflash_tasks.core.trainer_view import TrainerView, add_trainer_flags, view_from_args
 from dflash_tasks.output.trainer_rules import REASONS, row_problem
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
@@ -186,8 +193,12 @@ def write_parquet(rows: Iterable[dict[str, Any]], path: Path, with_error: bool) 
             writer.write_table(pa.Table.from_pylist(batch, schema=schema))
 
 
-def export(output: str, to: Path, fmt: str, options: ExportOptions) -> dict[str, Any]:
-    """Write the export and its manifest; returns the manifest."""
+def export(
+    output: str, to: Path, fmt: str, options: ExportOptions, trainer: TrainerView | None = None
+) -> dict[str, Any]:
+    """Write the export and its manifest; returns the manifest.
+
+    ``trainer`` overrides the job's trainer view for the loss-token count."""
     store = open_store(output, CommonSettings.load())
     job, manifest = load_job(store), load_manifest(store)
     if job is None or manifest is None:
@@ -196,6 +207,8 @@ def export(output: str, to: Path, fmt: str, options: ExportOptions) -> dict[str,
     missing: list[int] = []
     seen: set[str] = set()
     thinking = job.spec.thinking
+    view = trainer or job.trainer
+    tally = TrainableTally(view, thinking, job.quality.min_loss_tokens, job.spec.keeps_history_reasoning)
 
     def rows() -> Iterator[dict[str, Any]]:
         for record in iter_records(store, manifest, missing):
@@ -205,6 +218,8 @@ def export(output: str, to: Path, fmt: str, options: ExportOptions) -> dict[str,
             seen.add(record.id)
             row = to_row(record, options, counts, thinking)
             if row is not None:
+                if row["status"] == "success":
+                    tally.add(record)
                 yield row
 
     tmp = to.with_name(f".{to.name}.tmp")
@@ -233,6 +248,9 @@ def export(output: str, to: Path, fmt: str, options: ExportOptions) -> dict[str,
         "dropped_why": {reason: WHY[reason] for reason in counts.dropped},
         "dropped_file": dropped_path.name if counts.left_out else None,
         "kept_despite": dict(counts.kept),
+        "trainable_tokens": None if (summary := tally.summary) is None else summary.total,
+        "trainable": None if summary is None else summary.to_dict(),
+        "trainer": {**view.to_dict(), "note": tally.note},
         "filters": {
             "drop_checks": sorted({*DEFAULT_DROPS, *options.drop_checks} - options.keep),
             "keep": sorted(options.keep),
@@ -248,6 +266,11 @@ def export(output: str, to: Path, fmt: str, options: ExportOptions) -> dict[str,
     manifest_path = to.with_name(to.name + ".manifest.json")
     manifest_path.write_text(json.dumps(doc, indent=2) + "\n")
     return doc
+
+
+def _recorded_view(output: str) -> TrainerView:
+    job = load_job(open_store(output, CommonSettings.load()))
+    return job.trainer if job is not None else TrainerView()
 
 
 def _sha256(path: Path) -> str:
@@ -281,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-failed", action="store_true", help="keep failed samples (status 'failed', no answer)"
     )
     p.add_argument("--drop-truncated", action="store_true", help="(the default now; kept for old scripts)")
+    add_trainer_flags(p)
     args = p.parse_args(argv)
     to = Path(args.to)
     fmt = args.format or ("parquet" if to.suffix == ".parquet" else "jsonl")
@@ -294,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         if bad_keep:
             raise ConfigError(f"--keep {sorted(bad_keep)[0]!r}: not a reason (one of {', '.join(KEEPABLE)})")
         options = ExportOptions(frozenset(args.drop_check), args.keep_failed, frozenset(args.keep))
-        doc = export(args.output, to, fmt, options)
+        doc = export(args.output, to, fmt, options, view_from_args(args, _recorded_view(args.output)))
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -311,6 +335,15 @@ def main(argv: list[str] | None = None) -> int:
         for reason, n in sorted(doc["dropped"].items(), key=lambda kv: -kv[1]):
             print(f"  {reason:<22} {n:>8,}  {WHY[reason]}", file=sys.stderr)
         print("keep them anyway with --keep REASON (--keep-failed for failed samples)", file=sys.stderr)
+    if doc["trainable"] is not None:
+        t = doc["trainable"]
+        print(
+            f"trainable: {t['total_loss_tokens']:,} loss tokens in {t['samples']:,} rows "
+            f"(p50 {t['loss_tokens']['p50']:,} per row; {t['truncated_by_trainer']:,} rows cut by "
+            f"max_length {t['max_length']:,}, {t['few_loss_tokens']:,} under {t['min_loss_tokens']})",
+            file=sys.stderr,
+        )
+    print(doc["trainer"]["note"] or "loss tokens not counted: no ok rows", file=sys.stderr)
     for reason, n in doc["kept_despite"].items():
         print(f"kept {n:,} rows despite {reason} (--keep {reason})", file=sys.stderr)
     return 0

@@ -6,6 +6,13 @@ speculative-decoding accept length (where the server reported it) and the gate v
 ``report.png`` (histograms of output and reasoning lengths per turn and of the per-sample accept
 length) into the output root, or to ``--png PATH``.
 
+With a tokenizer (``--tokenizer``, else the served model's path when readable here), it also
+counts every ok sample's loss tokens as the trainer will see the exported row (the model's chat
+template, ``--train-max-length``, ``--train-last-turn-only``; :mod:`dflash_tasks.core.trainable`):
+their distribution (printed, and a fourth panel), the dataset's total trainable tokens, and the
+``few_loss_tokens`` and ``truncated_by_trainer`` gates. The total is also written to
+``trainable.json`` in the output root, which ``status`` and ``progress.json`` show.
+
 Low-acceptance samples are where a drafter has the most to learn: the accept-length histogram and
 its low percentiles show how many there are.
 """
@@ -29,6 +36,8 @@ from dflash_tasks.core.quality import CHECKS, evaluate_gates
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.spec_stats import accept_length, spec_counts
+from dflash_tasks.core.trainable import TRAINABLE_KEY, TrainableSummary, TrainableTally, trainable_doc
+from dflash_tasks.core.trainer_view import TrainerView, add_trainer_flags, view_from_args
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
 from dflash_tasks.store.records import iter_records
@@ -54,6 +63,8 @@ class QualityReport:
     spec_tokens: int = 0
     spec_verify: int = 0
     gate_failures: list[str] = field(default_factory=list)
+    trainable: TrainableSummary | None = None  # None when no tokenizer was at hand
+    trainer_note: str = ""
 
     @property
     def overall_accept_length(self) -> float | None:
@@ -81,14 +92,30 @@ class QualityReport:
             },
             "gates_passed": not self.gate_failures,
             "gate_failures": self.gate_failures,
+            "trainable": None if self.trainable is None else self.trainable.to_dict(),
+            "trainer_note": self.trainer_note,
         }
 
 
 def build_report(
-    job: JobDefinition, records: Iterable[Record], chunks_done: int, chunks: int
+    job: JobDefinition,
+    records: Iterable[Record],
+    chunks_done: int,
+    chunks: int,
+    trainer: TrainerView | None = None,
 ) -> QualityReport:
+    """The report; with ``trainer``, the ok samples' loss tokens too (when a tokenizer is at hand)."""
     report = QualityReport(job.job_id, job.spec.thinking, chunks_done=chunks_done, chunks=chunks)
+    tally = (
+        TrainableTally(
+            trainer, job.spec.thinking, job.quality.min_loss_tokens, job.spec.keeps_history_reasoning
+        )
+        if trainer
+        else None
+    )
     for record in records:
+        if tally is not None:
+            tally.add(record)
         report.samples += 1
         report.checks.update(record.checks or ())
         if not record.ok:
@@ -106,6 +133,10 @@ def build_report(
             report.spec_tokens += tokens
             report.spec_verify += verify
     failures = evaluate_gates(report.samples, report.checks, job.quality)
+    if tally is not None:
+        report.trainable, report.trainer_note = tally.summary, tally.note
+    if report.trainable is not None:
+        failures += evaluate_gates(report.trainable.samples, report.trainable.gate_counts(), job.quality)
     report.gate_failures = [f.message for f in failures]
     return report
 
@@ -127,6 +158,10 @@ def render_text(report: QualityReport) -> str:
         "  checks            "
         + ", ".join(f"{c} {report.checks[c]:,} ({doc['check_shares'][c]:.1%})" for c in CHECKS),
     ]
+    if report.trainer_note:
+        lines.append(f"  {report.trainer_note}")
+    if report.trainable is not None:
+        lines.append(report.trainable.render())
     if report.gate_failures:
         lines.append("gates FAILED:")
         lines += [f"  - {m}" for m in report.gate_failures]
@@ -152,7 +187,7 @@ def render_png(report: QualityReport) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4), dpi=100)
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4), dpi=100)
     panels: list[tuple[Any, list[int] | list[float], str, str, str]] = [
         (axes[0], report.output_tokens, "output tokens per turn", "tokens", "tab:blue"),
         (axes[1], report.reasoning_tokens, "reasoning tokens per turn", "tokens", "tab:orange"),
@@ -182,6 +217,7 @@ def render_png(report: QualityReport) -> bytes:
             spread["min"], spread["p10"], color="tab:red", alpha=0.1, label="lowest 10%: most to learn"
         )
         axes[2].legend(fontsize="small")
+    _loss_panel(axes[3], report.trainable)
     verdict = "gates passed" if not report.gate_failures else "gates FAILED"
     fig.suptitle(f"job {report.job_id}: {report.ok:,} ok samples, {verdict}")
     fig.tight_layout()
@@ -191,11 +227,33 @@ def render_png(report: QualityReport) -> bytes:
     return buf.getvalue()
 
 
+def _loss_panel(ax: Any, trainable: TrainableSummary | None) -> None:
+    """Loss tokens per sample, with the few_loss_tokens threshold and the total."""
+    ax.set_title("loss tokens per sample (the trainer's view)")
+    ax.set_xlabel("loss tokens")
+    ax.set_ylabel("samples")
+    if trainable is None or not trainable.loss_tokens:
+        ax.text(0.5, 0.5, "not counted (no tokenizer)", ha="center", va="center", transform=ax.transAxes)
+        return
+    ax.hist(trainable.loss_tokens, bins=50, color="tab:purple", alpha=0.85)
+    ax.axvline(
+        trainable.min_loss_tokens,
+        color="tab:red",
+        linewidth=1,
+        label=f"min_loss_tokens {trainable.min_loss_tokens} ({trainable.few:,} under)",
+    )
+    ax.axvline(
+        statistics.fmean(trainable.loss_tokens), color="black", linestyle="--", linewidth=1, label="mean"
+    )
+    ax.legend(title=f"total {trainable.total:,}", fontsize="small")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dflash_tasks.report", description=__doc__.splitlines()[0])
     p.add_argument("--output", required=True, help="the job's output root")
     p.add_argument("--png", help=f"write the picture here (default: {REPORT_PNG_KEY} in the output root)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_trainer_flags(p)
     args = p.parse_args(argv)
     try:
         store = open_store(args.output, CommonSettings.load())
@@ -203,8 +261,12 @@ def main(argv: list[str] | None = None) -> int:
         if job is None or manifest is None:
             raise StoreError(f"{args.output} holds no staged job")
         missing: list[int] = []
-        report = build_report(job, iter_records(store, manifest, missing), 0, manifest.chunks)
+        view = view_from_args(args, job.trainer)
+        report = build_report(job, iter_records(store, manifest, missing), 0, manifest.chunks, view)
         report.chunks_done = manifest.chunks - len(missing)
+        if report.trainable is not None:
+            doc = trainable_doc(report.trainable, "report", manifest.samples)
+            store.write(TRAINABLE_KEY, (json.dumps(doc, indent=2) + "\n").encode())
         png = render_png(report)
         if args.png:
             with open(args.png, "wb") as fh:

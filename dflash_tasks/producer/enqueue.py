@@ -25,6 +25,7 @@ from dflash_tasks.coord.planner import Plan, plan_job, queue_missing
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import ConfigError, DflashError
 from dflash_tasks.core.job import (
+    HISTORY_REASONING,
     JOB_KEY,
     TURNS_MODES,
     GenerationSpec,
@@ -33,10 +34,13 @@ from dflash_tasks.core.job import (
     check_same_job,
     output_key,
 )
+from dflash_tasks.core.loss_tokens import load_tokenizer
 from dflash_tasks.core.model_name import check_model_name
-from dflash_tasks.core.quality import CHECKS, QualitySettings
+from dflash_tasks.core.quality import GATES, QualitySettings
 from dflash_tasks.core.settings import CommonSettings, ProducerSettings, WorkerSettings
 from dflash_tasks.core.states import JobState
+from dflash_tasks.core.trainable import TRAINABLE_KEY, trainable_doc
+from dflash_tasks.core.trainer_view import add_trainer_flags, view_from_args
 from dflash_tasks.monitoring.fleet import capacity, live_fleet
 from dflash_tasks.monitoring.progress_writer import record_gpu_price
 from dflash_tasks.producer.inputs import input_fingerprint, summarize_invalid
@@ -91,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="all (default): regenerate every assistant turn in order from the model's own answers; "
         "last: send the source's history as is and regenerate the last turn only",
     )
+    p.add_argument(
+        "--history-reasoning",
+        choices=HISTORY_REASONING,
+        default=spec["history_reasoning"],
+        help="drop (default): a turn's request carries the earlier answers only; keep: their reasoning "
+        "too, rendered with preserve_thinking (Qwen3.6), and so counted in the loss tokens",
+    )
     p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
     p.add_argument("--queue", help="base queue name; chunks go to <base>.<model key> [DFLASH_QUEUE]")
     p.add_argument("--wait", action="store_true", help="show a progress bar until the job is finished")
@@ -121,8 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="CHECK=SHARE",
-        help=f"gate threshold per check, e.g. no_reasoning=0.05; checks: {', '.join(CHECKS)}",
+        help=f"gate threshold per check, e.g. no_reasoning=0.05; checks: {', '.join(GATES)}",
     )
+    q.add_argument(
+        "--min-loss-tokens",
+        type=int,
+        help="a row with fewer loss tokens counts toward the few_loss_tokens gate (default 64)",
+    )
+    add_trainer_flags(p)
     return p
 
 
@@ -147,6 +164,7 @@ def spec_from_args(args: argparse.Namespace) -> GenerationSpec:
         thinking=not args.no_thinking,
         chunk_size=args.chunk_size,
         turns=args.turns,
+        history_reasoning=args.history_reasoning,
     )
 
 
@@ -155,16 +173,17 @@ def quality_from_args(args: argparse.Namespace) -> QualitySettings:
     shares = dict(base.max_share)
     for item in args.max_share:
         name, sep, value = item.partition("=")
-        if not sep or name not in CHECKS:
+        if not sep or name not in GATES:
             raise ConfigError(
-                f"--max-share {item!r}: expected CHECK=SHARE with CHECK one of {', '.join(CHECKS)}"
+                f"--max-share {item!r}: expected CHECK=SHARE with CHECK one of {', '.join(GATES)}"
             )
         try:
             shares[name] = float(value)
         except ValueError:
             raise ConfigError(f"--max-share {item!r}: {value!r} is not a number") from None
     minimum = base.min_completion_tokens if args.min_completion_tokens is None else args.min_completion_tokens
-    return QualitySettings(min_completion_tokens=minimum, max_share=shares)
+    loss = base.min_loss_tokens if args.min_loss_tokens is None else args.min_loss_tokens
+    return QualitySettings(min_completion_tokens=minimum, max_share=shares, min_loss_tokens=loss)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +227,11 @@ def prepare(
     """Define the job and check it against what the output root already holds."""
     spec = spec_from_args(args)
     wanted = JobDefinition.create(
-        input_fingerprint(args.input), os.path.basename(args.input), spec, quality_from_args(args)
+        input_fingerprint(args.input),
+        os.path.basename(args.input),
+        spec,
+        quality_from_args(args),
+        view_from_args(args),
     )
     store = open_store(args.output, settings)
     existing = load_job(store)
@@ -231,6 +254,8 @@ def enqueue(args: argparse.Namespace, settings: ProducerSettings) -> EnqueueResu
         return EnqueueResult(job, manifest, plan, 0, args.output)
     bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
     bk.ping()  # fail before writing anything when the broker is unreachable
+    if (tokenizer := view_from_args(args, job.trainer).tokenizer) is not None:
+        load_tokenizer(tokenizer)  # ... or the trainer's tokenizer cannot be read
     store.check_writable()  # ... or the store cannot be written (no bucket, access denied, read-only)
     if existing is None:
         store.write(JOB_KEY, job.to_json())
@@ -302,10 +327,16 @@ def run_preflight(
         remaining=manifest.total_turns - sum(manifest.turns_of(c) for c in done),
         gpu_hour_usd=args.gpu_hour_usd or settings.gpu_hour_usd,
         remaining_samples=manifest.samples - sum(manifest.chunk_samples(c) for c in done),
+        trainer=view_from_args(args, job.trainer),
+        thinking=job.spec.thinking,
+        preserve_thinking=job.spec.keeps_history_reasoning,
     )
     print(report.render(), file=sys.stderr)
     if report.passed:
         store.write(PREFLIGHT_KEY, (json.dumps(report.to_dict(), indent=2) + "\n").encode())
+        if report.trainable is not None:
+            doc = trainable_doc(report.trainable, "preflight", manifest.samples)
+            store.write(TRAINABLE_KEY, (json.dumps(doc, indent=2) + "\n").encode())
         bk.set_preflight(job.job_id, False)
         return
     reason = "preflight failed: " + "; ".join(f.message for f in report.failures)

@@ -22,6 +22,8 @@ from dflash_tasks.core.distribution import describe
 from dflash_tasks.core.job import Manifest, output_key
 from dflash_tasks.core.quality import CHECKS, GateFailure, QualitySettings, count_checks, evaluate_gates
 from dflash_tasks.core.record import decode_records
+from dflash_tasks.core.trainable import TrainableSummary, TrainableTally
+from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.monitoring.progress_bar import format_duration
 from dflash_tasks.store import Store
 
@@ -66,6 +68,8 @@ class PreflightReport:
     turns: int = 0  # requests the preflight sample sent
     multi_turn: int = 0  # samples with more than one turn
     remaining_samples: int | None = None
+    trainable: TrainableSummary | None = None  # None when no tokenizer was at hand
+    trainer_note: str = ""  # which tokenizer counted the loss tokens, or why none did
 
     @property
     def passed(self) -> bool:
@@ -98,6 +102,8 @@ class PreflightReport:
             if eta is None
             else round(eta / 3600 * self.workers * self.gpu_hour_usd, 2),
             "workers": self.workers,
+            "trainable": None if self.trainable is None else self.trainable.to_dict(),
+            "trainer_note": self.trainer_note,
         }
 
     def render(self) -> str:
@@ -115,6 +121,10 @@ class PreflightReport:
             f"p90 {dist['p90']:,}  max {dist['max']:,}",
             "  " + "  ".join(f"{check} {share.get(check, 0.0):.1%}" for check in CHECKS),
         ]
+        if self.trainer_note:
+            lines.append(f"  {self.trainer_note}")
+        if self.trainable is not None:
+            lines.append(self.trainable.render())
         rate = self.projected_rate()
         if rate > 0:
             eta = self.remaining / rate
@@ -148,12 +158,29 @@ def judge(
     remaining: int,
     gpu_hour_usd: float,
     remaining_samples: int | None = None,
+    trainer: TrainerView | None = None,
+    thinking: bool = True,
+    preserve_thinking: bool = False,
 ) -> PreflightReport:
-    """Read the preflight chunks' records and apply the gates; ``remaining`` counts turns."""
+    """Read the preflight chunks' records and apply the gates; ``remaining`` counts turns.
+
+    With ``trainer``, the ok records' loss tokens are counted under the model's chat template
+    (when a tokenizer is at hand) and judged by the ``few_loss_tokens`` and
+    ``truncated_by_trainer`` gates.
+    """
     records = [
         r for chunk in chunks for r in decode_records(store.read(output_key(chunk)), output_key(chunk))
     ]
     total, counts = count_checks(records)
+    failures = evaluate_gates(total, counts, settings)
+    trainable, note = None, ""
+    if trainer is not None:
+        tally = TrainableTally(trainer, thinking, settings.min_loss_tokens, preserve_thinking)
+        for record in records:
+            tally.add(record)
+        trainable, note = tally.summary, tally.note
+        if trainable is not None:
+            failures += evaluate_gates(trainable.samples, trainable.gate_counts(), settings)
     turns = [t for r in records for t in r.turns]
     ok = [t for t in turns if t.ok]
     latencies = [t.latency_s for t in ok]
@@ -162,7 +189,7 @@ def judge(
         seconds=seconds,
         output_tokens=sorted(t.usage.completion_tokens for t in ok),
         counts=dict(counts),
-        failures=evaluate_gates(total, counts, settings),
+        failures=failures,
         mean_latency=statistics.fmean(latencies) if latencies else 0.0,
         slots=slots,
         remaining=remaining,
@@ -171,6 +198,8 @@ def judge(
         turns=len(turns),
         multi_turn=sum(1 for r in records if r.user_turns > 1),
         remaining_samples=remaining_samples,
+        trainable=trainable,
+        trainer_note=note,
     )
 
 

@@ -69,3 +69,16 @@ def test_a_turn_that_failed_was_truncated_or_has_no_answer_ends_the_conversation
     assert not can_continue(replace(good, status=RecordStatus.FAILED))
     assert not can_continue(replace(good, finish_reason="length"))
     assert not can_continue(replace(good, content="  "))
+
+
+def test_history_reasoning_keep_sends_each_answer_with_its_reasoning() -> None:
+    from dflash_tasks.core.conversation import request_messages
+
+    inputs = [[{"role": "user", "content": "u1"}], [{"role": "user", "content": "u2"}]]
+    assert request_messages(inputs, ["a1"])[1] == {"role": "assistant", "content": "a1"}
+    kept = request_messages(inputs, ["a1"], ["r1"])
+    assert kept == [
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1", "reasoning_content": "r1"},
+        {"role": "user", "content": "u2"},
+    ]

@@ -40,6 +40,7 @@ CHANGED: dict[str, Any] = {
     "thinking": False,
     "chunk_size": 32,
     "turns": "last",
+    "history_reasoning": "keep",
 }
 
 
@@ -331,3 +332,15 @@ def test_done_chunks_survives_a_stray_non_ascii_digit_file(tmp_path: Path) -> No
     (tmp_path / "outputs" / "chunk-\u00b2.jsonl").write_bytes(b"stray")
     (tmp_path / "outputs" / "chunk-\u0663.jsonl").write_bytes(b"stray")
     assert done_chunks(store) == {0}
+
+
+def test_history_reasoning_keep_names_another_job_and_drop_keeps_the_old_ids() -> None:
+    from dflash_tasks.core.job import GenerationSpec, JobDefinition
+
+    base = JobDefinition.create("sha256:x", "in", GenerationSpec(model="m"))
+    assert "history_reasoning" not in GenerationSpec(model="m").identity()
+    keep = JobDefinition.create("sha256:x", "in", GenerationSpec(model="m", history_reasoning="keep"))
+    assert keep.job_id != base.job_id
+    assert JobDefinition.from_json(keep.to_json(), "job.json").spec.history_reasoning == "keep"
+    with pytest.raises(ValueError, match="history_reasoning must be one of drop, keep"):
+        GenerationSpec(model="m", history_reasoning="some")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import redis
 
+from dflash_tasks.core.quality import QualitySettings
 from tests.e2e.test_pipeline_e2e import enqueue_args, last_json, verify_ok
-from tests.helpers import Processes, done_chunk_count, read_records, write_prompts
+from tests.helpers import Processes, done_chunk_count, read_records, wait_until, write_prompts
 
 
 def job_state(procs: Processes, job_id: str) -> dict[bytes, bytes]:
@@ -96,3 +97,27 @@ def test_live_gate_pauses_a_going_bad_run_and_resume_finishes_it(procs: Processe
     bad_records = [r for r in records if "no_reasoning" in r["checks"]]
     assert 100 <= len(bad_records) < 2000
     assert all(r["worker"].startswith("misconfigured@") for r in bad_records)
+
+
+def test_live_gate_judges_the_recent_window_not_the_whole_job(procs: Processes, tmp_path: Path) -> None:
+    """A run good for its first thousand samples, then bad: the gate trips on the last few hundred
+    samples although the whole job's bad share is still far below the threshold."""
+    inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
+    write_prompts(inp, 4000)
+    procs.worker(procs.simulator("--time-scale", "0.001", name="goodsim"), "good")
+    args = enqueue_args(inp, out, "--chunk-size", "20", "--no-preflight", "--json")
+    res = procs.run("dflash_tasks.producer.enqueue", *args)
+    assert res.returncode == 0, res.stderr
+    job_id = json.loads((out / "job.json").read_text())["job_id"]
+    wait_until(lambda: done_chunk_count(out) >= 50, 120, "a thousand good samples")
+    bad_sim = procs.simulator("--time-scale", "0.001", "--ignore-thinking-flag", name="badsim")
+    procs.worker(bad_sim, "misconfigured", "--max-inflight", "20")
+    wait_until(lambda: job_state(procs, job_id).get(b"state") == b"paused", 120, "the live gate's pause")
+    records = read_records(out)  # what was stored when the gate tripped
+    bad = [r for r in records if "no_reasoning" in r["checks"]]
+    assert bad and all(r["worker"].startswith("misconfigured@") for r in bad)
+    assert len(bad) / len(records) < QualitySettings().max_share["no_reasoning"]  # the job as a whole is fine
+    reason = job_state(procs, job_id)[b"pause_reason"].decode()
+    window = int(reason.split("quality gate over the last ")[1].split(" samples")[0])
+    assert QualitySettings().window <= window < len(records)
+    assert "have no reasoning" in reason

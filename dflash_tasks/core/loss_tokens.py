@@ -1,0 +1,239 @@
+"""The loss tokens of one exported row, counted the way a SpecForge-style trainer marks them.
+
+The trainer renders a row's conversation with the tokenizer's own chat template
+(``apply_chat_template``, assistant messages carrying ``reasoning_content``, ``enable_thinking``
+as generated), tokenizes the text without special tokens added and cuts it at ``max_length``. Its
+loss tokens are the spans from each assistant header to the end-of-turn marker, both included
+after the header (only the last span with ``train_only_last_turn``), minus the template's ignore
+strings. This module does the same, with the markers taken from the template itself:
+
+* the assistant header is what the generation prompt adds after a user message, with thinking on
+  (for Qwen3 ``<|im_start|>assistant\\n``);
+* the end of turn is what the template writes after an assistant message (``<|im_end|>\\n``);
+* with thinking off, the empty think block the generation prompt inserts
+  (``<think>\\n\\n</think>\\n\\n``) is ignored, as SpecForge's ``qwen3-instruct`` template does.
+
+Tokens are mapped to spans by their character offsets from one tokenization (SpecForge
+re-tokenizes each span's prefix; both agree wherever a span starts and ends on token
+boundaries, which chat-template markers do). The count also says whether each assistant turn's
+reasoning survives the template: Qwen3's drops the reasoning of turns before the last user
+message, so a multi-turn sample's earlier thoughts are generated but never trained on.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.record import Record
+from dflash_tasks.core.trainer_view import TrainerView
+
+_PROBE_USER = "dflash-probe-user"
+_PROBE_ANSWER = "dflash-probe-answer"
+
+
+def row_messages(record: Record) -> list[dict[str, Any]]:
+    """The record's exported conversation: each turn's input, then the model's answer when it has one."""
+    messages: list[dict[str, Any]] = []
+    for turn in record.turns:
+        messages += [
+            {"role": m["role"], "content": m["content"], "reasoning_content": None} for m in turn.input
+        ]
+        if turn.ok:
+            messages.append(
+                {"role": "assistant", "content": turn.content, "reasoning_content": turn.reasoning}
+            )
+    return messages
+
+
+@functools.lru_cache(maxsize=4)  # a command checks an explicit --tokenizer early, then counts with it
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer in model directory ``path``, read offline; :class:`ConfigError` naming the cause."""
+    where = Path(path)
+    if not (where / "tokenizer_config.json").is_file():
+        raise ConfigError(f"--tokenizer {path}: no tokenizer_config.json there (a model directory is needed)")
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(where), local_files_only=True)
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        raise ConfigError(f"--tokenizer {path}: cannot load the tokenizer: {exc}") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError(f"--tokenizer {path}: a fast tokenizer (tokenizer.json) is needed")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(f"--tokenizer {path}: tokenizer_config.json has no chat_template")
+    return tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateMarkers:
+    """Where a rendered conversation's loss spans start and end, and what they leave out."""
+
+    assistant_header: str
+    end_of_turn: str
+    ignore: tuple[str, ...] = ()
+
+    def pattern(self) -> re.Pattern[str]:
+        """Header, then the span up to and including the end of turn (or the end of the text)."""
+        eot = re.escape(self.end_of_turn)
+        return re.compile(re.escape(self.assistant_header) + r"([\s\S]*?(?:" + eot + "|$))")
+
+
+def markers_of(tokenizer: Any, thinking: bool, where: str) -> TemplateMarkers:
+    """The markers of ``tokenizer``'s chat template (see the module's docstring)."""
+    user = [{"role": "user", "content": _PROBE_USER}]
+    bare = _render(tokenizer, user, thinking=True, generation=False)
+    header = _render(tokenizer, user, thinking=True, generation=True)
+    if not header.startswith(bare) or header == bare:
+        raise ConfigError(f"{where}: the chat template's generation prompt does not extend the conversation")
+    header = header[len(bare) :]
+    answered = _render(
+        tokenizer,
+        [*user, {"role": "assistant", "content": _PROBE_ANSWER, "reasoning_content": None}],
+        thinking=thinking,
+        generation=False,
+    )
+    end = answered[answered.rfind(_PROBE_ANSWER) + len(_PROBE_ANSWER) :]
+    if _PROBE_ANSWER not in answered or not end:
+        raise ConfigError(f"{where}: the chat template writes nothing after an assistant message")
+    ignore: tuple[str, ...] = ()
+    if not thinking:
+        off = _render(tokenizer, user, thinking=False, generation=True)[len(bare) :]
+        if off.startswith(header) and off != header:
+            ignore = (off[len(header) :],)
+    return TemplateMarkers(header, end, ignore)
+
+
+def _render(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    thinking: bool,
+    generation: bool,
+    preserve_thinking: bool = False,
+) -> str:
+    extra = {"preserve_thinking": True} if preserve_thinking else {}
+    text = tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=generation, enable_thinking=thinking, **extra
+    )
+    return str(text)
+
+
+@dataclass(frozen=True, slots=True)
+class RowTokens:
+    """One row as the trainer sees it."""
+
+    tokens: int  # rendered, before max_length
+    loss_tokens: int  # the loss tokens the trainer keeps (within max_length)
+    loss_tokens_untruncated: int  # the loss tokens without max_length
+    reasoning_turns: int  # assistant messages carrying reasoning
+    reasoning_dropped: int  # of those, the ones whose reasoning the template does not render
+
+    @property
+    def lost_to_max_length(self) -> int:
+        return self.loss_tokens_untruncated - self.loss_tokens
+
+    @property
+    def truncated(self) -> bool:
+        """Whether ``max_length`` cuts loss tokens off this row."""
+        return self.lost_to_max_length > 0
+
+
+class LossTokenCounter:
+    """Counts rows' loss tokens with one tokenizer and trainer view (one per command)."""
+
+    def __init__(
+        self, tokenizer: Any, view: TrainerView, thinking: bool, where: str, preserve_thinking: bool = False
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.view = view
+        self.thinking = thinking
+        #: ``history_reasoning: keep``: the template renders earlier turns' reasoning (Qwen3.6).
+        self.preserve_thinking = preserve_thinking
+        self.where = where
+        self.markers = markers_of(tokenizer, thinking, where)
+        self._pattern = self.markers.pattern()
+        self._backend = _untruncated_copy(tokenizer)
+
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        return _render(
+            self.tokenizer,
+            messages,
+            thinking=self.thinking,
+            generation=False,
+            preserve_thinking=self.preserve_thinking,
+        )
+
+    def count(self, messages: Sequence[Mapping[str, Any]]) -> RowTokens:
+        return self.count_many([messages])[0]
+
+    def count_many(self, rows: Sequence[Sequence[Mapping[str, Any]]]) -> list[RowTokens]:
+        """:meth:`count` of each row; the texts are tokenized together, on every core."""
+        texts = [self.render(messages) for messages in rows]
+        # The backend tokenizer directly: the same encoding, without transformers' per-call wrapping.
+        encodings = self._backend.encode_batch(texts, add_special_tokens=False)
+        return [
+            self._row(messages, text, e.offsets)
+            for messages, text, e in zip(rows, texts, encodings, strict=True)
+        ]
+
+    def _row(
+        self, messages: Sequence[Mapping[str, Any]], text: str, offsets: list[tuple[int, int]]
+    ) -> RowTokens:
+        starts = [a for a, _ in offsets]
+        ends = [b for _, b in offsets]
+        spans = [m.span(1) for m in self._pattern.finditer(text)]
+        if self.view.last_turn_only:
+            spans = spans[-1:]
+        limit = self.view.max_length
+        kept = total = 0
+        for start, end in spans:
+            first, last = _tokens_within(starts, ends, start, end)
+            cut = [(first, last)]
+            for s in self.markers.ignore:  # ignored tokens inside this span leave it
+                for at in _occurrences(text, s, start, end):
+                    lo, hi = _tokens_within(starts, ends, at, at + len(s))
+                    cut = [piece for a, b in cut for piece in ((a, min(b, lo)), (max(a, hi), b))]
+            for a, b in cut:
+                if a < b:
+                    total += b - a
+                    kept += max(0, min(b, limit) - a)
+        reasoning = [
+            str(m["reasoning_content"]).strip()
+            for m in messages
+            if m.get("role") == "assistant" and str(m.get("reasoning_content") or "").strip()
+        ]
+        dropped = sum(1 for r in reasoning if r not in text)
+        return RowTokens(len(offsets), kept, total, len(reasoning), dropped)
+
+
+def _untruncated_copy(tokenizer: Any) -> Any:
+    """A private copy of a fast tokenizer's backend (the ``tokenizers`` object), never truncating:
+    transformers leaves the shared one in the truncation state of its last call."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    return backend
+
+
+def _tokens_within(starts: list[int], ends: list[int], start: int, end: int) -> tuple[int, int]:
+    """The token indexes ``[first, last)`` whose characters lie wholly within ``[start, end)``."""
+    first = bisect.bisect_left(starts, start)
+    last = bisect.bisect_right(ends, end)
+    return first, max(first, last)
+
+
+def _occurrences(text: str, needle: str, start: int, end: int) -> list[int]:
+    """Where ``needle`` occurs wholly within ``text[start:end]``."""
+    found = []
+    while (i := text.find(needle, start, end)) != -1:
+        found.append(i)
+        start = i + len(needle)
+    return found

@@ -1,0 +1,78 @@
+"""Tiny model directories for loss-token tests, built here (no downloads).
+
+A byte-level BPE trained with ``tokenizers`` on a few lines, saved as ``tokenizer.json`` plus a
+``tokenizer_config.json`` carrying a chat template: :data:`QWEN3_TEMPLATE` follows Qwen3's rules
+(think blocks only for assistant turns after the last user message unless ``preserve_thinking``,
+as Qwen3.6's, the empty think block with ``enable_thinking`` false); :data:`PLAIN_TEMPLATE` is
+a header-and-end template without reasoning.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from dflash_tasks.sim.textgen import _ANSWER_TEXT, _REASONING_TEXT
+
+#: Qwen3's rules: the last-query rule, reasoning_content rendered in a think block, and the empty
+#: think block of the generation prompt with thinking off.
+QWEN3_TEMPLATE = (
+    "{%- set ns = namespace(last_query=-1) -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_query = loop.index0 -%}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{%- set reasoning = m.reasoning_content or '' -%}"
+    "{%- if (loop.index0 > ns.last_query and (loop.last or reasoning))"
+    " or (preserve_thinking is defined and preserve_thinking and reasoning) -%}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n'"
+    " + m.content.lstrip('\\n') -}}"
+    "{%- else -%}{{- '<|im_start|>assistant\\n' + m.content -}}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}{%- endif -%}"
+)
+
+#: No reasoning at all: ``### role:`` headers, each message closed by ``<|end|>``.
+PLAIN_TEMPLATE = (
+    "{%- for m in messages -%}{{- '### ' + m.role + ':\\n' + m.content + '<|end|>\\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '### assistant:\\n' -}}{%- endif -%}"
+)
+
+SPECIAL = ["<|im_start|>", "<|im_end|>", "<|end|>", "<|endoftext|>"]
+ADDED = ["<think>", "</think>"]
+#: Words the tokenizer knows as single tokens (with and without a leading space).
+WORDS = ("alpha", "beta", "gamma", "delta")
+
+
+def build_model_dir(where: Path, template: str, name: str = "tiny-qwen3") -> Path:
+    """A model directory ``where/name`` with the tokenizer and ``template``; returns its path."""
+    path = where / name
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    lines = [" ".join(WORDS)] * 50 + list(WORDS) * 20 + [_REASONING_TEXT, _ANSWER_TEXT] * 5
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(lines, trainer)
+    tokenizer.add_tokens(ADDED)
+    tokenizer.save(str(path / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": template,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 1_000_000,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return path
