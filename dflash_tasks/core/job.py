@@ -7,6 +7,9 @@ Layout of the output root::
     invalid.jsonl                 every input line kept out of the job, with its reason
     inputs/chunk-000000.jsonl     staged prompts of chunk 0 (id, line, messages; see core/sample.py)
     outputs/chunk-000000.jsonl    completions of chunk 0; its existence means the chunk is done
+    outputs/chunk-000000.repair-1.jsonl
+                                  the records of chunk 0 that repair round 1 regenerated (write-once,
+                                  like the chunk file; the latest record of an id is its current one)
 """
 
 from __future__ import annotations
@@ -183,8 +186,25 @@ def output_key(chunk: int) -> str:
     return OUTPUTS_PREFIX + chunk_name(chunk)
 
 
+def repair_key(chunk: int, round_: int) -> str:
+    """The write-once file of the records repair round ``round_`` (1-based) regenerated in ``chunk``."""
+    return f"{OUTPUTS_PREFIX}chunk-{chunk:06d}.repair-{round_}.jsonl"
+
+
+def parse_repair_key(key: str) -> tuple[int, int] | None:
+    """(chunk, round) of ``outputs/chunk-N.repair-R.jsonl``, else None."""
+    name = key.rsplit("/", 1)[-1]
+    if not (name.startswith("chunk-") and name.endswith(".jsonl")):
+        return None
+    digits, sep, round_ = name[len("chunk-") : -len(".jsonl")].partition(".repair-")
+    if sep and digits.isascii() and digits.isdigit() and round_.isascii() and round_.isdigit():
+        return int(digits), int(round_)
+    return None
+
+
 def parse_chunk_key(key: str) -> int | None:
-    """The chunk number of ``inputs/chunk-N.jsonl`` or ``outputs/chunk-N.jsonl``, else None."""
+    """The chunk number of ``inputs/chunk-N.jsonl`` or ``outputs/chunk-N.jsonl``, else None
+    (a repair file is not a chunk file: see :func:`parse_repair_key`)."""
     name = key.rsplit("/", 1)[-1]
     if name.startswith("chunk-") and name.endswith(".jsonl"):
         digits = name[len("chunk-") : -len(".jsonl")]
