@@ -2,7 +2,10 @@
 
 Re-running the same command resumes the job: finished chunks are skipped (the store is the
 truth), chunks already queued or running are not queued twice, and chunks lost with a crashed
-worker or a wiped Redis are queued again. A new job first runs a preflight sample through the
+worker or a wiped Redis are queued again. Once every chunk is stored, a re-run queues a repair
+round for the samples a passing fault failed (``--retry-failed``: every failed sample); with
+``--wait`` the producer runs up to ``repair_rounds`` of them by itself
+(:mod:`dflash_tasks.producer.repair`). A new job first runs a preflight sample through the
 quality gates (``--preflight N``, ``--no-preflight``).
 """
 
@@ -48,6 +51,7 @@ from dflash_tasks.producer.preflight import (
     wait_for_chunks,
     wait_for_leases,
 )
+from dflash_tasks.producer.repair import RepairPlan, queue_repairs, run_repair_rounds
 from dflash_tasks.producer.serving import ServingWatch
 from dflash_tasks.producer.staging import stage_input
 from dflash_tasks.producer.waiting import wait_for_job
@@ -101,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="with --wait: re-plan from the store this often (default 60)",
+    )
+    p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="repair rounds also regenerate samples that failed permanently (e.g. after raising the "
+        "server's context length); nothing else about the job changes",
     )
     p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     p.add_argument("--dry-run", action="store_true", help="plan and print; write and queue nothing")
@@ -174,8 +184,10 @@ class EnqueueResult:
     plan: Plan
     enqueued: int
     output: str
+    repair: RepairPlan | None = None  # the repair round queued, once every chunk is stored
 
     def summary(self) -> dict[str, Any]:
+        repair = self.repair
         return {
             "job_id": self.job.job_id,
             "output": self.output,
@@ -189,6 +201,9 @@ class EnqueueResult:
             "chunks_running": len(self.plan.running),
             "chunks_queued_before": len(self.plan.queued),
             "chunks_enqueued": self.enqueued,
+            "repair_samples": 0 if repair is None else repair.samples,
+            "repair_chunks_queued": 0 if repair is None else len(repair.to_queue),
+            "failed_permanent": 0 if repair is None else repair.failed_permanent,
         }
 
 
@@ -247,9 +262,12 @@ def enqueue(args: argparse.Namespace, settings: ProducerSettings) -> EnqueueResu
     if not args.no_preflight and args.preflight > 0 and not store.exists(PREFLIGHT_KEY):
         run_preflight(args, settings, job, manifest, store, bk, app)
     plan, sent = queue_missing(store, bk, app, settings, job.job_id, manifest.chunks, job.spec.model)
-    if not args.wait:  # --wait watches this itself
+    repair = None
+    if not args.wait:  # --wait watches this itself, and runs the repair rounds once the chunks are in
+        if len(plan.done) >= manifest.chunks:
+            repair = queue_repairs(store, manifest, bk, app, settings, job, permanent=args.retry_failed)
         ServingWatch(bk, job.spec.model).poll()
-    return EnqueueResult(job, manifest, plan, sent, args.output)
+    return EnqueueResult(job, manifest, plan, sent, args.output, repair)
 
 
 def run_preflight(
@@ -332,6 +350,24 @@ def print_summary(result: EnqueueResult, dry_run: bool) -> None:
         f"{s['chunks_queued_before']:,} | {verb} {count:,}",
         file=sys.stderr,
     )
+    repair = result.repair
+    if repair is not None and repair.pending:
+        running = len(repair.pending) - len(repair.to_queue)
+        print(
+            f"  repair: {repair.samples:,} failed samples to regenerate in {len(repair.pending):,} chunks"
+            f" | queued {len(repair.to_queue):,} rounds" + (f" | {running:,} running" if running else ""),
+            file=sys.stderr,
+        )
+
+
+def wait_for_repairs(result: EnqueueResult, settings: ProducerSettings, permanent: bool) -> RepairPlan:
+    """``--wait`` once every chunk is stored: run the repair rounds and wait for them."""
+    store = open_store(result.output, settings)
+    bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
+    left, _ = run_repair_rounds(
+        store, result.manifest, bk, celery_app(settings), settings, result.job, permanent=permanent
+    )
+    return left
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.wait and not args.dry_run
             else True
         )
+        if args.wait and not args.dry_run and finished:
+            result = dataclasses.replace(result, repair=wait_for_repairs(result, settings, args.retry_failed))
     except PreflightFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_PREFLIGHT_FAILED

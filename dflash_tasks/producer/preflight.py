@@ -20,10 +20,17 @@ from typing import Any
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.core.distribution import describe
 from dflash_tasks.core.job import Manifest, output_key
-from dflash_tasks.core.quality import CHECKS, GateFailure, QualitySettings, count_checks, evaluate_gates
-from dflash_tasks.core.record import decode_records
+from dflash_tasks.core.quality import (
+    CHECKS,
+    GateFailure,
+    QualitySettings,
+    count_checks,
+    evaluate_gates,
+    judged,
+)
 from dflash_tasks.monitoring.progress_bar import format_duration
 from dflash_tasks.store import Store
+from dflash_tasks.store.records import read_current
 
 PREFLIGHT_KEY = "preflight.json"
 
@@ -149,11 +156,10 @@ def judge(
     gpu_hour_usd: float,
     remaining_samples: int | None = None,
 ) -> PreflightReport:
-    """Read the preflight chunks' records and apply the gates; ``remaining`` counts turns."""
-    records = [
-        r for chunk in chunks for r in decode_records(store.read(output_key(chunk)), output_key(chunk))
-    ]
-    total, counts = count_checks(records)
+    """Read the preflight chunks' records and apply the gates (to all but transient failures,
+    which repair rounds regenerate); ``remaining`` counts turns."""
+    records = [r for chunk in chunks for r in read_current(store, chunk)]
+    total, counts = count_checks(judged(records))
     turns = [t for r in records for t in r.turns]
     ok = [t for t in turns if t.ok]
     latencies = [t.latency_s for t in ok]

@@ -299,7 +299,7 @@ def outputs(out: Path) -> set[int]:
     folder = out / "outputs"
     if not folder.exists():
         return set()
-    return {int(p.stem.split("-")[1]) for p in folder.glob("chunk-*.jsonl")}
+    return {int(p.stem.split("-")[1]) for p in folder.glob("chunk-*.jsonl") if ".repair-" not in p.name}
 
 
 def wait_done(out: Path, chunks: int, timeout: float, what: str = "the job to complete") -> float:
