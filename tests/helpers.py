@@ -231,7 +231,9 @@ def read_records(output: Path) -> list[dict[str, Any]]:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         where = {str(row["id"]): i for i, row in enumerate(rows)}
         stem = path.name[: -len(".jsonl")]
-        repairs = sorted(path.parent.glob(f"{stem}.repair-*.jsonl"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+        repairs = sorted(
+            path.parent.glob(f"{stem}.repair-*.jsonl"), key=lambda p: int(p.stem.rsplit("-", 1)[1])
+        )
         for repair in repairs:
             for line in repair.read_text().splitlines():
                 if line.strip():
