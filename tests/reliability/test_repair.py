@@ -97,7 +97,7 @@ def test_a_burst_of_500s_outlasting_the_attempts_is_repaired_by_enqueue_wait(
         out=out,
         runs=1,
         recover_s=None,
-        notes=f"{FAILED} samples failed transiently in the first pass, repaired in round 1; chunk files unchanged",
+        notes=f"{FAILED} samples failed transiently, repaired in round 1; chunk files unchanged",
         test="test_repair",
         sims=[sim],
     )
