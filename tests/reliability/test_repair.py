@@ -102,3 +102,4 @@ def test_a_burst_of_500s_outlasting_the_attempts_is_repaired_by_enqueue_wait(
         sims=[sim],
     )
     assert acc.stored_once == SAMPLES and acc.duplicated == 0 and acc.failed == 0
+    assert reliability.rows[-1].repaired == FAILED  # the table's "repaired" column
