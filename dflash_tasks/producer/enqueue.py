@@ -41,7 +41,7 @@ from dflash_tasks.core.quality import CHECKS, QualitySettings
 from dflash_tasks.core.settings import CommonSettings, ProducerSettings, WorkerSettings
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.fleet import capacity, live_fleet
-from dflash_tasks.monitoring.progress_writer import record_gpu_price
+from dflash_tasks.monitoring.progress_writer import ProgressWriter, record_gpu_price
 from dflash_tasks.producer.inputs import input_fingerprint, summarize_invalid
 from dflash_tasks.producer.preflight import (
     PREFLIGHT_KEY,
@@ -361,12 +361,19 @@ def print_summary(result: EnqueueResult, dry_run: bool) -> None:
 
 
 def wait_for_repairs(result: EnqueueResult, settings: ProducerSettings, permanent: bool) -> RepairPlan:
-    """``--wait`` once every chunk is stored: run the repair rounds and wait for them."""
+    """``--wait`` once every chunk is stored: run the repair rounds and wait for them; then
+    ``progress.json`` once more, with the repaired counts."""
     store = open_store(result.output, settings)
     bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
-    left, _ = run_repair_rounds(
+    left, rounds = run_repair_rounds(
         store, result.manifest, bk, celery_app(settings), settings, result.job, permanent=permanent
     )
+    if rounds:
+        writer = ProgressWriter(bk, f"enqueue/{os.getpid()}", settings.progress_seconds, settings.queue)
+        try:
+            writer.write(result.job.job_id, store, result.manifest, result.job)
+        except DflashError as exc:  # the counters in Redis stay right; status reads them
+            log.warning("progress.json not written after the repair rounds: %s", exc)
     return left
 
 

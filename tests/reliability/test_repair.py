@@ -66,13 +66,15 @@ def test_a_burst_of_500s_outlasting_the_attempts_is_repaired_by_enqueue_wait(
     assert strict_rc(procs, inp, out) == 1  # transient failures remain
     chunks = {p.name: p.read_bytes() for p in chunk_files(out)}
     requests_before = int(sim_stats(sim)["requests_total"])
+    failed_chunks = sorted({int(r["id"].removeprefix("burstq")) // 8 for r in failed})
 
+    rerun = enqueue_ok(procs, inp, out, "--chunk-size", "8")  # a re-run queues one repair round
+    assert (rerun["repair_samples"], rerun["repair_chunks_queued"]) == (FAILED, len(failed_chunks))
     again = enqueue_ok(procs, inp, out, "--chunk-size", "8", "--wait")  # the user's usual command
 
     assert again["repair_samples"] == 0 and again["chunks_enqueued"] == 0
     assert {p.name: p.read_bytes() for p in chunk_files(out)} == chunks  # byte for byte as first written
     repair_files = sorted(p.name for p in (out / "outputs").glob("*.repair-*.jsonl"))
-    failed_chunks = sorted({int(r["id"].removeprefix("burstq")) // 8 for r in failed})
     assert repair_files == [f"chunk-{c:06d}.repair-1.jsonl" for c in failed_chunks]
     repaired = [
         json.loads(line)
@@ -81,13 +83,16 @@ def test_a_burst_of_500s_outlasting_the_attempts_is_repaired_by_enqueue_wait(
     ]
     assert sorted(r["id"] for r in repaired) == sorted(r["id"] for r in failed)
     assert all(r["status"] == "ok" and r["repair"] == 1 and "failure" not in r for r in repaired)
-    assert int(sim_stats(sim)["requests_total"]) - requests_before == FAILED  # one request per repaired turn
+    # one request per repaired turn, no more: the re-run's round and --wait's never overlap
+    assert int(sim_stats(sim)["requests_total"]) - requests_before == FAILED
+    progress = json.loads((out / "progress.json").read_text())
+    assert (progress["samples"]["failed"], progress["samples"]["repaired"]) == (0, FAILED)
     rc, after = verify_json(procs, inp, out)
     assert rc == 0, after
     assert (after["ok"], after["repaired"], after["failed"]) == (SAMPLES, FAILED, 0)
     assert strict_rc(procs, inp, out) == 0
-    rerun = enqueue_ok(procs, inp, out, "--chunk-size", "8")  # nothing left: nothing queued
-    assert (rerun["repair_samples"], rerun["repair_chunks_queued"]) == (0, 0)
+    last = enqueue_ok(procs, inp, out, "--chunk-size", "8")  # nothing left: nothing queued
+    assert (last["repair_samples"], last["repair_chunks_queued"]) == (0, 0)
     acc = settle(
         reliability,
         procs,
