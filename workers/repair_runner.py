@@ -18,7 +18,7 @@ from dflash_tasks.coord.jobs_cache import UnknownChunk
 from dflash_tasks.core.job import input_key, output_key, repair_key
 from dflash_tasks.core.quality import with_checks
 from dflash_tasks.core.record import Record, encode_records
-from dflash_tasks.core.repair import RepairUnit, to_repair
+from dflash_tasks.core.repair import RepairUnit, budget_of, to_repair
 from dflash_tasks.core.sample import decode_chunk
 from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.core.states import Cause, Delivery, JobState
@@ -58,25 +58,26 @@ def run_repair(ctx: ChunkContext, job_id: str, unit: RepairUnit, owner: str) -> 
                 return ChunkOutcome(Delivery.PAUSED, reason)
             return ChunkOutcome(Delivery.SKIPPED, "repair round already stored", Cause.ALREADY_DONE)
         earlier = tuple(r for r in range(1, unit.round) if job.store.exists(repair_key(chunk, r)))
-        targets = to_repair(read_current(job.store, chunk, earlier), unit.permanent)
+        targets = to_repair(read_current(job.store, chunk, earlier), unit.permanent, unit.max_tokens)
         if not targets:
             ctx.bookkeeping.release(job_id, chunk, owner)
             return ChunkOutcome(Delivery.SKIPPED, "nothing left to repair", Cause.ALREADY_DONE)
         samples = {s.id: s for s in decode_chunk(job.store.read(input_key(chunk)), input_key(chunk))}
         spec = job.definition.spec
+        longer = spec if unit.max_tokens is None else dataclasses.replace(spec, max_tokens=unit.max_tokens)
         rid_prefix = f"{job_id}-{chunk}-r{unit.round}-{owner.rsplit('/', 1)[-1]}"
         who = dataclasses.replace(ctx.identity, server=ctx.server.current)
         futures = [
             start_conversation(
                 ctx.pool,
                 ctx.client,
-                spec,
+                longer if old.ok or budget_of(old) == unit.max_tokens else spec,  # a truncated one
                 samples[old.id],
                 who,
                 ctx.policy,
                 rid_prefix,
                 listener=ctx.listener,
-                kept=old.turns[:-1],  # the failed turn is the last; those before it are answered
+                kept=old.turns[:-1],  # the failed (or truncated) turn is the last; those before are answered
                 repair=unit.round,
             )
             for old in targets
@@ -119,15 +120,17 @@ def _store_round(
             Cause.ALREADY_DONE,
             seconds=time.monotonic() - started,
         )
-    fixed = sum(r.ok for r in records)
+    fixed = sum(r.ok and not o.ok for r, o in zip(records, old, strict=True))  # failed -> ok
+    failed_now = sum(not r.ok for r in records)
     # Only the turns this round sent count as generation: the kept ones were counted with the chunk.
     sent = [r.turns[len(o.turns) - 1 :] for r, o in zip(records, old, strict=True)]
     spec = [spec_counts(dataclasses.replace(r, turns=turns)) for r, turns in zip(records, sent, strict=True)]
     tokens = sum(t.usage.completion_tokens for turns in sent for t in turns)
     counters = {
-        "samples_ok": fixed,
-        "samples_failed": -fixed,
-        "samples_repaired": fixed,
+        "samples_ok": fixed - sum(o.ok and not r.ok for r, o in zip(records, old, strict=True)),
+        "samples_failed": failed_now - sum(not o.ok for o in old),
+        # as verify counts them: current records that are ok and written by a repair round
+        "samples_repaired": sum(r.ok for r in records) - sum(o.ok and o.repair is not None for o in old),
         "repair_samples": len(records),
         "completion_tokens": tokens,
         "prompt_tokens": sum(t.usage.prompt_tokens for turns in sent for t in turns),
@@ -145,8 +148,8 @@ def _store_round(
         Delivery.DONE,
         f"repair round {unit.round}",
         Cause.NONE,
-        fixed,
-        len(records) - fixed,
+        len(records) - failed_now,
+        failed_now,
         tokens,
         time.monotonic() - started,
     )

@@ -21,13 +21,20 @@ def register_chunk_task(app: Celery, runtime: WorkerRuntime) -> Task:
 
     @app.task(name=TASK_NAME, bind=True)  # type: ignore[untyped-decorator]
     def run_chunk_task(
-        self: Task, job_id: str, chunk: int, repair_round: int = 0, permanent: bool = False
+        self: Task,
+        job_id: str,
+        chunk: int,
+        repair_round: int = 0,
+        permanent: bool = False,
+        max_tokens: int = 0,
     ) -> dict[str, Any]:
         """Generate and store chunk ``chunk`` of job ``job_id`` (a no-op when it is already done);
         with ``repair_round`` R >= 1, run repair round R of the stored chunk (``permanent``: also
-        regenerate its permanent failures)."""
+        regenerate its permanent failures; ``max_tokens`` > 0: also its samples truncated at a
+        smaller budget, with this one)."""
         valid = type(chunk) is int and type(job_id) is str and type(repair_round) is int
-        if not valid or type(permanent) is not bool or repair_round < 0 or chunk < 0:
+        valid = valid and type(permanent) is bool and type(max_tokens) is int
+        if not valid or repair_round < 0 or chunk < 0 or max_tokens < 0:
             reason = (
                 f"invalid message arguments: job {job_id!r}, chunk {chunk!r}, repair round {repair_round!r}"
             )
@@ -35,7 +42,7 @@ def register_chunk_task(app: Celery, runtime: WorkerRuntime) -> Task:
             result = delivery_result(Delivery.DROPPED, reason, Cause.BAD_MESSAGE)
         else:
             queue = str((self.request.delivery_info or {}).get("routing_key") or "")
-            repair = RepairUnit(chunk, repair_round, permanent) if repair_round else None
+            repair = RepairUnit(chunk, repair_round, permanent, max_tokens or None) if repair_round else None
             result = runtime.handle_delivery(job_id, chunk, str(self.request.id), queue, repair)
         runtime.listener.delivery(result, bool((self.request.delivery_info or {}).get("redelivered")))
         return result

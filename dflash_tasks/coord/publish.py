@@ -2,7 +2,8 @@
 
 A message carries only ``(job_id, chunk)``; its task id ``<job>-<chunk>-<nonce>`` makes the
 broker's queue readable without decoding message bodies. A repair round's message carries
-``(job_id, chunk, round, permanent)`` (:class:`~dflash_tasks.core.repair.RepairUnit`) under the
+``(job_id, chunk, round, permanent, max_tokens)`` (:class:`~dflash_tasks.core.repair.RepairUnit`;
+``max_tokens`` 0 when the job has no truncated-repair budget) under the
 task id ``<job>-<chunk>-r<round>-<nonce>``, which the chunk readers here never mistake for a chunk.
 """
 
@@ -177,7 +178,7 @@ def publish_repairs(
             for unit in units:
                 app.send_task(
                     TASK_NAME,
-                    args=(job_id, unit.chunk, unit.round, unit.permanent),
+                    args=(job_id, unit.chunk, unit.round, unit.permanent, unit.max_tokens or 0),
                     task_id=repair_task_id(job_id, unit),
                     producer=producer,
                     queue=queue,

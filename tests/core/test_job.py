@@ -331,3 +331,18 @@ def test_done_chunks_survives_a_stray_non_ascii_digit_file(tmp_path: Path) -> No
     (tmp_path / "outputs" / "chunk-\u00b2.jsonl").write_bytes(b"stray")
     (tmp_path / "outputs" / "chunk-\u0663.jsonl").write_bytes(b"stray")
     assert done_chunks(store) == {0}
+
+
+def test_an_amendment_is_written_to_job_json_and_leaves_the_jobs_identity() -> None:
+    from dflash_tasks.core.job import Amendment
+
+    job = JobDefinition.create(FP, "in.jsonl", SPEC)
+    assert b"amendments" not in job.to_json() and job.repair_max_tokens is None  # as always written
+    amended = dataclasses.replace(job, amendments=(Amendment(8192, 1.5), Amendment(16384, 2.5)))
+    back = JobDefinition.from_json(amended.to_json(), "job.json")
+    assert back == amended and back.job_id == job.job_id and back.repair_max_tokens == 16384
+    assert json.loads(amended.to_json())["amendments"][0] == {
+        "kind": "repair_truncated",
+        "max_tokens": 8192,
+        "at": 1.5,
+    }

@@ -226,3 +226,24 @@ def test_the_gates_judge_all_but_transient_failures() -> None:
         failed("old", None),
     ]
     assert [r.id for r in judged(records)] == ["ok", "400"]  # a repair round regenerates the others
+
+
+def test_a_truncated_sample_is_repaired_only_below_the_amended_budget() -> None:
+    from dflash_tasks.core.record import Record, Turn
+    from dflash_tasks.core.repair import needs_repair
+    from dflash_tasks.core.states import Outcome, RecordStatus
+
+    def cut(budget: int) -> Record:
+        turn = Turn(status=RecordStatus.OK, finish_reason="length", content="c")
+        return Record(
+            id="t",
+            user_turns=1,
+            turns=(turn,),
+            outcome=Outcome.TRUNCATED,
+            status=RecordStatus.OK,
+            finish_reason="length",
+            sampling={"max_tokens": budget},
+        )
+
+    assert not needs_repair(cut(300))  # no amendment: a truncated sample is kept
+    assert needs_repair(cut(300), max_tokens=4000) and not needs_repair(cut(4000), max_tokens=4000)

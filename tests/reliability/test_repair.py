@@ -108,3 +108,47 @@ def test_a_burst_of_500s_outlasting_the_attempts_is_repaired_by_enqueue_wait(
     )
     assert acc.stored_once == SAMPLES and acc.duplicated == 0 and acc.failed == 0
     assert reliability.rows[-1].repaired == FAILED  # the table's "repaired" column
+
+
+def test_repair_truncated_regenerates_truncated_samples_with_a_larger_budget_as_an_amendment(
+    procs: Processes, tmp_path: Path
+) -> None:
+    inp, out = write_questions(tmp_path / "long.jsonl", 48, "long"), tmp_path / "out"
+    sim = procs.simulator("--time-scale", "0.001", "--mean-output-tokens", "400")
+    start_worker(procs, sim, "truncated-gpu0")
+    args = ("--chunk-size", "8", "--max-tokens", "300")
+    first = enqueue_ok(procs, inp, out, *args, "--max-share", "truncated=1.0", "--wait")
+    truncated = [r for r in read_records(out) if r["finish_reason"] == "length"]
+    assert 0 < len(truncated) < 48 and first["repair_truncated_samples"] == 0  # no amendment: kept
+    job_before = json.loads((out / "job.json").read_text())
+    chunks = {p.name: p.read_bytes() for p in chunk_files(out)}
+    requests_before = int(sim_stats(sim)["requests_total"])
+    refused = procs.run(
+        "dflash_tasks.producer.enqueue",
+        *("--input", str(inp), "--output", str(out), "--model", "Qwen/Qwen3-8B", "--chunk-size", "8"),
+        *("--max-tokens", "200", "--repair-truncated"),
+    )
+    assert refused.returncode == 2 and "give a larger budget" in refused.stderr
+
+    again = enqueue_ok(
+        procs, inp, out, "--chunk-size", "8", "--max-tokens", "4000", "--repair-truncated", "--wait"
+    )
+
+    job_after = json.loads((out / "job.json").read_text())
+    assert job_after["job_id"] == job_before["job_id"] == again["job_id"]  # the job keeps its identity
+    assert job_after["spec"] == job_before["spec"]
+    assert [a["max_tokens"] for a in job_after["amendments"]] == [4000]
+    assert {p.name: p.read_bytes() for p in chunk_files(out)} == chunks
+    current = {r["id"]: r for r in read_records(out)}
+    for old in truncated:
+        new = current[old["id"]]
+        assert new["repair"] == 1 and new["sampling"]["max_tokens"] == 4000, new  # names its budget
+        assert new["status"] == "ok" and new["finish_reason"] == "stop"
+    untouched = [r for r in current.values() if r["id"] not in {t["id"] for t in truncated}]
+    assert all("repair" not in r and r["sampling"]["max_tokens"] == 300 for r in untouched)
+    assert int(sim_stats(sim)["requests_total"]) - requests_before == len(truncated)
+    assert again["repair_max_tokens"] == 4000 and again["repair_truncated_samples"] == 0
+    rc, report = verify_json(procs, inp, out)
+    assert rc == 0 and report["repaired"] == len(truncated) and report["ok"] == 48, report
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["samples"]["repaired"] == len(truncated)  # the counters agree with verify
