@@ -34,6 +34,7 @@ FAST_ENV = {
     "DFLASH_HEALTH_POLL_SECONDS": "0.5",
     "DFLASH_REQUEST_TIMEOUT": "30",
     "DFLASH_REQUEST_ATTEMPTS": "8",
+    "DFLASH_REPAIR_SPACING_SECONDS": "0.2",
     "DFLASH_METRICS_PORT": "0",  # many workers per machine: a test that wants metrics gives a port
 }
 
@@ -216,15 +217,34 @@ def write_prompts(path: Path, count: int, bad_every: int = 0, long_at: int | Non
     return bad
 
 
+def chunk_files(output: Path) -> list[Path]:
+    """The chunk files of a local output root (not the repair rounds' files), in chunk order."""
+    folder = output / "outputs"
+    return sorted(p for p in folder.glob("chunk-*.jsonl") if ".repair-" not in p.name)
+
+
 def read_records(output: Path) -> list[dict[str, Any]]:
+    """The current record of every sample, read as plain JSON: a chunk file's records, each replaced
+    by the one of the latest repair round that holds its id (``chunk-N.repair-R.jsonl``)."""
     records: list[dict[str, Any]] = []
-    for path in sorted((output / "outputs").glob("chunk-*.jsonl")):
-        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for path in chunk_files(output):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        where = {str(row["id"]): i for i, row in enumerate(rows)}
+        stem = path.name[: -len(".jsonl")]
+        repairs = sorted(
+            path.parent.glob(f"{stem}.repair-*.jsonl"), key=lambda p: int(p.stem.rsplit("-", 1)[1])
+        )
+        for repair in repairs:
+            for line in repair.read_text().splitlines():
+                if line.strip():
+                    row = json.loads(line)
+                    rows[where[str(row["id"])]] = row
+        records += rows
     return records
 
 
 def done_chunk_count(output: Path) -> int:
-    return len(list((output / "outputs").glob("chunk-*.jsonl"))) if (output / "outputs").exists() else 0
+    return len(chunk_files(output)) if (output / "outputs").exists() else 0
 
 
 @contextlib.contextmanager

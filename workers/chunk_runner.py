@@ -14,7 +14,7 @@ from typing import Any
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.jobs_cache import JobCache, JobHandle, UnknownChunk
 from dflash_tasks.core.job import input_key, output_key
-from dflash_tasks.core.quality import with_checks
+from dflash_tasks.core.quality import judged, with_checks
 from dflash_tasks.core.record import Record, encode_records
 from dflash_tasks.core.sample import decode_chunk
 from dflash_tasks.core.spec_stats import sample_counts
@@ -118,7 +118,7 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
         ]
         for fut in futures:
             fut.add_done_callback(_report_sample(ctx.listener, job_id))
-        records = _collect(futures)
+        records = collect_records(futures)
         ctx.server.confirm(model)  # the server may have restarted with another model meanwhile
         outcome = _store_chunk(ctx, job, job_id, chunk, records, started)
         if outcome.status == Delivery.DONE:
@@ -146,8 +146,9 @@ def _store_chunk(
     quality = job.definition.quality
     thinking = job.definition.spec.thinking
     records = [with_checks(r, thinking, quality) for r in generated]
+    gated = judged(records)  # the live gate leaves transient failures to the repair rounds
     checks: Counter[str] = Counter()
-    for record in records:
+    for record in gated:
         checks.update(record.checks or ())
     data = encode_records(records)
     where = f"chunk {chunk} of job {job_id}"
@@ -182,16 +183,24 @@ def _store_chunk(
         "turns": sum(c.turns for c in each),
         "generations": sum(c.generations for c in each),
         "chunk_seconds": time.monotonic() - started,
-        **{f"check_{name}": n for name, n in checks.items()},
+        **{f"check_{name}": n for name, n in _all_checks(records).items()},
     }
     if retried(lambda: ctx.bookkeeping.complete(job_id, chunk, counters), "recording as done"):
-        record_chunk_and_judge(ctx.bookkeeping, job_id, len(records), checks, quality)
+        record_chunk_and_judge(ctx.bookkeeping, job_id, len(gated), checks, quality)
     return ChunkOutcome(
         Delivery.DONE, "", Cause.NONE, ok, len(records) - ok, tokens, time.monotonic() - started
     )
 
 
-def _collect(futures: list[Future[Record]]) -> list[Record]:
+def _all_checks(records: list[Record]) -> Counter[str]:
+    """How many records fail each check, transient failures included (the job's counters)."""
+    counts: Counter[str] = Counter()
+    for record in records:
+        counts.update(record.checks or ())
+    return counts
+
+
+def collect_records(futures: list[Future[Record]]) -> list[Record]:
     """Results in input order; on any failure, cancel what has not started and re-raise.
 
     A chunk that will not be stored must not keep the shared request pool busy.

@@ -5,7 +5,8 @@ one carries). :func:`start_conversation` puts a sample's first turn into the wor
 and each next turn as soon as the previous one returns, so the pool's slots stay busy while
 conversations advance; its future resolves to the sample's record when the conversation ends.
 A turn that fails, hits ``max_tokens`` or has no answer ends the conversation there (see
-:class:`~dflash_tasks.core.record.Record` for the outcomes): a record never has a hole.
+:class:`~dflash_tasks.core.record.Record` for the outcomes): a record never has a hole. A repair
+round continues a failed conversation: the turns it ``kept`` are not sent again.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
@@ -31,12 +32,21 @@ from workers.sglang_client import SGLangClient
 class Conversation:
     """One sample's progress: the turns answered so far, the next request, and the final record."""
 
-    def __init__(self, spec: GenerationSpec, sample: Sample, who: WorkerIdentity, rid_prefix: str) -> None:
+    def __init__(
+        self,
+        spec: GenerationSpec,
+        sample: Sample,
+        who: WorkerIdentity,
+        rid_prefix: str,
+        kept: Sequence[Turn] = (),
+        repair: int | None = None,
+    ) -> None:
         self.spec = spec
         self.sample = sample
         self.who = who
         self.inputs = turn_inputs(sample.messages, spec.turns)
-        self.turns: list[Turn] = []
+        self.turns: list[Turn] = list(kept)  # answered turns a repair round keeps
+        self.repair = repair
         self._rid_prefix = f"{rid_prefix}-L{sample.line}"
         self._started = time.monotonic()
 
@@ -57,7 +67,13 @@ class Conversation:
 
     def record(self) -> Record:
         return make_record(
-            self.spec, self.sample, self.who, self.turns, len(self.inputs), time.monotonic() - self._started
+            self.spec,
+            self.sample,
+            self.who,
+            self.turns,
+            len(self.inputs),
+            time.monotonic() - self._started,
+            self.repair,
         )
 
 
@@ -72,13 +88,17 @@ def start_conversation(
     *,
     listener: WorkerListener = NO_LISTENER,
     sleep: Callable[[float], None] = time.sleep,
+    kept: Sequence[Turn] = (),
+    repair: int | None = None,
 ) -> Future[Record]:
     """Run ``sample``'s turns through ``pool``, each queued when the previous one returns.
 
     The future holds the record, or the exception a turn raised. Cancelling it cancels the
-    turn waiting in the pool and sends no further turn.
+    turn waiting in the pool and sends no further turn. A repair round (``repair``, its number)
+    passes the answered turns it keeps (``kept``, complete ones): the conversation goes on from
+    the next turn.
     """
-    conversation = Conversation(spec, sample, who, rid_prefix)
+    conversation = Conversation(spec, sample, who, rid_prefix, kept, repair)
     send = functools.partial(generate_turn, sleep=sleep, listener=listener)
     result: Future[Record] = Future()
     lock = threading.Lock()

@@ -12,7 +12,7 @@ from dflash_tasks.core.errors import RetryableError, SampleRejected, ServerUnava
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.record import Record, Turn, Usage, outcome_of
 from dflash_tasks.core.sample import Sample
-from dflash_tasks.core.states import RecordStatus
+from dflash_tasks.core.states import FailureKind, RecordStatus
 from workers.listener import NO_LISTENER, WorkerListener
 from workers.sglang_client import Completion, ServerIdentity, SGLangClient
 
@@ -90,8 +90,9 @@ def generate_turn(
     """Send one turn (``messages``, of which ``added`` are new this turn) and return its turn record.
 
     Retryable failures are retried per ``policy``. A 400 fails only this turn. When retries run
-    out, the turn is recorded as failed if the server is healthy, and :class:`ServerUnavailable`
-    is raised if it is not (the chunk then goes back to the queue).
+    out, the turn is recorded as failed if the server is healthy (a transient failure, which a
+    repair round regenerates), and :class:`ServerUnavailable` is raised if it is not (the chunk
+    then goes back to the queue). A 400 is a permanent failure.
     """
     started = time.monotonic()
     last_error = ""
@@ -102,7 +103,9 @@ def generate_turn(
             return make_turn(added, completion, None, time.monotonic() - started, attempt)
         except SampleRejected as exc:
             listener.request_failed(exc, False)
-            return make_turn(added, None, str(exc), time.monotonic() - started, attempt)
+            return make_turn(
+                added, None, str(exc), time.monotonic() - started, attempt, FailureKind.PERMANENT
+            )
         except RetryableError as exc:
             last_error = str(exc)
             listener.request_failed(exc, attempt < policy.attempts)
@@ -116,6 +119,7 @@ def generate_turn(
         f"gave up after {policy.attempts} attempts: {last_error}",
         time.monotonic() - started,
         policy.attempts,
+        FailureKind.TRANSIENT,
     )
 
 
@@ -125,9 +129,11 @@ def make_turn(
     error: str | None,
     latency: float,
     attempts: int,
+    failure: FailureKind | None = None,
 ) -> Turn:
     """One turn of a record: the messages it added to the conversation, the model's answer, usage
-    and the per-request server numbers (``meta_info``, None when the server sent none)."""
+    and the per-request server numbers (``meta_info``, None when the server sent none); a failed
+    turn (no completion) says whether its ``failure`` may pass."""
     c = completion or _EMPTY
     return Turn(
         input=tuple(added),
@@ -138,6 +144,7 @@ def make_turn(
         meta_info=c.meta.as_record() if c.meta is not None else None,
         status=RecordStatus.OK if completion is not None else RecordStatus.FAILED,
         error=error,
+        failure=None if completion is not None else (failure or FailureKind.TRANSIENT),
         latency_s=round(latency, 3),
         attempts=attempts,
     )
@@ -150,9 +157,11 @@ def make_record(
     turns: Sequence[Turn],
     user_turns: int,
     latency: float,
+    repair: int | None = None,
 ) -> Record:
     """One output line: every turn of the sample's conversation, totals and provenance (see
-    :class:`~dflash_tasks.core.record.Record` for the outcomes)."""
+    :class:`~dflash_tasks.core.record.Record` for the outcomes); ``repair`` names the repair round
+    that regenerated it (its turns then include those kept from the record it replaces)."""
     last = turns[-1]
     outcome = outcome_of(turns, user_turns)
     error = last.error
@@ -166,6 +175,7 @@ def make_record(
         outcome=outcome,
         status=last.status,
         error=error,
+        failure=last.failure if not last.ok else None,
         failed_turn=len(turns) if not last.ok else None,
         finish_reason=last.finish_reason,
         usage=Usage.total(t.usage for t in turns),
@@ -176,4 +186,5 @@ def make_record(
         worker=who.worker,
         latency_s=round(latency, 3),
         attempts=sum(t.attempts for t in turns),
+        repair=repair,
     )

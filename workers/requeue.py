@@ -8,9 +8,10 @@ from celery import Celery
 from celery.exceptions import Reject
 
 from dflash_tasks.coord.planner import plan_job
-from dflash_tasks.coord.publish import publish_chunks
+from dflash_tasks.coord.publish import publish_chunks, publish_repairs
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import DflashError
+from dflash_tasks.core.repair import RepairUnit
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.progress_writer import job_needs_progress
@@ -36,12 +37,22 @@ class Requeuer:
                 raise
             return fallback
 
-    def requeue(self, job_id: str, chunk: int, countdown: float | None = None, fallback: str = "") -> str:
-        """Queue the chunk again on its model's queue (returned); if even that fails, reject the
-        delivery so the broker keeps it."""
+    def requeue(
+        self,
+        job_id: str,
+        chunk: int,
+        countdown: float | None = None,
+        fallback: str = "",
+        repair: RepairUnit | None = None,
+    ) -> str:
+        """Queue the chunk (or its ``repair`` round) again on its model's queue (returned); if even
+        that fails, reject the delivery so the broker keeps it."""
         try:
             queue = self.job_queue(job_id, fallback)
-            publish_chunks(self.app, job_id, [chunk], queue=queue, countdown=countdown)
+            if repair is not None:
+                publish_repairs(self.app, job_id, [repair], queue=queue, countdown=countdown)
+            else:
+                publish_chunks(self.app, job_id, [chunk], queue=queue, countdown=countdown)
             return queue
         except Exception as exc:
             log.error(

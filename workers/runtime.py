@@ -23,6 +23,7 @@ from dflash_tasks.core.errors import (
     ServerUnavailable,
     WrongModel,
 )
+from dflash_tasks.core.repair import RepairUnit
 from dflash_tasks.core.settings import WorkerSettings
 from dflash_tasks.core.states import Cause, Delivery
 from dflash_tasks.monitoring.metrics import PrometheusListener
@@ -37,6 +38,7 @@ from workers.generation import RetryPolicy, WorkerIdentity
 from workers.identity import ServerModel
 from workers.listener import Listeners, WorkerListener
 from workers.recovery.leases import LeaseKeeper, Reconciler
+from workers.repair_runner import run_repair
 from workers.requeue import Requeuer
 from workers.sglang_client import ServerIdentity, SGLangClient
 from workers.stats import FLUSH_SECONDS, StatsListener, WorkerMonitor, WorkerStats
@@ -154,9 +156,16 @@ class WorkerRuntime:
         for _, stop in reversed(self._loops()):
             stop()
 
-    def requeue(self, job_id: str, chunk: int, countdown: float | None = None, fallback: str = "") -> str:
+    def requeue(
+        self,
+        job_id: str,
+        chunk: int,
+        countdown: float | None = None,
+        fallback: str = "",
+        repair: RepairUnit | None = None,
+    ) -> str:
         """See :meth:`Requeuer.requeue`."""
-        return self.requeuer.requeue(job_id, chunk, countdown, fallback)
+        return self.requeuer.requeue(job_id, chunk, countdown, fallback, repair)
 
     def replan_job(self, job_id: str) -> list[int]:
         """See :meth:`Requeuer.replan_job`."""
@@ -172,7 +181,9 @@ class WorkerRuntime:
         """Chunks this worker is running now."""
         return self.held.count()
 
-    def _after_failure(self, job_id: str, chunk: int, exc: Exception, queue: str = "") -> dict[str, Any]:
+    def _after_failure(
+        self, job_id: str, chunk: int, exc: Exception, queue: str = "", repair: RepairUnit | None = None
+    ) -> dict[str, Any]:
         """Re-queue a chunk that failed on store or Redis trouble (or a bug), with a growing delay.
 
         A chunk failing with a permanent error ``max_chunk_failures`` times is parked instead:
@@ -191,7 +202,7 @@ class WorkerRuntime:
             except DflashError:
                 pass  # cannot park without Redis: keep retrying
         delay = float(min(600.0, self.settings.requeue_backoff * 2 ** (failures - 1)))
-        self.requeue(job_id, chunk, countdown=delay, fallback=queue)
+        self.requeue(job_id, chunk, countdown=delay, fallback=queue, repair=repair)
         log.log(
             logging.WARNING if isinstance(exc, RetryableError) else logging.ERROR,
             "chunk %d of job %s re-queued in %.0fs: %s",
@@ -203,23 +214,33 @@ class WorkerRuntime:
         )
         return delivery_result(Delivery.REQUEUED, reason, Cause.ERROR)
 
-    def handle_delivery(self, job_id: str, chunk: int, task_id: str, queue: str = "") -> dict[str, Any]:
-        """Run one delivered chunk message (taken from ``queue``); never raises for expected failures."""
+    def handle_delivery(
+        self, job_id: str, chunk: int, task_id: str, queue: str = "", repair: RepairUnit | None = None
+    ) -> dict[str, Any]:
+        """Run one delivered chunk message, or a chunk's ``repair`` round (taken from ``queue``);
+        never raises for expected failures."""
         if not self.health.healthy:  # not consuming any more; don't bounce it straight back here
-            self.requeue(job_id, chunk, countdown=self.settings.health_poll_seconds, fallback=queue)
+            self.requeue(
+                job_id, chunk, countdown=self.settings.health_poll_seconds, fallback=queue, repair=repair
+            )
             return delivery_result(Delivery.REQUEUED, "server unhealthy", Cause.SERVER_UNHEALTHY)
         owner = f"{self.hostname}/{task_id}/{uuid.uuid4().hex[:6]}"
         self.held.add(1)
         try:
-            outcome = run_chunk(self.ctx, job_id, chunk, owner)
+            if repair is None:
+                outcome = run_chunk(self.ctx, job_id, chunk, owner)
+            else:
+                outcome = run_repair(self.ctx, job_id, repair, owner)
         except WrongModel as exc:  # never generate another model's chunk: back to its model's queue
-            target = self.requeue(job_id, chunk, fallback=queue)
+            target = self.requeue(job_id, chunk, fallback=queue, repair=repair)
             log.warning(
                 "chunk %d of job %s (from queue %s) put on queue %s: %s", chunk, job_id, queue, target, exc
             )
             return delivery_result(Delivery.REROUTED, str(exc), Cause.WRONG_MODEL)
         except ServerUnavailable as exc:
-            self.requeue(job_id, chunk, fallback=queue)  # first: the chunk must not depend on the pause
+            self.requeue(
+                job_id, chunk, fallback=queue, repair=repair
+            )  # first: the chunk must not depend on the pause
             self.health.mark_down(str(exc))
             log.warning("chunk %d of job %s re-queued: %s", chunk, job_id, exc)
             return delivery_result(Delivery.REQUEUED, str(exc), Cause.SERVER_UNHEALTHY)
@@ -227,7 +248,7 @@ class WorkerRuntime:
             log.error("dropping chunk %d: %s", chunk, exc)
             return delivery_result(Delivery.DROPPED, str(exc), Cause.BAD_MESSAGE)
         except Exception as exc:  # store or Redis trouble, or a bug: never drop the chunk
-            return self._after_failure(job_id, chunk, exc, queue)
+            return self._after_failure(job_id, chunk, exc, queue, repair)
         finally:
             self.held.add(-1)
             self.prefetch.nudge()  # before the ack: it must not pull in a chunk nobody wants yet

@@ -32,6 +32,7 @@ class Bookkeeping:
         self._keys = Keys(prefix)
         self._acquire = load_script(client, "acquire_lease")
         self._complete = load_script(client, "complete_chunk")
+        self._complete_repair = load_script(client, "complete_repair")
         self._release = load_script(client, "release_lease")
         self._claim = load_script(client, "claim_expired_lease")
         self._renew = load_script(client, "renew_leases")
@@ -189,6 +190,16 @@ class Bookkeeping:
         keys = [self._k(job_id, w) for w in ("leases", "owners", "done", "stats")]
         with redis_errors("recording a finished chunk"):
             return bool(self._complete(keys=keys, args=args))
+
+    def complete_repair(self, job_id: str, chunk: int, round_: int, counters: Mapping[str, float]) -> bool:
+        """Record repair round ``round_`` of ``chunk`` as stored, release the chunk's lease, and add
+        ``counters`` (once per chunk and round). True on the first completion."""
+        args: list[Any] = [chunk, f"{chunk}:{round_}"]
+        for name, value in counters.items():
+            args += [name, value]
+        keys = [self._k(job_id, w) for w in ("leases", "owners", "repairs", "stats")]
+        with redis_errors("recording a repair round"):
+            return bool(self._complete_repair(keys=keys, args=args))
 
     def live_leases(self, job_id: str, now: float | None = None) -> dict[int, float]:
         """Running chunks: chunk -> lease expiry, for leases not yet expired."""

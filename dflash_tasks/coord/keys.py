@@ -8,6 +8,7 @@ Ours (``P`` the prefix, ``J`` a job id, ``W`` a worker's hostname, ``N`` a chunk
     P:job:J:leases          zset chunk -> lease expiry
     P:job:J:owners          hash chunk -> worker holding its lease
     P:job:J:done            set of chunks seen stored (a cache of the store)
+    P:job:J:repairs         set of "N:R": repair round R of chunk N stored (its counters moved)
     P:job:J:stats           hash of counters, moved once per chunk
     P:job:J:failures        hash chunk -> failures in a row
     P:job:J:parked          hash chunk -> why it was parked

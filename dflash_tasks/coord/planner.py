@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from celery import Celery
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
-from dflash_tasks.coord.publish import held_chunks, publish_chunks, queued_chunks
+from dflash_tasks.coord.publish import (
+    held_chunks,
+    held_repairs,
+    publish_chunks,
+    queued_chunks,
+    queued_repairs,
+)
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.store import Store
@@ -68,6 +74,17 @@ def plan_job(
         queued = frozenset(queued_chunks(bookkeeping.client, queue, job_id) | held)
     to_enqueue = tuple(c for c in range(chunks) if c not in done and c not in running and c not in queued)
     return Plan(chunks, done, running - done, queued - done - running, to_enqueue)
+
+
+def repairs_in_flight(
+    bookkeeping: Bookkeeping, queue: str, job_id: str, lease_grace: float = 60.0
+) -> set[int]:
+    """Chunks of ``job_id`` a repair round runs or waits for: a live lease (the chunk is stored, so a
+    lease is a repair's), or a repair message queued on ``queue`` or held by a live worker."""
+    busy = set(bookkeeping.live_leases(job_id))
+    busy |= {chunk for chunk, _ in queued_repairs(bookkeeping.client, queue, job_id)}
+    busy |= {chunk for chunk, _ in held_repairs(bookkeeping.client, job_id, time.time(), lease_grace)}
+    return busy
 
 
 def queue_missing(

@@ -1,7 +1,10 @@
 """Putting chunk messages on the queue, and finding which chunks are already queued.
 
 A message carries only ``(job_id, chunk)``; its task id ``<job>-<chunk>-<nonce>`` makes the
-broker's queue readable without decoding message bodies.
+broker's queue readable without decoding message bodies. A repair round's message carries
+``(job_id, chunk, round, permanent, max_tokens)`` (:class:`~dflash_tasks.core.repair.RepairUnit`;
+``max_tokens`` 0 when the job has no truncated-repair budget) under the
+task id ``<job>-<chunk>-r<round>-<nonce>``, which the chunk readers here never mistake for a chunk.
 """
 
 from __future__ import annotations
@@ -19,10 +22,26 @@ from celery import Celery
 from dflash_tasks.coord.celery_app import TASK_NAME
 from dflash_tasks.coord.keys import UNACKED, UNACKED_INDEX
 from dflash_tasks.core.errors import RetryableError
+from dflash_tasks.core.repair import RepairUnit
 
 
 def task_id(job_id: str, chunk: int) -> str:
     return f"{job_id}-{chunk:06d}-{uuid.uuid4().hex[:8]}"
+
+
+def repair_task_id(job_id: str, unit: RepairUnit) -> str:
+    return f"{job_id}-{unit.chunk:06d}-r{unit.round}-{uuid.uuid4().hex[:8]}"
+
+
+def parse_repair_task_id(tid: str) -> tuple[str, int, int] | None:
+    """(job id, chunk, round) of a task id made by :func:`repair_task_id`, else None."""
+    parts = tid.split("-")
+    if len(parts) != 4 or not (parts[1].isascii() and parts[1].isdigit()):
+        return None
+    round_ = parts[2][1:]
+    if parts[2][:1] != "r" or not (round_.isascii() and round_.isdigit()):
+        return None
+    return parts[0], int(parts[1]), int(round_)
 
 
 def parse_task_id(tid: str) -> tuple[str, int] | None:
@@ -67,6 +86,16 @@ def unacked_deliveries(client: redis.Redis) -> list[Delivery]:
             tid = str(headers.get("id") or "")
             found.append(Delivery(tag.decode(), tid, float(delivered_at), _timestamp(headers.get("eta"))))
     return found
+
+
+def held_repairs(client: redis.Redis, job_id: str, now: float, grace: float) -> set[tuple[int, int]]:
+    """(chunk, round) of the repair messages of ``job_id`` held by live workers (see :func:`held_chunks`)."""
+    held: set[tuple[int, int]] = set()
+    for delivery in unacked_deliveries(client):
+        parsed = parse_repair_task_id(delivery.task_id)
+        if parsed is not None and parsed[0] == job_id and not delivery.stale(now, grace):
+            held.add((parsed[1], parsed[2]))
+    return held
 
 
 def held_chunks(client: redis.Redis, job_id: str, now: float, grace: float) -> set[int]:
@@ -139,6 +168,32 @@ def publish_chunks(
     return sent
 
 
+def publish_repairs(
+    app: Celery, job_id: str, units: Iterable[RepairUnit], *, queue: str, countdown: float | None = None
+) -> int:
+    """Queue one repair message per unit on ``queue`` (the job's model queue); returns how many."""
+    sent = 0
+    try:
+        with app.producer_or_acquire() as producer:
+            for unit in units:
+                app.send_task(
+                    TASK_NAME,
+                    args=(job_id, unit.chunk, unit.round, unit.permanent, unit.max_tokens or 0),
+                    task_id=repair_task_id(job_id, unit),
+                    producer=producer,
+                    queue=queue,
+                    countdown=countdown,
+                )
+                sent += 1
+    except (OSError, redis.RedisError) as exc:
+        raise RetryableError(f"cannot publish to the broker after {sent} repair rounds: {exc}") from exc
+    except Exception as exc:  # kombu wraps connection failures in its own OperationalError
+        if type(exc).__name__ == "OperationalError":
+            raise RetryableError(f"cannot publish to the broker after {sent} repair rounds: {exc}") from exc
+        raise
+    return sent
+
+
 def _send(
     app: Celery, producer: Any, job_id: str, chunk: int, queue: str, countdown: float | None, **options: Any
 ) -> None:
@@ -155,8 +210,26 @@ def _send(
 
 def queued_chunks(client: redis.Redis, queue: str, job_id: str, page: int = 2000) -> set[int]:
     """Chunks of ``job_id`` whose messages wait in the broker queue (read page by page)."""
-    prefix = job_id + "-"
     found: set[int] = set()
+    for tid in _queued_task_ids(client, queue, job_id + "-", page):
+        parsed = parse_task_id(tid)
+        if parsed is not None and parsed[0] == job_id:
+            found.add(parsed[1])
+    return found
+
+
+def queued_repairs(client: redis.Redis, queue: str, job_id: str, page: int = 2000) -> set[tuple[int, int]]:
+    """(chunk, round) of the repair messages of ``job_id`` waiting in the broker queue."""
+    found: set[tuple[int, int]] = set()
+    for tid in _queued_task_ids(client, queue, job_id + "-", page):
+        parsed = parse_repair_task_id(tid)
+        if parsed is not None and parsed[0] == job_id:
+            found.add((parsed[1], parsed[2]))
+    return found
+
+
+def _queued_task_ids(client: redis.Redis, queue: str, prefix: str, page: int) -> Iterable[str]:
+    """The task ids starting with ``prefix`` of the messages waiting in ``queue``, page by page."""
     start = 0
     while True:
         try:
@@ -166,11 +239,9 @@ def queued_chunks(client: redis.Redis, queue: str, job_id: str, page: int = 2000
         for raw in batch:
             tid = _message_task_id(raw)
             if tid.startswith(prefix):
-                chunk = tid[len(prefix) :].split("-", 1)[0]
-                if chunk.isdigit():
-                    found.add(int(chunk))
+                yield tid
         if len(batch) < page:
-            return found
+            return
         start += page
 
 

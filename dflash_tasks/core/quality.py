@@ -132,6 +132,15 @@ def with_checks(record: Record, thinking: bool, settings: QualitySettings) -> Re
     return replace(record, turns=turns, checks=tuple(check for check in CHECKS if check in found))
 
 
+def judged(records: Iterable[Record]) -> list[Record]:
+    """The records the gates judge: all but those failed by a passing cause.
+
+    A transient failure (a burst of 5xx, a timeout) says nothing about the data and is regenerated
+    by a repair round; a server that keeps failing is the worker's health gate's business.
+    """
+    return [r for r in records if not r.transient]
+
+
 def count_checks(records: Iterable[Record]) -> tuple[int, Counter[str]]:
     """(number of records, how many failed each check) from records carrying ``checks``."""
     total = 0

@@ -2,13 +2,14 @@
 
 A :class:`Record` holds every :class:`Turn` of a sample's conversation, totals and provenance::
 
-    {"id", "line", "user_turns", "turns": [TURN, ...], "outcome", "status", "error", "failed_turn",
-     "finish_reason", "usage", "model", "server", "sampling", "endpoint", "worker", "latency_s",
-     "attempts", "checks"}
+    {"id", "line", "user_turns", "turns": [TURN, ...], "outcome", "status", "error", "failure",
+     "failed_turn", "finish_reason", "usage", "model", "server", "sampling", "endpoint", "worker",
+     "latency_s", "attempts", "repair", "checks"}
     TURN = {"input", "reasoning", "content", "finish_reason", "usage", "meta_info", "status", "error",
-            "latency_s", "attempts", "checks"}
+            "failure", "latency_s", "attempts", "checks"}
 
-:meth:`Record.to_json` writes exactly these keys in this order (``checks`` only once the quality
+:meth:`Record.to_json` writes exactly these keys in this order (``failure`` only on a failed turn
+and record, ``repair`` only on a record a repair round wrote, ``checks`` only once the quality
 checks ran), as ``json.dumps(..., ensure_ascii=False)`` does; :func:`encode_records` is the chunk
 file. :meth:`Record.from_json` reads a stored line back and validates it, raising
 :class:`~dflash_tasks.core.errors.BadRecord` that names the wrong field.
@@ -17,7 +18,9 @@ Reading is lenient where older writers were different, strict where a value is w
 
 * Only ``id`` is required. A key an older writer did not write reads as the default named on the
   field (``status`` as ``failed``: a record that does not say it is ok is not); ``outcome``,
-  ``failed_turn`` and ``user_turns`` are then worked out from the turns as the worker does.
+  ``failed_turn`` and ``user_turns`` are then worked out from the turns as the worker does. A
+  failed record without ``failure`` reads as None, which :attr:`Record.transient` counts as
+  transient (a repair round finds out).
 * A record without ``turns`` was written before multi-turn support: its one turn is spread over
   the record itself (``messages``, ``reasoning``, ``content``, ``meta_info`` and the fields both
   have) and reads as one :class:`Turn`. Re-encoding such a record writes today's shape.
@@ -40,7 +43,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dflash_tasks.core.errors import BadRecord
-from dflash_tasks.core.states import Outcome, RecordStatus
+from dflash_tasks.core.states import FailureKind, Outcome, RecordStatus
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False)
 
@@ -85,6 +88,7 @@ class Turn:
     meta_info: Mapping[str, Any] | None = None  # the server's per-request numbers, as received
     status: RecordStatus
     error: str | None = None
+    failure: FailureKind | None = None  # whether a failed turn may pass; None when ok
     latency_s: float = 0.0
     attempts: int = 0
     checks: tuple[str, ...] | None = None  # the quality checks it fails; None before they ran
@@ -104,9 +108,11 @@ class Turn:
             "meta_info": self.meta_info,
             "status": self.status.value,
             "error": self.error,
-            "latency_s": self.latency_s,
-            "attempts": self.attempts,
         }
+        if self.failure is not None:
+            doc["failure"] = self.failure.value
+        doc["latency_s"] = self.latency_s
+        doc["attempts"] = self.attempts
         return _with_checks_and_extra(doc, self.checks, self.extra)
 
 
@@ -139,6 +145,7 @@ class Record:
     outcome: Outcome
     status: RecordStatus  # of the last turn
     error: str | None = None
+    failure: FailureKind | None = None  # of the failed turn; None when ok
     failed_turn: int | None = None  # 1-based
     finish_reason: str | None = None  # of the last turn
     usage: Usage = Usage()  # summed over the turns
@@ -149,12 +156,18 @@ class Record:
     worker: str | None = None
     latency_s: float = 0.0
     attempts: int = 0  # summed over the turns
+    repair: int | None = None  # the repair round that wrote it; None: the chunk's first pass
     checks: tuple[str, ...] | None = None  # the union of the turns' checks; None before they ran
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this code does not know, as read
 
     @property
     def ok(self) -> bool:
         return self.status is RecordStatus.OK
+
+    @property
+    def transient(self) -> bool:
+        """Failed by a cause that may pass (or by one an older writer did not name): repairable."""
+        return not self.ok and self.failure is not FailureKind.PERMANENT
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a plain dict: today's keys, in today's order (see the module docstring)."""
@@ -166,6 +179,10 @@ class Record:
             "outcome": self.outcome.value,
             "status": self.status.value,
             "error": self.error,
+        }
+        if self.failure is not None:
+            doc["failure"] = self.failure.value
+        doc |= {
             "failed_turn": self.failed_turn,
             "finish_reason": self.finish_reason,
             "usage": self.usage.to_dict(),
@@ -177,6 +194,8 @@ class Record:
             "latency_s": self.latency_s,
             "attempts": self.attempts,
         }
+        if self.repair is not None:
+            doc["repair"] = self.repair
         return _with_checks_and_extra(doc, self.checks, self.extra)
 
     def to_json(self) -> str:
@@ -289,6 +308,16 @@ def _status(doc: Mapping[str, Any], path: str) -> RecordStatus:
         raise _wrong(path + "status", "'ok' or 'failed'", value) from None
 
 
+def _failure(doc: Mapping[str, Any], path: str) -> FailureKind | None:
+    value = doc.get("failure")
+    if value is None:
+        return None
+    try:
+        return FailureKind(value)
+    except ValueError:
+        raise _wrong(path + "failure", "'permanent' or 'transient'", value) from None
+
+
 def _checks(doc: Mapping[str, Any], path: str) -> tuple[str, ...] | None:
     value = doc.get("checks")
     if value is None:
@@ -342,6 +371,7 @@ def _turn(doc: Any, path: str, inputs_key: str, known: frozenset[str]) -> Turn:
         meta_info=_mapping(doc, "meta_info", path),
         status=_status(doc, path),
         error=_str(doc, "error", path),
+        failure=_failure(doc, path),
         latency_s=_float(doc, "latency_s", path),
         attempts=_int(doc, "attempts", path) or 0,
         checks=_checks(doc, path),
@@ -384,6 +414,7 @@ def _record(doc: Any) -> Record:
         outcome=outcome,
         status=_status(doc, ""),
         error=_str(doc, "error", ""),
+        failure=_failure(doc, ""),
         failed_turn=failed_turn,
         finish_reason=_str(doc, "finish_reason", ""),
         usage=_usage(doc, ""),
@@ -394,6 +425,7 @@ def _record(doc: Any) -> Record:
         worker=_str(doc, "worker", ""),
         latency_s=_float(doc, "latency_s", ""),
         attempts=_int(doc, "attempts", "") or 0,
+        repair=_int(doc, "repair", ""),
         checks=_checks(doc, ""),
         extra=_extra(doc, known),
     )

@@ -145,9 +145,22 @@ class ProgressSettings(CommonSettings):
 
 @dataclass(frozen=True, slots=True)
 class ProducerSettings(ProgressSettings):
-    """The producer: staging, queueing and resuming jobs. It has no variables of its own."""
+    """The producer: staging, queueing, repairing and resuming jobs."""
 
     COMMANDS: ClassVar[tuple[str, ...]] = ("dflash_tasks.enqueue", "dflash_tasks.resume")
+
+    # --- repair rounds ---
+    #: Repair rounds ``enqueue --wait`` runs once every chunk is stored, each regenerating the
+    #: samples that failed by a passing cause (a re-run of enqueue queues one more); 0: none.
+    repair_rounds: int = 3
+    #: Pause before each repair round of ``enqueue --wait`` (s), so that a passing fault has passed.
+    repair_spacing_seconds: float = 60.0
+
+    def _check_own(self) -> None:
+        if self.repair_rounds < 0:
+            raise ConfigError(f"repair_rounds must be >= 0, got {self.repair_rounds}")
+        if not self.repair_spacing_seconds >= 0:
+            raise ConfigError(f"repair_spacing_seconds must be >= 0, got {self.repair_spacing_seconds}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,8 @@
   on the error it raises, the metrics label retries with it.
 * :class:`RecordStatus` and :class:`Outcome`: whether a turn or sample was answered, and how its
   conversation ended; fields of an output record (:mod:`dflash_tasks.core.record`).
+* :class:`FailureKind`: whether a failed turn or sample may pass (a repair round regenerates it)
+  or not; the ``failure`` field of an output record.
 """
 
 from __future__ import annotations
@@ -88,3 +90,14 @@ class Outcome(StrEnum):
     COMPLETE = "complete"  # every turn answered
     TRUNCATED = "truncated"  # the last turn hit max_tokens or has no answer: the conversation stopped there
     FAILED = "failed"  # the last turn failed (``failed_turn`` names it)
+
+
+class FailureKind(StrEnum):
+    """Whether a failure may pass (``failure`` of a failed turn and of its record).
+
+    A record that failed before the field existed has none; readers treat it as transient
+    (:attr:`dflash_tasks.core.record.Record.transient`): a repair round finds out.
+    """
+
+    PERMANENT = "permanent"  # the server refused the request (HTTP 400: too long, bad values)
+    TRANSIENT = "transient"  # 5xx, 503, timeout, connection reset, abort, a truncated body

@@ -214,7 +214,8 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
             "total": snap.total_samples,
             "done": snap.done_samples,
             "ok": max(0, snap.done_samples - failed),
-            "failed": failed,
+            "failed": failed,  # the current records: a repaired sample counts as ok
+            "repaired": int(snap.stats.get("samples_repaired", 0.0)),
             "remaining": remaining,
             "invalid_lines": snap.invalid_lines,
         },

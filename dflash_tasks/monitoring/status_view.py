@@ -90,7 +90,9 @@ def summary_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [
         (
             "samples",
-            f"{s['done']:,} done ({s['failed']:,} failed) | {s['remaining']:,} left"
+            f"{s['done']:,} done ({s['failed']:,} failed"
+            + (f", {s['repaired']:,} repaired" if s.get("repaired") else "")
+            + f") | {s['remaining']:,} left"
             f" | {s['invalid_lines']:,} invalid input lines",
         )
     ]

@@ -2,7 +2,10 @@
 
 Re-running the same command resumes the job: finished chunks are skipped (the store is the
 truth), chunks already queued or running are not queued twice, and chunks lost with a crashed
-worker or a wiped Redis are queued again. A new job first runs a preflight sample through the
+worker or a wiped Redis are queued again. Once every chunk is stored, a re-run queues a repair
+round for the samples a passing fault failed (``--retry-failed``: every failed sample); with
+``--wait`` the producer runs up to ``repair_rounds`` of them by itself
+(:mod:`dflash_tasks.producer.repair`). A new job first runs a preflight sample through the
 quality gates (``--preflight N``, ``--no-preflight``).
 """
 
@@ -25,24 +28,21 @@ from dflash_tasks.coord.planner import Plan, plan_job, queue_missing
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import ConfigError, DflashError
 from dflash_tasks.core.job import (
-    HISTORY_REASONING,
     JOB_KEY,
-    TURNS_MODES,
-    GenerationSpec,
+    Amendment,
     JobDefinition,
     Manifest,
     check_same_job,
     output_key,
 )
 from dflash_tasks.core.loss_tokens import load_tokenizer
-from dflash_tasks.core.model_name import check_model_name
-from dflash_tasks.core.quality import GATES, QualitySettings
 from dflash_tasks.core.settings import CommonSettings, ProducerSettings, WorkerSettings
 from dflash_tasks.core.states import JobState
 from dflash_tasks.core.trainable import TRAINABLE_KEY, trainable_doc
-from dflash_tasks.core.trainer_view import add_trainer_flags, view_from_args
+from dflash_tasks.core.trainer_view import view_from_args
 from dflash_tasks.monitoring.fleet import capacity, live_fleet
 from dflash_tasks.monitoring.progress_writer import record_gpu_price
+from dflash_tasks.producer.enqueue_args import build_parser, quality_from_args, spec_from_args
 from dflash_tasks.producer.inputs import input_fingerprint, summarize_invalid
 from dflash_tasks.producer.preflight import (
     PREFLIGHT_KEY,
@@ -52,6 +52,7 @@ from dflash_tasks.producer.preflight import (
     wait_for_chunks,
     wait_for_leases,
 )
+from dflash_tasks.producer.repair import RepairPlan, describe, queue_repairs, repair_after_wait
 from dflash_tasks.producer.serving import ServingWatch
 from dflash_tasks.producer.staging import stage_input
 from dflash_tasks.producer.waiting import wait_for_job
@@ -63,129 +64,6 @@ log = logging.getLogger("dflash_tasks.producer.enqueue")
 EXIT_PREFLIGHT_FAILED = 3
 
 
-#: GenerationSpec's defaults, which the flags show and use.
-_SPEC_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in dataclasses.fields(GenerationSpec) if f.default is not dataclasses.MISSING
-}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dflash_tasks.enqueue", description=__doc__.splitlines()[0])
-    p.add_argument("--input", required=True, help="prompts JSONL (.jsonl or .jsonl.gz)")
-    p.add_argument("--output", required=True, help="output root: a directory or s3://bucket/prefix")
-    p.add_argument(
-        "--s3-endpoint-url", help="S3-compatible endpoint for s3:// outputs [DFLASH_S3_ENDPOINT_URL]"
-    )
-    p.add_argument(
-        "--model", help="the model's served name or the last part of its path, e.g. Qwen3-8B (required)"
-    )
-    spec = _SPEC_DEFAULTS  # the job spec holds the only defaults
-    p.add_argument("--max-tokens", type=int, default=spec["max_tokens"], help="default %(default)s")
-    p.add_argument("--temperature", type=float, default=spec["temperature"], help="default %(default)s")
-    p.add_argument("--top-p", type=float, default=spec["top_p"], help="default %(default)s")
-    p.add_argument("--top-k", type=int, default=spec["top_k"], help="default %(default)s")
-    p.add_argument("--no-thinking", action="store_true", help="generate without thinking mode")
-    p.add_argument(
-        "--chunk-size", type=int, default=spec["chunk_size"], help="prompts per task (default %(default)s)"
-    )
-    p.add_argument(
-        "--turns",
-        choices=TURNS_MODES,
-        default=spec["turns"],
-        help="all (default): regenerate every assistant turn in order from the model's own answers; "
-        "last: send the source's history as is and regenerate the last turn only",
-    )
-    p.add_argument(
-        "--history-reasoning",
-        choices=HISTORY_REASONING,
-        default=spec["history_reasoning"],
-        help="drop (default): a turn's request carries the earlier answers only; keep: their reasoning "
-        "too, rendered with preserve_thinking (Qwen3.6), and so counted in the loss tokens",
-    )
-    p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
-    p.add_argument("--queue", help="base queue name; chunks go to <base>.<model key> [DFLASH_QUEUE]")
-    p.add_argument("--wait", action="store_true", help="show a progress bar until the job is finished")
-    p.add_argument(
-        "--wait-replan-seconds",
-        "--replan-seconds",  # the old name, still accepted
-        dest="wait_replan_seconds",
-        type=float,
-        default=60.0,
-        help="with --wait: re-plan from the store this often (default 60)",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
-    p.add_argument("--dry-run", action="store_true", help="plan and print; write and queue nothing")
-    q = p.add_argument_group("quality")
-    q.add_argument(
-        "--preflight", type=int, default=200, metavar="N", help="preflight sample size (default 200)"
-    )
-    q.add_argument("--no-preflight", action="store_true", help="queue the whole job at once")
-    q.add_argument(
-        "--preflight-timeout", type=float, default=3600.0, help="seconds to wait for the preflight"
-    )
-    q.add_argument("--gpu-hour-usd", type=float, help="price of one GPU-hour, for cost projections")
-    q.add_argument(
-        "--min-completion-tokens", type=int, help="flag completions shorter than this (default 32)"
-    )
-    q.add_argument(
-        "--max-share",
-        action="append",
-        default=[],
-        metavar="CHECK=SHARE",
-        help=f"gate threshold per check, e.g. no_reasoning=0.05; checks: {', '.join(GATES)}",
-    )
-    q.add_argument(
-        "--min-loss-tokens",
-        type=int,
-        help="a row with fewer loss tokens counts toward the few_loss_tokens gate (default 64)",
-    )
-    add_trainer_flags(p)
-    return p
-
-
-def spec_from_args(args: argparse.Namespace) -> GenerationSpec:
-    check_model_name(args.model or "")
-    checks = [
-        (args.max_tokens >= 1, f"--max-tokens must be >= 1, got {args.max_tokens}"),
-        (args.temperature >= 0, f"--temperature must be >= 0, got {args.temperature}"),
-        (0 < args.top_p <= 1, f"--top-p must be in (0, 1], got {args.top_p}"),
-        (args.top_k == -1 or args.top_k >= 1, f"--top-k must be -1 or >= 1, got {args.top_k}"),
-        (args.chunk_size >= 1, f"--chunk-size must be >= 1, got {args.chunk_size}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
-    return GenerationSpec(
-        model=args.model,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        thinking=not args.no_thinking,
-        chunk_size=args.chunk_size,
-        turns=args.turns,
-        history_reasoning=args.history_reasoning,
-    )
-
-
-def quality_from_args(args: argparse.Namespace) -> QualitySettings:
-    base = QualitySettings()
-    shares = dict(base.max_share)
-    for item in args.max_share:
-        name, sep, value = item.partition("=")
-        if not sep or name not in GATES:
-            raise ConfigError(
-                f"--max-share {item!r}: expected CHECK=SHARE with CHECK one of {', '.join(GATES)}"
-            )
-        try:
-            shares[name] = float(value)
-        except ValueError:
-            raise ConfigError(f"--max-share {item!r}: {value!r} is not a number") from None
-    minimum = base.min_completion_tokens if args.min_completion_tokens is None else args.min_completion_tokens
-    loss = base.min_loss_tokens if args.min_loss_tokens is None else args.min_loss_tokens
-    return QualitySettings(min_completion_tokens=minimum, max_share=shares, min_loss_tokens=loss)
-
-
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
     job: JobDefinition
@@ -193,8 +71,10 @@ class EnqueueResult:
     plan: Plan
     enqueued: int
     output: str
+    repair: RepairPlan | None = None  # the repair round queued, once every chunk is stored
 
     def summary(self) -> dict[str, Any]:
+        repair = self.repair
         return {
             "job_id": self.job.job_id,
             "output": self.output,
@@ -208,6 +88,11 @@ class EnqueueResult:
             "chunks_running": len(self.plan.running),
             "chunks_queued_before": len(self.plan.queued),
             "chunks_enqueued": self.enqueued,
+            "repair_samples": 0 if repair is None else repair.samples,
+            "repair_chunks_queued": 0 if repair is None else len(repair.to_queue),
+            "failed_permanent": 0 if repair is None else repair.failed_permanent,
+            "repair_truncated_samples": 0 if repair is None else repair.truncated,
+            "repair_max_tokens": self.job.repair_max_tokens,
         }
 
 
@@ -224,8 +109,24 @@ def celery_app(settings: CommonSettings) -> Celery:
 def prepare(
     args: argparse.Namespace, settings: CommonSettings | None = None
 ) -> tuple[JobDefinition, Store, JobDefinition | None, Manifest | None]:
-    """Define the job and check it against what the output root already holds."""
+    """Define the job and check it against what the output root already holds.
+
+    With ``--repair-truncated``, ``--max-tokens`` is the budget for the truncated samples, not the
+    job's: the job keeps its own, and gets an amendment naming the new one.
+    """
     spec = spec_from_args(args)
+    store = open_store(args.output, settings)
+    existing = load_job(store)
+    budget = None
+    if args.repair_truncated:
+        if existing is None:
+            raise ConfigError(f"--repair-truncated: {args.output} holds no job yet; run the job first")
+        budget, spec = args.max_tokens, dataclasses.replace(spec, max_tokens=existing.spec.max_tokens)
+        if budget <= existing.spec.max_tokens:
+            raise ConfigError(
+                f"--repair-truncated --max-tokens {budget}: the job's samples were generated with "
+                f"max_tokens {existing.spec.max_tokens}; give a larger budget"
+            )
     wanted = JobDefinition.create(
         input_fingerprint(args.input),
         os.path.basename(args.input),
@@ -233,11 +134,12 @@ def prepare(
         quality_from_args(args),
         view_from_args(args),
     )
-    store = open_store(args.output, settings)
-    existing = load_job(store)
     if existing is not None:
         check_same_job(existing, wanted, args.output)
-    return (existing or wanted), store, existing, load_manifest(store)
+    job = existing or wanted
+    if budget is not None and job.repair_max_tokens != budget:
+        job = dataclasses.replace(job, amendments=(*job.amendments, Amendment(budget, round(time.time(), 3))))
+    return job, store, existing, load_manifest(store)
 
 
 def enqueue(args: argparse.Namespace, settings: ProducerSettings) -> EnqueueResult:
@@ -257,7 +159,7 @@ def enqueue(args: argparse.Namespace, settings: ProducerSettings) -> EnqueueResu
     if (tokenizer := view_from_args(args, job.trainer).tokenizer) is not None:
         load_tokenizer(tokenizer)  # ... or the trainer's tokenizer cannot be read
     store.check_writable()  # ... or the store cannot be written (no bucket, access denied, read-only)
-    if existing is None:
+    if existing is None or job != existing:  # a new job, or an amendment to it
         store.write(JOB_KEY, job.to_json())
     if manifest is None:
         report = stage_input(args.input, store, job.job_id, job.spec.chunk_size, job.spec.turns)
@@ -272,9 +174,12 @@ def enqueue(args: argparse.Namespace, settings: ProducerSettings) -> EnqueueResu
     if not args.no_preflight and args.preflight > 0 and not store.exists(PREFLIGHT_KEY):
         run_preflight(args, settings, job, manifest, store, bk, app)
     plan, sent = queue_missing(store, bk, app, settings, job.job_id, manifest.chunks, job.spec.model)
-    if not args.wait:  # --wait watches this itself
+    repair = None
+    if not args.wait:  # --wait watches this itself, and runs the repair rounds once the chunks are in
+        if len(plan.done) >= manifest.chunks:
+            repair = queue_repairs(store, manifest, bk, app, settings, job, permanent=args.retry_failed)
         ServingWatch(bk, job.spec.model).poll()
-    return EnqueueResult(job, manifest, plan, sent, args.output)
+    return EnqueueResult(job, manifest, plan, sent, args.output, repair)
 
 
 def run_preflight(
@@ -363,6 +268,14 @@ def print_summary(result: EnqueueResult, dry_run: bool) -> None:
         f"{s['chunks_queued_before']:,} | {verb} {count:,}",
         file=sys.stderr,
     )
+    repair = result.repair
+    if repair is not None and repair.pending:
+        running = len(repair.pending) - len(repair.to_queue)
+        print(
+            f"  repair: {describe(repair)} in {len(repair.pending):,} chunks"
+            f" | queued {len(repair.to_queue):,} rounds" + (f" | {running:,} running" if running else ""),
+            file=sys.stderr,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -379,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.wait and not args.dry_run
             else True
         )
+        if args.wait and not args.dry_run and finished:
+            left = repair_after_wait(result.job, result.manifest, result.output, settings, args.retry_failed)
+            result = dataclasses.replace(result, repair=left)
     except PreflightFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_PREFLIGHT_FAILED

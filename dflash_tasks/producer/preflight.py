@@ -20,12 +20,19 @@ from typing import Any
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.core.distribution import describe
 from dflash_tasks.core.job import Manifest, output_key
-from dflash_tasks.core.quality import CHECKS, GateFailure, QualitySettings, count_checks, evaluate_gates
-from dflash_tasks.core.record import decode_records
+from dflash_tasks.core.quality import (
+    CHECKS,
+    GateFailure,
+    QualitySettings,
+    count_checks,
+    evaluate_gates,
+    judged,
+)
 from dflash_tasks.core.trainable import TrainableSummary, TrainableTally
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.monitoring.progress_bar import format_duration
 from dflash_tasks.store import Store
+from dflash_tasks.store.records import read_current
 
 PREFLIGHT_KEY = "preflight.json"
 
@@ -162,16 +169,15 @@ def judge(
     thinking: bool = True,
     preserve_thinking: bool = False,
 ) -> PreflightReport:
-    """Read the preflight chunks' records and apply the gates; ``remaining`` counts turns.
+    """Read the preflight chunks' records (their current ones: repairs included) and apply the
+    gates to all but transient failures, which repair rounds regenerate; ``remaining`` counts turns.
 
     With ``trainer``, the ok records' loss tokens are counted under the model's chat template
     (when a tokenizer is at hand) and judged by the ``few_loss_tokens`` and
     ``truncated_by_trainer`` gates.
     """
-    records = [
-        r for chunk in chunks for r in decode_records(store.read(output_key(chunk)), output_key(chunk))
-    ]
-    total, counts = count_checks(records)
+    records = [r for chunk in chunks for r in read_current(store, chunk)]
+    total, counts = count_checks(judged(records))
     failures = evaluate_gates(total, counts, settings)
     trainable, note = None, ""
     if trainer is not None:

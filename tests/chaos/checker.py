@@ -45,7 +45,9 @@ class Result:
     lost: int = 0
     duplicated: int = 0
     unexpected: int = 0
-    failed_records: int = 0
+    failed_records: int = 0  # current records (after the repair rounds) that failed
+    repaired: int = 0  # samples a repair round regenerated into an ok record
+    transient_left: int = 0  # samples left failed by a transient fault after the repair rounds
     invalid_lines: int = 0
     requests_served: int = 0
     wasted_requests: int = 0
@@ -76,6 +78,8 @@ class Result:
             f"{self.faults_injected} faults injected ({self.faults_skipped} skipped), "
             f"{self.samples_expected:,} samples expected, {self.stored_once:,} stored once, "
             f"{self.lost} lost, {self.duplicated} duplicated, {self.wasted_requests:,} wasted requests, "
+            f"{self.repaired} repaired, samples left failed by a transient fault after repair: "
+            f"{self.transient_left}, "
             f"worst recovery {worst}; done {done} after the last fault (bound {self.bound_s:.0f} s): "
             + verdict
         )
@@ -87,6 +91,13 @@ class Result:
 
 
 account = account_ids  # every sample stored once: the same count as the single-fault suite
+
+
+def repair_counts(records: list[dict[str, Any]]) -> tuple[int, int]:
+    """(repaired, left failed by a transient fault) among the current records."""
+    repaired = sum(1 for r in records if r.get("status") == "ok" and r.get("repair") is not None)
+    left = sum(1 for r in records if r.get("status") != "ok" and r.get("failure") != "permanent")
+    return repaired, left
 
 
 def verify_and_export(
@@ -218,9 +229,10 @@ def write_artifacts(result: Result, folder: Any) -> tuple[Any, Any]:
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = (
         "| run | faults injected | max at once | samples expected | stored once | lost | duplicated "
-        "| failed records | wasted requests | worst recovery (s) | done after last fault (s) | result |"
+        "| failed records | repaired | wasted requests | worst recovery (s) | done after last fault (s) "
+        "| result |"
     )
-    lines = [head, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+    lines = [head, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for r in rows:
         worst = (
             "-" if r["worst_recovery_s"] is None else f"{r['worst_recovery_s']:.1f} ({r['worst_recovery']})"
@@ -230,6 +242,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['label']} | {r['faults_injected']} | {r['max_overlap']} | {r['samples_expected']:,} "
             f"| {r['stored_once']:,} | {r['lost']} | {r['duplicated']} | {r['failed_records']} "
-            f"| {r['wasted_requests']:,} | {worst} | {done} (bound {r['bound_s']:.0f}) | {verdict} |"
+            f"| {r.get('repaired', 0)} | {r['wasted_requests']:,} | {worst} "
+            f"| {done} (bound {r['bound_s']:.0f}) | {verdict} |"
         )
     return "\n".join(lines)

@@ -33,7 +33,7 @@ from dflash_tasks.coord.keys import Keys
 from dflash_tasks.coord.publish import queued_chunks
 from dflash_tasks.core.job import Manifest
 from tests.chaos.cluster import Node
-from tests.chaos.services import Blob, Output, blob
+from tests.chaos.services import Blob, Output, blob, is_repair_file
 from tests.helpers import REPO
 
 
@@ -246,6 +246,9 @@ class Recorder(threading.Thread):
             first = self.first.get(name)
             if first is None:
                 self.first[name] = seen
+                if is_repair_file(name):  # a repair round's write-once file: checked like a chunk's
+                    self.h.record("repair_stored", chunk=name, digest=seen.digest, records=seen.records)
+                    continue
                 self.last_stored_at = self.h.now()
                 self.h.record("chunk_stored", chunk=name, digest=seen.digest, records=seen.records)
             elif seen.digest != first.digest:
@@ -264,14 +267,17 @@ class Recorder(threading.Thread):
             self.h.record("chunk_vanished", chunk=name)
             del self.first[name]
             self.tokens.pop(name, None)
-        chunks = len(self.first)
-        samples = sum(b.records for b in self.first.values())
-        failed = sum(b.failed for b in self.first.values())
+        # Chunk files only: a repair file holds samples of a chunk already counted (and only
+        # lowers the failed count, which the counters must then not exceed either way).
+        firsts = [b for name, b in self.first.items() if not is_repair_file(name)]
+        chunks = len(firsts)
+        samples = sum(b.records for b in firsts)
+        failed = sum(b.failed for b in firsts)
         self.latest_store = (chunks, samples, failed)
         return [chunks, samples, failed]
 
     def stored_chunks(self) -> set[int]:
-        return {int(name.split("-")[1].split(".")[0]) for name in self.first}
+        return {int(name.split("-")[1].split(".")[0]) for name in self.first if not is_repair_file(name)}
 
     # --- simulators --------------------------------------------------------------------------------
     def poll_sim(self, node: Node, gpu: int) -> None:

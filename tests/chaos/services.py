@@ -135,14 +135,33 @@ class Output:
         raise NotImplementedError
 
     def records(self) -> Iterator[dict[str, Any]]:
-        for name in sorted(self.chunk_versions()):
-            data = self.read(f"outputs/{name}")
-            for line in (data or b"").splitlines():
-                if line.strip():
-                    yield json.loads(line)
+        """The current record of every sample: a chunk file's, or the latest repair round's for its id."""
+        names = sorted(self.chunk_versions())
+        for name in (n for n in names if not is_repair_file(n)):
+            rows = _rows(self.read(f"outputs/{name}"))
+            where = {str(row["id"]): i for i, row in enumerate(rows)}
+            stem = name[: -len(".jsonl")]
+            rounds = sorted(
+                (int(n[len(stem) + len(".repair-") : -len(".jsonl")]), n)
+                for n in names
+                if n.startswith(f"{stem}.repair-")
+            )
+            for _, repair in rounds:
+                for row in _rows(self.read(f"outputs/{repair}")):
+                    rows[where[str(row["id"])]] = row
+            yield from rows
 
     def close(self) -> list[str]:
         return []
+
+
+def is_repair_file(name: str) -> bool:
+    """Whether ``name`` is a repair round's file (``chunk-N.repair-R.jsonl``), not a chunk file."""
+    return ".repair-" in name
+
+
+def _rows(data: bytes | None) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (data or b"").splitlines() if line.strip()]
 
 
 def blob(data: bytes) -> Blob:

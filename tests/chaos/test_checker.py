@@ -151,3 +151,31 @@ def test_the_recorder_sees_a_chunk_rewritten_with_other_bytes_and_counters_ahead
     r.delete("chk:job:j1:done", "chk:job:j1:stats")
     lines = (tmp_path / "history.jsonl").read_text().splitlines()
     assert [json.loads(line)["type"] for line in lines].count("chunk_rewritten") == 1
+
+
+def test_a_repair_file_is_no_chunk_and_its_records_replace_their_chunks(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    root = tmp_path / "out"
+    (root / "outputs").mkdir(parents=True)
+    (root / "job.json").write_text(json.dumps({"job_id": "j2"}))
+    (root / "manifest.json").write_bytes(Manifest("j2", 4, 4, 0, 4, 1).to_json())
+    history = History(tmp_path / "history.jsonl")
+    output = DirOutput(root)
+    rec = Recorder(history, output, RedisOf(redis_server), {}, "chk2", "q", ["true"], {}, verify_every=1e9)
+    (root / "outputs" / "chunk-000000.jsonl").write_bytes(_records("ok", "failed", "failed", "ok"))
+    repaired = json.dumps({"id": "s1", "status": "ok", "repair": 1}).encode() + b"\n"
+    (root / "outputs" / "chunk-000000.repair-1.jsonl").write_bytes(repaired)
+    rec.sample()
+    assert [e["chunk"] for e in history.of("chunk_stored")] == ["chunk-000000.jsonl"]
+    assert [e["chunk"] for e in history.of("repair_stored")] == ["chunk-000000.repair-1.jsonl"]
+    assert rec.latest_store == (1, 4, 2) and rec.stored_chunks() == {0}
+    records = list(output.records())
+    assert [(r["id"], r["status"]) for r in records] == [
+        ("s0", "ok"),
+        ("s1", "ok"),
+        ("s2", "failed"),
+        ("s3", "ok"),
+    ]
+    assert checker.repair_counts(records) == (1, 1)  # s2 failed before failure kinds: counted transient
+    history.close()

@@ -305,3 +305,32 @@ def test_registered_location_is_absolute_for_a_folder_and_the_uri_otherwise(tmp_
     relative = LocalStore(os.path.relpath(tmp_path / "out"))
     assert registered_location(relative) == str(tmp_path / "out")
     assert registered_location(Remote()) == "s3://bucket/prefix"  # type: ignore[arg-type]
+
+
+def test_a_repair_rounds_message_is_never_read_as_its_chunks(
+    rclient: redis.Redis, queue: str, bk: Bookkeeping
+) -> None:
+    from dflash_tasks.coord.planner import repairs_in_flight
+    from dflash_tasks.coord.publish import parse_repair_task_id, queued_repairs, repair_task_id
+    from dflash_tasks.core.repair import RepairUnit
+
+    tid = repair_task_id(JOB, RepairUnit(34, 2))
+    assert tid.startswith(f"{JOB}-000034-r2-") and parse_repair_task_id(tid) == (JOB, 34, 2)
+    assert parse_task_id_of(tid) is None and parse_repair_task_id(task_id(JOB, 34)) is None
+    push(
+        rclient,
+        queue,
+        celery_message(tid),
+        celery_message(task_id(JOB, 5)),
+        celery_message(f"{JOB}-000007-x2-abc"),
+    )
+    assert queued_chunks(rclient, queue, JOB) == {5}  # the planner of chunks does not see the repair
+    assert queued_repairs(rclient, queue, JOB) == {(34, 2)}
+    bk.acquire(JOB, 9, "w1", 60)  # every chunk is stored: a live lease is a repair round's
+    assert repairs_in_flight(bk, queue, JOB) == {9, 34}
+
+
+def parse_task_id_of(tid: str) -> tuple[str, int] | None:
+    from dflash_tasks.coord.publish import parse_task_id
+
+    return parse_task_id(tid)

@@ -344,3 +344,18 @@ def test_history_reasoning_keep_names_another_job_and_drop_keeps_the_old_ids() -
     assert JobDefinition.from_json(keep.to_json(), "job.json").spec.history_reasoning == "keep"
     with pytest.raises(ValueError, match="history_reasoning must be one of drop, keep"):
         GenerationSpec(model="m", history_reasoning="some")
+
+
+def test_an_amendment_is_written_to_job_json_and_leaves_the_jobs_identity() -> None:
+    from dflash_tasks.core.job import Amendment
+
+    job = JobDefinition.create(FP, "in.jsonl", SPEC)
+    assert b"amendments" not in job.to_json() and job.repair_max_tokens is None  # as always written
+    amended = dataclasses.replace(job, amendments=(Amendment(8192, 1.5), Amendment(16384, 2.5)))
+    back = JobDefinition.from_json(amended.to_json(), "job.json")
+    assert back == amended and back.job_id == job.job_id and back.repair_max_tokens == 16384
+    assert json.loads(amended.to_json())["amendments"][0] == {
+        "kind": "repair_truncated",
+        "max_tokens": 8192,
+        "at": 1.5,
+    }

@@ -194,3 +194,56 @@ def test_every_setting_survives_the_round_trip() -> None:
     back = QualitySettings.from_dict(custom.to_dict())
     assert (back.min_completion_tokens, back.window, back.min_samples) == (7, 40, 9)
     assert back.max_share["failed"] == 0.5 and back.max_share["short"] == 0.25  # defaults fill the rest
+
+
+def test_the_gates_judge_all_but_transient_failures() -> None:
+    from dflash_tasks.core.quality import judged
+    from dflash_tasks.core.record import Record, Turn
+    from dflash_tasks.core.states import FailureKind, Outcome, RecordStatus
+
+    def failed(sample_id: str, kind: FailureKind | None) -> Record:
+        turn = Turn(status=RecordStatus.FAILED, failure=kind)
+        return Record(
+            id=sample_id,
+            user_turns=1,
+            turns=(turn,),
+            outcome=Outcome.FAILED,
+            status=RecordStatus.FAILED,
+            failure=kind,
+        )
+
+    ok = Record(
+        id="ok",
+        user_turns=1,
+        turns=(Turn(status=RecordStatus.OK, content="c"),),
+        outcome=Outcome.COMPLETE,
+        status=RecordStatus.OK,
+    )
+    records = [
+        ok,
+        failed("400", FailureKind.PERMANENT),
+        failed("500", FailureKind.TRANSIENT),
+        failed("old", None),
+    ]
+    assert [r.id for r in judged(records)] == ["ok", "400"]  # a repair round regenerates the others
+
+
+def test_a_truncated_sample_is_repaired_only_below_the_amended_budget() -> None:
+    from dflash_tasks.core.record import Record, Turn
+    from dflash_tasks.core.repair import needs_repair
+    from dflash_tasks.core.states import Outcome, RecordStatus
+
+    def cut(budget: int) -> Record:
+        turn = Turn(status=RecordStatus.OK, finish_reason="length", content="c")
+        return Record(
+            id="t",
+            user_turns=1,
+            turns=(turn,),
+            outcome=Outcome.TRUNCATED,
+            status=RecordStatus.OK,
+            finish_reason="length",
+            sampling={"max_tokens": budget},
+        )
+
+    assert not needs_repair(cut(300))  # no amendment: a truncated sample is kept
+    assert needs_repair(cut(300), max_tokens=4000) and not needs_repair(cut(4000), max_tokens=4000)

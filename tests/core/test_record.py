@@ -11,7 +11,7 @@ import pytest
 
 from dflash_tasks.core.errors import BadRecord, StoreError
 from dflash_tasks.core.record import Record, Turn, Usage, decode_records, encode_records, outcome_of
-from dflash_tasks.core.states import Outcome, RecordStatus
+from dflash_tasks.core.states import FailureKind, Outcome, RecordStatus
 
 DATA = Path(__file__).parent / "data"
 #: Lines the chunk runner wrote before the record type existed (checked, as stored in a chunk file).
@@ -94,6 +94,28 @@ def test_round_trip_of_a_built_record_and_of_a_chunk_file() -> None:
     data = encode_records([r, checked])
     assert data == (r.to_json() + "\n" + checked.to_json() + "\n").encode()
     assert list(decode_records(b"\n" + data, "outputs/chunk-000000.jsonl")) == [r, checked]
+
+
+def test_a_failure_says_whether_it_may_pass_and_a_repair_names_its_round() -> None:
+    bad = turn(status=RecordStatus.FAILED, content="", finish_reason=None, failure=FailureKind.PERMANENT)
+    permanent = replace(record(bad), failure=FailureKind.PERMANENT, failed_turn=1)
+    doc = permanent.to_dict()
+    assert (doc["failure"], doc["turns"][0]["failure"]) == ("permanent", "permanent")
+    assert list(doc).index("failure") == list(doc).index("error") + 1  # written after the error
+    assert Record.from_json(permanent.to_json()) == permanent and not permanent.transient
+    transient = replace(permanent, failure=FailureKind.TRANSIENT)
+    assert transient.transient and Record.from_json(transient.to_json()).failure is FailureKind.TRANSIENT
+    repaired = replace(record(), repair=2)
+    assert repaired.to_dict()["repair"] == 2 and Record.from_json(repaired.to_json()) == repaired
+    assert "failure" not in record().to_dict() and "repair" not in record().to_dict()  # only when set
+
+
+def test_a_failed_line_from_before_failure_kinds_reads_as_transient() -> None:
+    failed = Record.from_json(STORED[1])  # a 400, stored before the field existed
+    assert failed.failure is None and failed.transient  # a repair round finds out
+    assert not Record.from_json('{"id": "a", "status": "ok"}').transient
+    with pytest.raises(BadRecord, match="failure: expected 'permanent' or 'transient', got 'maybe'"):
+        Record.from_json('{"id": "a", "failure": "maybe"}')
 
 
 def test_checks_are_written_only_once_they_ran() -> None:

@@ -317,7 +317,8 @@ def test_each_role_has_the_fields_its_processes_read() -> None:
     common = {"broker_url", "queue", "redis_prefix", "visibility_timeout", "lease_seconds", "s3_endpoint_url"}
     progress = common | {"progress_seconds", "gpu_hour_usd"}
     assert names(CommonSettings) == common
-    assert names(ProducerSettings) == progress
+    assert names(ProducerSettings) == progress | {"repair_rounds", "repair_spacing_seconds"}
+    assert not names(WorkerSettings) & {"repair_rounds", "repair_spacing_seconds"}
     assert names(MonitorSettings) == progress | {"flower_password"}
     worker = names(WorkerSettings)
     assert progress < worker and "flower_password" not in worker
@@ -399,6 +400,8 @@ def test_an_unknown_override_is_a_config_error_naming_it(
         (CommonSettings, {"lease_seconds": 0.0}, "lease_seconds must be > 0, got 0.0"),
         (CommonSettings, {"visibility_timeout": 60}, "visibility_timeout must exceed lease_seconds"),
         (ProducerSettings, {"progress_seconds": 0.0}, "progress_seconds must be > 0, got 0.0"),
+        (ProducerSettings, {"repair_rounds": -1}, "repair_rounds must be >= 0, got -1"),
+        (ProducerSettings, {"repair_spacing_seconds": -1.0}, "repair_spacing_seconds must be >= 0"),
         (MonitorSettings, {"gpu_hour_usd": -1.0}, "gpu_hour_usd must be >= 0, got -1.0"),
         (WorkerSettings, {"metrics_port": 70000}, "metrics_port must be 0 (off) or a TCP port"),
         (NodeSettings, {"port_base": 0}, "port_base must be a TCP port (1-65535), got 0"),

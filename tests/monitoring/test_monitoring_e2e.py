@@ -141,6 +141,7 @@ def test_status_json_numbers_match_the_job(job: FinishedJob) -> None:
         "done": SAMPLES,
         "ok": SAMPLES - 1,
         "failed": 1,
+        "repaired": 0,  # the failed sample is a 400: permanent, never repaired
         "remaining": 0,
         "invalid_lines": 0,
     }

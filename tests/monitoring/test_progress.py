@@ -174,6 +174,7 @@ def test_done_job_freezes_elapsed_and_reports_done() -> None:
         "done": 1000,
         "ok": 990,
         "failed": 10,
+        "repaired": 0,
         "remaining": 0,
         "invalid_lines": 0,
     }

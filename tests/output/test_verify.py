@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dflash_tasks.core.errors import CorruptObject
-from dflash_tasks.core.job import JOB_KEY, GenerationSpec, JobDefinition, output_key
+from dflash_tasks.core.job import JOB_KEY, GenerationSpec, JobDefinition, output_key, repair_key
 from dflash_tasks.output.verify import _names, main, verify
 from dflash_tasks.producer.staging import stage_input
 from dflash_tasks.store import LocalStore
@@ -216,3 +216,53 @@ def test_the_command_on_a_job_with_nothing_stored(
     assert out.startswith(
         "FAIL: 11 lines = 0 ok + 0 failed + 2 invalid; chunks 0/3; missing 9, duplicated 0\n"
     )
+
+
+def line(sample_id: str, status: str, **more: Any) -> bytes:
+    return json.dumps({"id": sample_id, "status": status, "content": "x", **more}).encode() + b"\n"
+
+
+def test_each_category_is_counted_from_the_current_records(
+    job: tuple[Path, LocalStore], capsys: pytest.CaptureFixture[str]
+) -> None:
+    inp, store = job
+    store.write(
+        output_key(0), line("s0", "ok") + line("s1", "failed", failure="transient") + line("s2", "ok")
+    )
+    store.write(
+        output_key(1), line("s3", "failed", failure="permanent") + line("s5", "failed") + line("s6", "ok")
+    )
+    store.write(
+        output_key(2), line("s7", "failed", failure="transient") + line("s8", "ok") + line("s9", "ok")
+    )
+    # round 1 repaired s1 and failed s5 again; round 2 repaired s5; s7 is still pending
+    store.write(repair_key(0, 1), line("s1", "ok", repair=1))
+    store.write(repair_key(1, 1), line("s5", "failed", failure="transient", repair=1))
+    store.write(repair_key(1, 2), line("s5", "ok", repair=2))
+    r = verify(str(inp), store)
+    assert r.passed and (r.duplicated, r.missing, r.repair_files) == (0, 0, 3)  # still exactly once
+    assert (r.ok, r.repaired, r.failed, r.failed_permanent, r.failed_transient) == (7, 2, 2, 1, 1)
+    assert r.as_dict()["failed_transient"] == 1 and r.as_dict()["repaired"] == 2
+    args = ["--input", str(inp), "--output", str(store.root)]
+    assert main(args) == 0
+    assert main([*args, "--strict"]) == 1  # a transient failure remains
+    out = capsys.readouterr().out
+    assert "7 ok (2 repaired) + 2 failed (1 permanent, 1 transient: repair pending) + 2 invalid" in out
+    assert "strict: 1 samples failed by a transient cause" in out
+    store.write(repair_key(2, 1), line("s7", "ok", repair=1))
+    assert main([*args, "--strict", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["failed_transient"] == 0
+
+
+def test_a_repair_record_of_a_sample_its_chunk_does_not_hold_is_a_problem(
+    job: tuple[Path, LocalStore],
+) -> None:
+    inp, store = job
+    write_chunks(store, ALL)
+    store.write(repair_key(0, 1), line("s5", "ok", repair=1))  # s5 is chunk 1's
+    r = verify(str(inp), store)
+    assert not r.passed and r.duplicated == 0
+    assert r.problems == [
+        "outputs/chunk-000000.repair-1.jsonl:1: not a valid output record (id 's5' is not in "
+        "outputs/chunk-000000.jsonl)"
+    ]

@@ -53,6 +53,7 @@ class Row:
     duplicated: int | None  # records beyond the first for a sample (store and export together)
     recover_s: float | None  # measured; None where no recovery applies
     wasted: int | None = None  # generations beyond one per sample (the simulators' count)
+    repaired: int | None = None  # samples a repair round regenerated into an ok record
     measured: str = ""  # what recover_s measures
     notes: str = ""
     passed: bool = True
@@ -75,10 +76,10 @@ class Collector:
 
     def markdown(self) -> str:
         head = (
-            "| # | fault | runs | samples expected | stored once | lost | duplicated | wasted requests "
-            "| time to recover (s) | recovery measured as | notes |"
+            "| # | fault | runs | samples expected | stored once | lost | duplicated | repaired "
+            "| wasted requests | time to recover (s) | recovery measured as | notes |"
         )
-        lines = [head, "|---|---|--:|--:|--:|--:|--:|--:|--:|---|---|"]
+        lines = [head, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|---|"]
 
         def n(value: int | None) -> str:
             return "-" if value is None else f"{value:,}"
@@ -88,8 +89,8 @@ class Collector:
             mark = "" if r.passed else " **FAILED**"
             lines.append(
                 f"| {r.family} | {r.fault}{mark} | {r.runs} | {n(r.expected)} | {n(r.stored_once)} "
-                f"| {n(r.lost)} | {n(r.duplicated)} | {n(r.wasted)} | {rec} | {r.measured or '-'} "
-                f"| {r.notes or ''} |"
+                f"| {n(r.lost)} | {n(r.duplicated)} | {n(r.repaired)} | {n(r.wasted)} | {rec} "
+                f"| {r.measured or '-'} | {r.notes or ''} |"
             )
         return "\n".join(lines)
 
@@ -245,6 +246,7 @@ def settle(
             lost=max(acc.lost, acc.export_missing),
             duplicated=acc.duplicated + acc.export_duplicates,
             wasted=acc.wasted,
+            repaired=sum(1 for r in records if r.get("status") == "ok" and r.get("repair") is not None),
             recover_s=None if recover_s is None else round(recover_s, 2),
             measured=measured,
             notes=notes,
@@ -299,7 +301,7 @@ def outputs(out: Path) -> set[int]:
     folder = out / "outputs"
     if not folder.exists():
         return set()
-    return {int(p.stem.split("-")[1]) for p in folder.glob("chunk-*.jsonl")}
+    return {int(p.stem.split("-")[1]) for p in folder.glob("chunk-*.jsonl") if ".repair-" not in p.name}
 
 
 def wait_done(out: Path, chunks: int, timeout: float, what: str = "the job to complete") -> float:

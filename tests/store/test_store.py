@@ -429,3 +429,23 @@ def test_a_damaged_record_is_named_by_chunk_line_and_field(store: LocalStore) ->
         "outputs/chunk-000000.jsonl:2: not a valid output record "
         "(usage.prompt_tokens: expected an integer or null, got 'x')"
     )
+
+
+def test_the_current_record_of_a_sample_is_its_latest_repair_rounds(store: LocalStore) -> None:
+    from dflash_tasks.core.job import Manifest
+    from dflash_tasks.store.records import iter_records, list_outputs, read_current
+
+    store.write("outputs/chunk-000000.jsonl", b'{"id": "a", "status": "ok"}\n{"id": "b"}\n{"id": "c"}\n')
+    store.write(
+        "outputs/chunk-000000.repair-1.jsonl", b'{"id": "b", "error": "again"}\n{"id": "c", "status": "ok"}\n'
+    )
+    store.write("outputs/chunk-000000.repair-2.jsonl", b'{"id": "b", "status": "ok", "repair": 2}\n')
+    store.write("outputs/chunk-000001.jsonl", b'{"id": "d", "status": "ok"}\n')
+    listing = list_outputs(store)
+    assert listing.chunks == {0, 1} and listing.rounds_of(0) == (1, 2) and listing.last_round(1) == 0
+    current = read_current(store, 0, listing.rounds_of(0))
+    assert [(r.id, r.ok, r.repair) for r in current] == [("a", True, None), ("b", True, 2), ("c", True, None)]
+    assert [r.id for r in read_current(store, 0)] == ["a", "b", "c"]  # the chunk file alone
+    assert not read_current(store, 0)[1].ok
+    manifest = Manifest("j", 4, 4, 0, 3, 2)
+    assert [(r.id, r.ok) for r in iter_records(store, manifest)] == [(i, True) for i in "abcd"]

@@ -2,18 +2,22 @@
 
 ``tests/core/data/records-as-built.jsonl`` holds what ``make_record`` returned (``json.dumps(...,
 ensure_ascii=False)``) before the record type existed, ``records-as-stored.jsonl`` the same records
-after the chunk runner added the quality checks, for the samples built below.
+after the chunk runner added the quality checks, for the samples built below. Since failures say
+whether they may pass, a failed turn and its record also carry ``failure`` (after ``error``): the
+only difference from those lines.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.quality import QualitySettings, with_checks
 from dflash_tasks.core.record import Record, encode_records
 from dflash_tasks.core.sample import Sample
+from dflash_tasks.core.states import FailureKind
 from workers.generation import WorkerIdentity, make_record, make_turn
 from workers.sglang_client import Completion, MetaInfo, ServerIdentity
 
@@ -36,7 +40,7 @@ def built() -> list[Record]:
     c2 = Completion("", "", "length", 30, 512, 0, None)
     t1 = make_turn(msgs[:2], c1, None, 1.23456, 1)
     t2 = make_turn(msgs[3:], c2, None, 2.5, 2)
-    failed = make_turn(msgs[3:], None, "HTTP 400: prompt too long", 0.01, 1)
+    failed = make_turn(msgs[3:], None, "HTTP 400: prompt too long", 0.01, 1, FailureKind.PERMANENT)
     return [
         make_record(spec, sample, who, [t1, t2], 2, 3.7891),
         make_record(spec, sample, WorkerIdentity("w2", "http://x"), [t1, failed], 2, 1.3),
@@ -44,14 +48,36 @@ def built() -> list[Record]:
     ]
 
 
+def with_failure(doc: dict[str, Any]) -> dict[str, Any]:
+    """A line of the data files as written today: ``failure`` after ``error`` where it failed."""
+
+    def add(part: dict[str, Any]) -> dict[str, Any]:
+        if part["status"] == "ok":
+            return part
+        out: dict[str, Any] = {}
+        for key, value in part.items():
+            out[key] = value
+            if key == "error":
+                out["failure"] = "permanent"
+        return out
+
+    return add({**doc, "turns": [add(t) for t in doc["turns"]]})
+
+
+def expected(name: str) -> list[str]:
+    lines = (DATA / name).read_text(encoding="utf-8").splitlines()
+    return [json.dumps(with_failure(json.loads(line)), ensure_ascii=False) for line in lines]
+
+
 def test_built_records_encode_as_the_dicts_make_record_returned() -> None:
-    lines = (DATA / "records-as-built.jsonl").read_text(encoding="utf-8").splitlines()
+    lines = expected("records-as-built.jsonl")
     records = built()
     assert [r.to_json() for r in records] == lines
     assert [r.to_dict() for r in records] == [json.loads(line) for line in lines]
     assert [Record.from_json(r.to_json()) for r in records] == records
+    assert sum(line.count('"failure": "permanent"') for line in lines) == 2  # the failed turn and record
 
 
 def test_checked_records_make_the_chunk_file_the_chunk_runner_wrote() -> None:
     data = encode_records(with_checks(r, True, QualitySettings()) for r in built())
-    assert data == (DATA / "records-as-stored.jsonl").read_bytes()
+    assert data == "".join(line + "\n" for line in expected("records-as-stored.jsonl")).encode()

@@ -255,6 +255,7 @@ def test_invalid_sampling_value_is_rejected(sim: RunningSimulator) -> None:
     record, _ = generate(SGLangClient(sim.url), spec=spec)
     assert record["status"] == "failed" and record["attempts"] == 1
     assert record["error"] == "HTTP 400: top_p must be in (0, 1], got 0.0."
+    assert record["failure"] == record["turns"][0]["failure"] == "permanent"  # never repaired
 
 
 # -- retries -------------------------------------------------------------------------------------------
@@ -313,6 +314,7 @@ def test_500s_forever_with_a_healthy_server_fail_the_sample(sim: RunningSimulato
     assert record["status"] == "failed"
     assert record["attempts"] == 4
     assert record["error"] == "gave up after 4 attempts: HTTP 500: Internal server error (simulated fault)."
+    assert record["failure"] == record["turns"][0]["failure"] == "transient"  # a repair round regenerates it
     assert len(sleeps.calls) == 3
     assert record["turns"][0]["reasoning"] == "" and record["usage"]["completion_tokens"] == 0
     assert sim_stats(sim)["requests_total"] == 4

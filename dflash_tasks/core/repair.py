@@ -1,0 +1,70 @@
+"""A repair round of one chunk: what its message carries, and which records it regenerates.
+
+A chunk is generated once into its chunk file. A sample that failed by a passing cause (a burst of
+5xx, a timeout, an abort: :attr:`~dflash_tasks.core.record.Record.transient`) is regenerated later by
+a repair round of its chunk, which writes the new records to a write-once file of its own
+(``outputs/chunk-N.repair-R.jsonl``); the chunk file never changes. With a job amended by
+``--repair-truncated --max-tokens N``, a round also regenerates the samples truncated at a smaller
+budget, with budget ``N``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from dflash_tasks.core.record import Record
+from dflash_tasks.core.states import Outcome
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class RepairUnit:
+    """Round ``round`` (1-based) of ``chunk``: regenerate its failed samples.
+
+    ``permanent``: also those that failed permanently (``--retry-failed``, e.g. after the context
+    length was raised); otherwise only the transient failures. ``max_tokens``: also those truncated
+    at a smaller budget, regenerated with this one (the job's ``repair_truncated`` amendment).
+    """
+
+    chunk: int
+    round: int
+    permanent: bool = False
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.chunk < 0 or self.round < 1:
+            raise ValueError(
+                f"a repair round needs chunk >= 0 and round >= 1, got {self.chunk}, {self.round}"
+            )
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"a repair round's max_tokens must be >= 1, got {self.max_tokens}")
+
+
+def budget_of(record: Record) -> int:
+    """The ``max_tokens`` the record was generated with (``sampling.max_tokens``; 0 if unknown)."""
+    value = (record.sampling or {}).get("max_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def truncated_below(record: Record, max_tokens: int | None) -> bool:
+    """Whether the record was cut off (``finish_reason: length``) at a budget below ``max_tokens``."""
+    return (
+        max_tokens is not None
+        and record.outcome is Outcome.TRUNCATED
+        and record.finish_reason == "length"
+        and budget_of(record) < max_tokens
+    )
+
+
+def needs_repair(record: Record, permanent: bool = False, max_tokens: int | None = None) -> bool:
+    """Whether a repair round regenerates this current record."""
+    if not record.ok:
+        return permanent or record.transient
+    return truncated_below(record, max_tokens)
+
+
+def to_repair(
+    records: Iterable[Record], permanent: bool = False, max_tokens: int | None = None
+) -> list[Record]:
+    """The records a repair round regenerates, in order."""
+    return [r for r in records if needs_repair(r, permanent, max_tokens)]

@@ -1,0 +1,149 @@
+"""The ``enqueue`` command line: its flags, and the job spec and quality settings they make."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.job import HISTORY_REASONING, TURNS_MODES, GenerationSpec
+from dflash_tasks.core.model_name import check_model_name
+from dflash_tasks.core.quality import GATES, QualitySettings
+from dflash_tasks.core.trainer_view import add_trainer_flags
+
+DESCRIPTION = "stage a prompt file and queue one task per chunk"
+
+#: GenerationSpec's defaults, which the flags show and use.
+_SPEC_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(GenerationSpec) if f.default is not dataclasses.MISSING
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dflash_tasks.enqueue", description=DESCRIPTION)
+    p.add_argument("--input", required=True, help="prompts JSONL (.jsonl or .jsonl.gz)")
+    p.add_argument("--output", required=True, help="output root: a directory or s3://bucket/prefix")
+    p.add_argument(
+        "--s3-endpoint-url", help="S3-compatible endpoint for s3:// outputs [DFLASH_S3_ENDPOINT_URL]"
+    )
+    p.add_argument(
+        "--model", help="the model's served name or the last part of its path, e.g. Qwen3-8B (required)"
+    )
+    spec = _SPEC_DEFAULTS  # the job spec holds the only defaults
+    p.add_argument("--max-tokens", type=int, default=spec["max_tokens"], help="default %(default)s")
+    p.add_argument("--temperature", type=float, default=spec["temperature"], help="default %(default)s")
+    p.add_argument("--top-p", type=float, default=spec["top_p"], help="default %(default)s")
+    p.add_argument("--top-k", type=int, default=spec["top_k"], help="default %(default)s")
+    p.add_argument("--no-thinking", action="store_true", help="generate without thinking mode")
+    p.add_argument(
+        "--chunk-size", type=int, default=spec["chunk_size"], help="prompts per task (default %(default)s)"
+    )
+    p.add_argument(
+        "--turns",
+        choices=TURNS_MODES,
+        default=spec["turns"],
+        help="all (default): regenerate every assistant turn in order from the model's own answers; "
+        "last: send the source's history as is and regenerate the last turn only",
+    )
+    p.add_argument(
+        "--history-reasoning",
+        choices=HISTORY_REASONING,
+        default=spec["history_reasoning"],
+        help="drop (default): a turn's request carries the earlier answers only; keep: their reasoning "
+        "too, rendered with preserve_thinking (Qwen3.6), and so counted in the loss tokens",
+    )
+    p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
+    p.add_argument("--queue", help="base queue name; chunks go to <base>.<model key> [DFLASH_QUEUE]")
+    p.add_argument("--wait", action="store_true", help="show a progress bar until the job is finished")
+    p.add_argument(
+        "--wait-replan-seconds",
+        "--replan-seconds",  # the old name, still accepted
+        dest="wait_replan_seconds",
+        type=float,
+        default=60.0,
+        help="with --wait: re-plan from the store this often (default 60)",
+    )
+    p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="repair rounds also regenerate samples that failed permanently (e.g. after raising the "
+        "server's context length); nothing else about the job changes",
+    )
+    p.add_argument(
+        "--repair-truncated",
+        action="store_true",
+        help="with --max-tokens N (above the job's): repair rounds regenerate the samples truncated at "
+        "max_tokens with budget N, recorded in job.json as an amendment (the job keeps its id)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
+    p.add_argument("--dry-run", action="store_true", help="plan and print; write and queue nothing")
+    q = p.add_argument_group("quality")
+    q.add_argument(
+        "--preflight", type=int, default=200, metavar="N", help="preflight sample size (default 200)"
+    )
+    q.add_argument("--no-preflight", action="store_true", help="queue the whole job at once")
+    q.add_argument(
+        "--preflight-timeout", type=float, default=3600.0, help="seconds to wait for the preflight"
+    )
+    q.add_argument("--gpu-hour-usd", type=float, help="price of one GPU-hour, for cost projections")
+    q.add_argument(
+        "--min-completion-tokens", type=int, help="flag completions shorter than this (default 32)"
+    )
+    q.add_argument(
+        "--max-share",
+        action="append",
+        default=[],
+        metavar="CHECK=SHARE",
+        help=f"gate threshold per check, e.g. no_reasoning=0.05; checks: {', '.join(GATES)}",
+    )
+    q.add_argument(
+        "--min-loss-tokens",
+        type=int,
+        help="a row with fewer loss tokens counts toward the few_loss_tokens gate (default 64)",
+    )
+    add_trainer_flags(p)
+    return p
+
+
+def spec_from_args(args: argparse.Namespace) -> GenerationSpec:
+    check_model_name(args.model or "")
+    checks = [
+        (args.max_tokens >= 1, f"--max-tokens must be >= 1, got {args.max_tokens}"),
+        (args.temperature >= 0, f"--temperature must be >= 0, got {args.temperature}"),
+        (0 < args.top_p <= 1, f"--top-p must be in (0, 1], got {args.top_p}"),
+        (args.top_k == -1 or args.top_k >= 1, f"--top-k must be -1 or >= 1, got {args.top_k}"),
+        (args.chunk_size >= 1, f"--chunk-size must be >= 1, got {args.chunk_size}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    return GenerationSpec(
+        model=args.model,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        thinking=not args.no_thinking,
+        chunk_size=args.chunk_size,
+        turns=args.turns,
+        history_reasoning=args.history_reasoning,
+    )
+
+
+def quality_from_args(args: argparse.Namespace) -> QualitySettings:
+    base = QualitySettings()
+    shares = dict(base.max_share)
+    for item in args.max_share:
+        name, sep, value = item.partition("=")
+        if not sep or name not in GATES:
+            raise ConfigError(
+                f"--max-share {item!r}: expected CHECK=SHARE with CHECK one of {', '.join(GATES)}"
+            )
+        try:
+            shares[name] = float(value)
+        except ValueError:
+            raise ConfigError(f"--max-share {item!r}: {value!r} is not a number") from None
+    minimum = base.min_completion_tokens if args.min_completion_tokens is None else args.min_completion_tokens
+    loss = base.min_loss_tokens if args.min_loss_tokens is None else args.min_loss_tokens
+    return QualitySettings(min_completion_tokens=minimum, max_share=shares, min_loss_tokens=loss)

@@ -1,0 +1,215 @@
+"""Repair rounds: regenerate the samples a passing fault failed, once every chunk is stored.
+
+A re-run of ``enqueue`` queues one round for each stored chunk that holds such samples (with
+``--retry-failed``, any failed sample); ``enqueue --wait`` runs up to ``repair_rounds`` rounds by
+itself, ``repair_spacing_seconds`` apart, and waits for each. A round goes through the same queue,
+workers, leases and routing as the chunks (:mod:`workers.repair_runner`) and writes a write-once
+file per chunk; the chunk files never change. A chunk whose round runs or waits is never queued
+twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from celery import Celery
+
+from dflash_tasks.coord.bookkeeping import Bookkeeping
+from dflash_tasks.coord.celery_app import app as celery_app
+from dflash_tasks.coord.celery_app import configure
+from dflash_tasks.coord.planner import repairs_in_flight
+from dflash_tasks.coord.publish import publish_repairs
+from dflash_tasks.coord.routing import model_queue
+from dflash_tasks.core.errors import DflashError
+from dflash_tasks.core.job import JobDefinition, Manifest
+from dflash_tasks.core.repair import RepairUnit, needs_repair, truncated_below
+from dflash_tasks.core.settings import ProducerSettings
+from dflash_tasks.core.states import JobState
+from dflash_tasks.monitoring.progress_writer import ProgressWriter
+from dflash_tasks.store import Store, open_store
+from dflash_tasks.store.records import list_outputs, read_current
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RepairPlan:
+    """What a repair round would do now, read from the store (and Redis, for what is in flight)."""
+
+    stored: bool  # every chunk is stored (no round runs before)
+    pending: dict[int, int] = field(default_factory=dict)  # chunk -> samples a round regenerates
+    failed_permanent: int = 0  # samples failed permanently, left alone without --retry-failed
+    truncated: int = 0  # of the pending: truncated at a budget below ``max_tokens``
+    max_tokens: int | None = None  # the job's budget for truncated samples (its amendment)
+    busy: frozenset[int] = frozenset()  # chunks whose round runs or waits
+    to_queue: tuple[RepairUnit, ...] = ()
+
+    @property
+    def samples(self) -> int:
+        return sum(self.pending.values())
+
+
+def plan_repairs(
+    store: Store,
+    manifest: Manifest,
+    bookkeeping: Bookkeeping | None,
+    queue: str,
+    job_id: str,
+    *,
+    permanent: bool = False,
+    max_tokens: int | None = None,
+    lease_grace: float = 60.0,
+    only: Iterable[int] | None = None,
+) -> RepairPlan:
+    """Plan the next round of every stored chunk (of those in ``only``, if given) with samples to
+    regenerate; with ``bookkeeping=None`` (a dry run) nothing counts as in flight. ``max_tokens``:
+    the job's budget for truncated samples (``JobDefinition.repair_max_tokens``).
+
+    Reads each such chunk's current records once (one pass over the outputs, as ``verify``).
+    """
+    listing = list_outputs(store)
+    if any(c not in listing.chunks for c in range(manifest.chunks)):
+        return RepairPlan(stored=False)
+    chunks = sorted(set(range(manifest.chunks)) if only is None else set(only))
+    pending: dict[int, int] = {}
+    permanent_left = truncated = 0
+    for chunk in chunks:
+        records = read_current(store, chunk, listing.rounds_of(chunk))
+        n = sum(needs_repair(r, permanent, max_tokens) for r in records)
+        truncated += sum(r.ok and truncated_below(r, max_tokens) for r in records)
+        permanent_left += sum(not r.ok and not r.transient for r in records)
+        if n:
+            pending[chunk] = n
+    busy: frozenset[int] = frozenset()
+    if bookkeeping is not None and pending:
+        busy = frozenset(repairs_in_flight(bookkeeping, queue, job_id, lease_grace) & set(pending))
+    to_queue = tuple(
+        RepairUnit(c, listing.last_round(c) + 1, permanent, max_tokens)
+        for c in sorted(pending)
+        if c not in busy
+    )
+    left = 0 if permanent else permanent_left
+    return RepairPlan(True, pending, left, truncated, max_tokens, busy, to_queue)
+
+
+def queue_repairs(
+    store: Store,
+    manifest: Manifest,
+    bookkeeping: Bookkeeping,
+    app: Celery,
+    settings: ProducerSettings,
+    job: JobDefinition,
+    *,
+    permanent: bool = False,
+    only: Iterable[int] | None = None,
+) -> RepairPlan:
+    """Plan the next round and queue it on the job's model queue (what a re-run of enqueue does)."""
+    queue = model_queue(settings.queue, job.spec.model)
+    plan = plan_repairs(
+        store,
+        manifest,
+        bookkeeping,
+        queue,
+        job.job_id,
+        permanent=permanent,
+        max_tokens=job.repair_max_tokens,
+        lease_grace=settings.lease_seconds,
+        only=only,
+    )
+    publish_repairs(app, job.job_id, plan.to_queue, queue=queue)
+    return plan
+
+
+def run_repair_rounds(
+    store: Store,
+    manifest: Manifest,
+    bookkeeping: Bookkeeping,
+    app: Celery,
+    settings: ProducerSettings,
+    job: JobDefinition,
+    *,
+    permanent: bool = False,
+    say: Callable[[str], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[RepairPlan, int]:
+    """``enqueue --wait`` after the chunks: up to ``settings.repair_rounds`` rounds, each waited for.
+
+    Returns the plan left after the last round (its ``pending`` samples stay failed, counted) and
+    the rounds run. Stops early when the job is paused.
+    """
+    tell = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    queue = model_queue(settings.queue, job.spec.model)
+    plan = plan_repairs(
+        store,
+        manifest,
+        bookkeeping,
+        queue,
+        job.job_id,
+        permanent=permanent,
+        max_tokens=job.repair_max_tokens,
+        lease_grace=settings.lease_seconds,
+    )
+    rounds = 0
+    while plan.stored and plan.pending and rounds < settings.repair_rounds:
+        if bookkeeping.job_state(job.job_id)[0] == JobState.PAUSED:
+            break
+        tell(
+            f"repair round {rounds + 1} of at most {settings.repair_rounds}: {describe(plan, permanent)} "
+            f"in {len(plan.pending):,} chunks, regenerated in {settings.repair_spacing_seconds:.0f}s"
+        )
+        sleep(settings.repair_spacing_seconds)
+        chunks = set(plan.pending)
+        queue_repairs(store, manifest, bookkeeping, app, settings, job, permanent=permanent, only=chunks)
+        while repairs_in_flight(bookkeeping, queue, job.job_id, settings.lease_seconds) & chunks:
+            sleep(1.0)
+        rounds += 1
+        plan = plan_repairs(
+            store,
+            manifest,
+            bookkeeping,
+            queue,
+            job.job_id,
+            permanent=permanent,
+            max_tokens=job.repair_max_tokens,
+            lease_grace=settings.lease_seconds,
+            only=chunks,
+        )
+    if rounds:
+        left = describe(plan, permanent) if plan.samples else "none left"
+        tell(f"repair: {rounds} rounds run; {left}")
+    return plan, rounds
+
+
+def describe(plan: RepairPlan, permanent: bool = False) -> str:
+    """``N samples failed by a passing cause, T truncated (at most T x B tokens)`` for the plan."""
+    failed = plan.samples - plan.truncated
+    parts = [f"{failed:,} samples " + ("failed" if permanent else "failed by a passing cause")]
+    if plan.truncated and plan.max_tokens is not None:
+        parts.append(
+            f"{plan.truncated:,} truncated, regenerated with max_tokens {plan.max_tokens:,} "
+            f"(at most {plan.truncated * plan.max_tokens:,} completion tokens)"
+        )
+    return ", ".join(parts)
+
+
+def repair_after_wait(
+    job: JobDefinition, manifest: Manifest, output: str, settings: ProducerSettings, permanent: bool
+) -> RepairPlan:
+    """``enqueue --wait`` once every chunk is stored: run the repair rounds and wait for them; then
+    ``progress.json`` once more, with the repaired counts. Returns what is left."""
+    store = open_store(output, settings)
+    bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
+    app = configure(celery_app, settings)
+    left, rounds = run_repair_rounds(store, manifest, bk, app, settings, job, permanent=permanent)
+    if rounds:
+        writer = ProgressWriter(bk, f"enqueue/{os.getpid()}", settings.progress_seconds, settings.queue)
+        try:
+            writer.write(job.job_id, store, manifest, job)
+        except DflashError as exc:  # the counters in Redis stay right; status reads them
+            log.warning("progress.json not written after the repair rounds: %s", exc)
+    return left

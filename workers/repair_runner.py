@@ -1,0 +1,155 @@
+"""Running one repair round of a stored chunk: regenerate its failed samples into a file of their own.
+
+The chunk file is never rewritten. Round ``R`` reads the chunk's current records (the chunk file
+and rounds ``1..R-1``), regenerates those that failed by a passing cause (all failed ones for
+``--retry-failed``) through the worker's request pool, a multi-turn sample from its failed turn
+(the answered turns before it are kept, not sent again), and writes the new records, write-once,
+to ``outputs/chunk-N.repair-R.jsonl``. It holds the chunk's own lease meanwhile (the chunk is done,
+so no first pass competes for it), and its counters move once per chunk and round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from dflash_tasks.coord.jobs_cache import UnknownChunk
+from dflash_tasks.core.job import input_key, output_key, repair_key
+from dflash_tasks.core.quality import with_checks
+from dflash_tasks.core.record import Record, encode_records
+from dflash_tasks.core.repair import RepairUnit, budget_of, to_repair
+from dflash_tasks.core.sample import decode_chunk
+from dflash_tasks.core.spec_stats import spec_counts
+from dflash_tasks.core.states import Cause, Delivery, JobState
+from dflash_tasks.store.records import read_current
+from workers.chunk_runner import ChunkContext, ChunkOutcome, collect_records
+from workers.conversation import start_conversation
+from workers.recovery.retrying import retry_transient
+
+log = logging.getLogger(__name__)
+
+
+def run_repair(ctx: ChunkContext, job_id: str, unit: RepairUnit, owner: str) -> ChunkOutcome:
+    """Run repair round ``unit`` of ``job_id`` unless it is stored, running elsewhere or has nothing to do.
+
+    Raises as :func:`~workers.chunk_runner.run_chunk` does (the lease released).
+    """
+    job = ctx.jobs.get(job_id)
+    chunk = unit.chunk
+    if not 0 <= chunk < job.manifest.chunks:
+        raise UnknownChunk(f"job {job_id} has no chunk {chunk} (it has {job.manifest.chunks})")
+    key = repair_key(chunk, unit.round)
+    if job.store.exists(key):
+        return ChunkOutcome(Delivery.SKIPPED, "repair round already stored", Cause.ALREADY_DONE)
+    if not job.store.exists(output_key(chunk)):  # planned only for stored chunks: a hand-made message
+        return ChunkOutcome(Delivery.SKIPPED, "the chunk is not stored yet: nothing to repair")
+    model = job.definition.spec.model
+    ctx.server.check(model)
+    if not ctx.bookkeeping.acquire(job_id, chunk, owner, ctx.lease_seconds):
+        return ChunkOutcome(Delivery.SKIPPED, "running elsewhere (live lease)", Cause.LEASED_ELSEWHERE)
+    started = time.monotonic()
+    ctx.leases.hold(job_id, chunk, owner)
+    try:
+        state, reason = ctx.bookkeeping.job_state(job_id)
+        if job.store.exists(key) or state == JobState.PAUSED:
+            ctx.bookkeeping.release(job_id, chunk, owner)
+            if state == JobState.PAUSED:  # a re-run of enqueue plans it again
+                return ChunkOutcome(Delivery.PAUSED, reason)
+            return ChunkOutcome(Delivery.SKIPPED, "repair round already stored", Cause.ALREADY_DONE)
+        earlier = tuple(r for r in range(1, unit.round) if job.store.exists(repair_key(chunk, r)))
+        targets = to_repair(read_current(job.store, chunk, earlier), unit.permanent, unit.max_tokens)
+        if not targets:
+            ctx.bookkeeping.release(job_id, chunk, owner)
+            return ChunkOutcome(Delivery.SKIPPED, "nothing left to repair", Cause.ALREADY_DONE)
+        samples = {s.id: s for s in decode_chunk(job.store.read(input_key(chunk)), input_key(chunk))}
+        spec = job.definition.spec
+        longer = spec if unit.max_tokens is None else dataclasses.replace(spec, max_tokens=unit.max_tokens)
+        rid_prefix = f"{job_id}-{chunk}-r{unit.round}-{owner.rsplit('/', 1)[-1]}"
+        who = dataclasses.replace(ctx.identity, server=ctx.server.current)
+        futures = [
+            start_conversation(
+                ctx.pool,
+                ctx.client,
+                longer if old.ok or budget_of(old) == unit.max_tokens else spec,  # a truncated one
+                samples[old.id],
+                who,
+                ctx.policy,
+                rid_prefix,
+                listener=ctx.listener,
+                kept=old.turns[:-1],  # the failed (or truncated) turn is the last; those before are answered
+                repair=unit.round,
+            )
+            for old in targets
+        ]
+        records = collect_records(futures)
+        ctx.server.confirm(model)
+        return _store_round(ctx, job_id, unit, targets, records, started)
+    except BaseException:
+        try:
+            ctx.bookkeeping.release(job_id, chunk, owner)
+        except Exception:  # the lease expires on its own
+            log.warning("could not release the lease of chunk %s of job %s", chunk, job_id)
+        raise
+    finally:
+        ctx.leases.drop(job_id, chunk)
+
+
+def _store_round(
+    ctx: ChunkContext,
+    job_id: str,
+    unit: RepairUnit,
+    old: list[Record],
+    generated: list[Record],
+    started: float,
+) -> ChunkOutcome:
+    """Check, write the round's file once, and move the counters by what changed."""
+    job = ctx.jobs.get(job_id)
+    quality, thinking = job.definition.quality, job.definition.spec.thinking
+    records = [with_checks(r, thinking, quality) for r in generated]
+    key = repair_key(unit.chunk, unit.round)
+    where = f"repair round {unit.round} of chunk {unit.chunk} of job {job_id}"
+    data = encode_records(records)
+    if not retry_transient(
+        lambda: job.store.write_new(key, data), f"storing {where}", ctx.store_retry_seconds, ctx.policy
+    ):
+        log.warning("%s was stored by another worker meanwhile: keeping theirs", where)
+        return ChunkOutcome(
+            Delivery.SKIPPED,
+            "stored meanwhile by another worker",
+            Cause.ALREADY_DONE,
+            seconds=time.monotonic() - started,
+        )
+    fixed = sum(r.ok and not o.ok for r, o in zip(records, old, strict=True))  # failed -> ok
+    failed_now = sum(not r.ok for r in records)
+    # Only the turns this round sent count as generation: the kept ones were counted with the chunk.
+    sent = [r.turns[len(o.turns) - 1 :] for r, o in zip(records, old, strict=True)]
+    spec = [spec_counts(dataclasses.replace(r, turns=turns)) for r, turns in zip(records, sent, strict=True)]
+    tokens = sum(t.usage.completion_tokens for turns in sent for t in turns)
+    counters = {
+        "samples_ok": fixed - sum(o.ok and not r.ok for r, o in zip(records, old, strict=True)),
+        "samples_failed": failed_now - sum(not o.ok for o in old),
+        # as verify counts them: current records that are ok and written by a repair round
+        "samples_repaired": sum(r.ok for r in records) - sum(o.ok and o.repair is not None for o in old),
+        "repair_samples": len(records),
+        "completion_tokens": tokens,
+        "prompt_tokens": sum(t.usage.prompt_tokens for turns in sent for t in turns),
+        "spec_tokens": sum(t for t, _ in spec),
+        "spec_verify_ct": sum(v for _, v in spec),
+        "generations": sum(len(turns) for turns in sent),
+    }
+    retry_transient(
+        lambda: ctx.bookkeeping.complete_repair(job_id, unit.chunk, unit.round, counters) or True,
+        f"recording {where} as done",
+        ctx.store_retry_seconds,
+        ctx.policy,
+    )
+    return ChunkOutcome(
+        Delivery.DONE,
+        f"repair round {unit.round}",
+        Cause.NONE,
+        len(records) - failed_now,
+        failed_now,
+        tokens,
+        time.monotonic() - started,
+    )
