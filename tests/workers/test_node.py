@@ -20,7 +20,7 @@ import redis
 from tests.helpers import Processes, free_port, read_records, wait_until, write_prompts
 from workers.node.launch import GpuPlan
 from workers.node.main import port_in_use
-from workers.node.procs import Backoff, LogEcho
+from workers.node.procs import Backoff, Child, LogEcho
 from workers.node.supervisor import Node, SupervisorConfig
 
 MODEL = "Qwen/Qwen3-8B"
@@ -239,3 +239,17 @@ def test_log_echo_prefixes_lines_and_keeps_partial_ones(tmp_path: Path) -> None:
     log.write_bytes(b"after truncation\n")  # logrotate copytruncate
     echo.poll()
     assert lines[-1] == "[gpu0/worker] after truncation"
+
+
+def test_a_childs_api_key_never_reaches_its_log_file(tmp_path: Path) -> None:
+    """SGLang prints its server_args, ``api_key`` included: the node masks the key in the log."""
+    script = "import sys; print('server_args=', sys.argv[1:], flush=True); print('second line')"
+    argv = (sys.executable, "-c", script, "--api-key", "s3cret-key", "--admin-api-key=adm1n")
+    child = Child("gpu0-server", argv, dict(os.environ), tmp_path / "gpu0-server.log")
+    child.spawn()
+    assert child.proc is not None
+    child.proc.wait(30)
+    wait_until(lambda: "second line" in child.log_path.read_text(), 10, "the child's output in its log")
+    text = child.log_path.read_text()
+    assert "s3cret-key" not in text and "adm1n" not in text, text
+    assert "server_args= ['--api-key', '***', '--admin-api-key=***']" in text

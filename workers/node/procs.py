@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 _PR_SET_PDEATHSIG = 1
 _prctl: Callable[..., int] | None = None
@@ -71,6 +72,7 @@ class Child:
     def spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.starts += 1
+        secrets = secret_values(self.argv)
         with open(self.log_path, "ab") as log:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             log.write(
@@ -81,11 +83,20 @@ class Child:
                 list(self.argv),
                 env=dict(self.env),
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                # SGLang logs its server_args, the API key in plain text: such a child's output
+                # goes through a pipe that masks the key before it reaches the log file
+                stdout=subprocess.PIPE if secrets else log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=_die_with_parent if _prctl is not None else None,
             )
+        if secrets and self.proc.stdout is not None:
+            threading.Thread(
+                target=_copy_masked,
+                args=(self.proc.stdout, self.log_path, secrets),
+                name=f"node-log-{self.name}",
+                daemon=True,
+            ).start()
         self.started_at = time.monotonic()
 
     @property
@@ -219,6 +230,27 @@ _MAX_PARTIAL = 64 * 1024
 
 
 _SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key"})
+
+
+def secret_values(argv: Sequence[str]) -> tuple[bytes, ...]:
+    """The values of the secret flags in ``argv`` (``--api-key K`` or ``--api-key=K``)."""
+    found = []
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if eq and flag in _SECRET_FLAGS and value:
+            found.append(value)
+        elif arg in _SECRET_FLAGS and i + 1 < len(argv) and argv[i + 1]:
+            found.append(argv[i + 1])
+    return tuple(v.encode() for v in found)
+
+
+def _copy_masked(pipe: IO[bytes], path: Path, secrets: Sequence[bytes]) -> None:
+    """Append ``pipe``'s lines to ``path`` with every secret replaced by ``***``, until it closes."""
+    with pipe, open(path, "ab", buffering=0) as log:
+        for line in iter(pipe.readline, b""):
+            for secret in secrets:
+                line = line.replace(secret, b"***")
+            log.write(line)
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
