@@ -100,7 +100,7 @@ def models(engine: SimEngine) -> dict[str, Any]:
         "object": "model",
         "created": int(engine.started_at),
         "owned_by": "sglang",
-        "root": cfg.model,
+        "root": cfg.served_name,  # as 0.5.23: the served name, not the path
         "parent": None,
         "max_model_len": cfg.context_length,
     }
@@ -125,6 +125,11 @@ _COUNTER_HELP = {
 }
 
 
+#: The labels 0.5.23 adds to the scheduler's gauges, and the counters it splits by streaming.
+_SCHEDULER_LABELS = ',moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+_PER_STREAMING = frozenset({"prompt_tokens_total", "generation_tokens_total", "num_requests_total"})
+
+
 def _label_value(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -139,7 +144,7 @@ def metrics_text(engine: SimEngine) -> str:
     cfg = engine.config
     running, waiting = engine.scheduler.counts()
     totals = engine.totals()
-    labels = f'model_name="{_label_value(cfg.served_name)}",engine_type="unified"'
+    labels = f'engine_type="unified",model_name="{_label_value(cfg.served_name)}"'
     gauges = {
         "num_running_reqs": running,
         "num_queue_reqs": waiting,
@@ -152,7 +157,10 @@ def metrics_text(engine: SimEngine) -> str:
     }
     lines: list[str] = []
     for name, value in gauges.items():
-        _metric(lines, name, "gauge", _GAUGE_HELP[name], labels + ',tp_rank="0",pp_rank="0"', value)
+        _metric(lines, name, "gauge", _GAUGE_HELP[name], labels + _SCHEDULER_LABELS, value)
     for name, (key, help_) in _COUNTER_HELP.items():
-        _metric(lines, name, "counter", help_, labels, totals.get(key, 0))
+        if name == "num_aborted_requests_total" and not totals.get(key):
+            continue  # SGLang's multiprocess registry shows a counter only once it counted something
+        counter_labels = labels + (',is_streaming="false"' if name in _PER_STREAMING else "")
+        _metric(lines, name, "counter", help_, counter_labels, totals.get(key, 0))
     return "\n".join(lines) + "\n"

@@ -93,11 +93,11 @@ def tiny_model(sglang_python: Path) -> Path:
     pytest.fail(problem, pytrace=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_target(
     sglang_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Target]:
-    """One real server for every contract test, with an API key and a served name of its own."""
+    """One real server for a module's tests (stopped at its end), with an API key and a served name."""
     log = tmp_path_factory.mktemp("real-sglang") / "sglang.log"
     port = free_port()
     server = start_server(
@@ -111,7 +111,7 @@ def real_target(
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sim_target() -> Iterator[Target]:
     """A simulator set up like the real server: same key, names and context, a short start-up."""
     sim = start_simulator(
