@@ -30,7 +30,7 @@ from tests.workers.test_node import port_base
 pytestmark = [pytest.mark.real_sglang, pytest.mark.timeout(SETUP_TIMEOUT)]
 
 API_KEY = "node-e2e-key-4567"
-PROMPTS, CHUNK = 400, 25
+PROMPTS, CHUNK = 200, 20
 
 
 def node_log(procs: Processes) -> str:
@@ -82,13 +82,13 @@ def test_a_node_on_real_sglang_runs_jobs_through_a_server_kill(
     job = procs.spawn(
         [
             *("-m", "dflash_tasks.producer.enqueue", "--input", str(inp), "--output", str(out)),
-            *("--model", model, "--chunk-size", str(CHUNK), "--max-tokens", "512", "--preflight", "50"),
+            *("--model", model, "--chunk-size", str(CHUNK), "--max-tokens", "512", "--preflight", "40"),
             *("--wait", "--json"),
         ],
         "enqueue.log",
     )
     wait_until(lambda: (out / "preflight.json").exists(), 300, "the preflight to pass")
-    wait_until(lambda: done_chunk_count(out) >= 4, 300, "chunks after the preflight")
+    wait_until(lambda: done_chunk_count(out) >= 3, 300, "chunks after the preflight")
     server_pid = int(wait_for(procs, r"gpu0: server started \(pid (\d+)", 5).group(1))
     done_at_kill = done_chunk_count(out)
     os.kill(server_pid, signal.SIGKILL)
@@ -130,7 +130,7 @@ def test_a_node_on_real_sglang_runs_jobs_through_a_server_kill(
 
     # Multi-turn: each later turn carries the model's own earlier answers, rendered by the template.
     convos, convo_out = tmp_path / "convos.jsonl", tmp_path / "convos"
-    turns_of = write_conversations(convos, 24)
+    turns_of = write_conversations(convos, 12)
     code, stdout, stderr = enqueue(
         procs, convos, convo_out, model, "--max-tokens", "512", "--preflight", "8", "--wait"
     )
@@ -146,7 +146,7 @@ def test_a_node_on_real_sglang_runs_jobs_through_a_server_kill(
     # A budget smaller than the thought: the preflight stops the job (truncated, no answer).
     short_out = tmp_path / "short"
     code, _, stderr = enqueue(
-        procs, inp, short_out, model, "--max-tokens", "10", "--preflight", "25", "--wait"
+        procs, inp, short_out, model, "--max-tokens", "10", "--preflight", "10", "--wait"
     )
     assert code == 3, stderr
     assert "preflight FAILED" in stderr and "truncated" in stderr
