@@ -56,7 +56,7 @@ def enqueue(
 def test_a_node_on_real_sglang_runs_jobs_through_a_server_kill(
     procs: Processes, tmp_path: Path, sglang_python: Path, tiny_model: Path
 ) -> None:
-    procs.env = {**cpu_env(procs.env), "DFLASH_SGLANG_API_KEY": API_KEY}
+    procs.env = {**cpu_env(procs.env, sglang_python), "DFLASH_SGLANG_API_KEY": API_KEY}
     model = tiny_model.name  # the served name is the path; jobs name its last part
     base = port_base(1)
     server_flags = shlex.join([*CPU_FLAGS, "--api-key", API_KEY])
