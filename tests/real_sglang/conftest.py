@@ -56,7 +56,8 @@ def _status(url: str) -> int:
 
 
 def watch_startup(url: str, timeout: float, alive: object = None) -> list[tuple[float, int, int]]:
-    """Poll ``/health`` and ``/health_generate`` until the second answers 200; the changes seen."""
+    """Poll ``/health`` and ``/health_generate`` until both answer 200; the changes seen (the two
+    probes are a moment apart, so one poll may straddle the end of the warmup)."""
     seen: list[tuple[float, int, int]] = []
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -65,7 +66,7 @@ def watch_startup(url: str, timeout: float, alive: object = None) -> list[tuple[
         state = (_status(f"{url}/health"), _status(f"{url}/health_generate"))
         if not seen or seen[-1][1:] != state:
             seen.append((round(time.monotonic() - t0, 2), *state))
-        if state[1] == 200:
+        if state == (200, 200):
             return seen
         time.sleep(0.2)
     raise AssertionError(f"{url} not healthy after {timeout:.0f} s; seen {seen}")
