@@ -17,15 +17,16 @@ BENCH_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv redis prometheus browser sglang-wheel demo test lint format bench reliability mutate chaos clean distclean
+.PHONY: help venv redis prometheus browser sglang-wheel sglang-env demo test lint format bench reliability mutate chaos clean distclean
 
 help:
 	@echo "make venv         create $(VENV) (with $(PYTHON)) and install the package with its dev extras"
 	@echo "make redis        install redis-server if missing; start a local Redis at DFLASH_BROKER_URL if none answers"
 	@echo "make demo         4 simulated GPUs + workers + Flower, one 3,000-prompt job, verify (DEMO_ARGS='--help')"
 	@echo "make prometheus   install Debian's prometheus (prometheus + promtool, for the dashboard tests) if missing"
-	@echo "make test         venv + redis + prometheus + chromium (BROWSER_TESTS=0: without) + the SGLang wheel, then pytest"
+	@echo "make test         venv + redis + prometheus + chromium (BROWSER_TESTS=0: without) + the SGLang wheel and env, then pytest"
 	@echo "make sglang-wheel download the pinned SGLang wheel (no deps) the flag check reads, once"
+	@echo "make sglang-env   build the pinned SGLang's CPU environment the real-server tests run, once (cached in ~/.cache)"
 	@echo "make lint         ruff check, ruff format --check, mypy --strict"
 	@echo "make format       sort imports and format with ruff"
 	@echo "make bench        run the benchmarks (python -m benchmarks), if there are any"
@@ -60,12 +61,18 @@ browser:
 sglang-wheel: venv
 	@$(BIN)/python -m tests.sglang_wheel
 
+# The pinned release's CPU environment for the real-server tests (tests/real_sglang/env.py): built
+# once (~7 GB) into ${XDG_CACHE_HOME:-~/.cache}/dflash-tasks/, outside the repository, so fresh
+# clones reuse it; rebuilt only when the pin or its requirements change.
+sglang-env: sglang-wheel
+	@$(BIN)/python -m tests.real_sglang.env
+
 demo: venv redis
 	$(BIN)/python -m dflash_tasks.demo $(DEMO_ARGS)
 
 # scripts/ensure_redis.sh (the redis target) also installs the redis-server binary the tests start.
 # scripts/ensure_prometheus.sh (the prometheus target) installs the binaries the dashboard tests start.
-test: venv redis prometheus browser sglang-wheel
+test: venv redis prometheus browser sglang-wheel sglang-env
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: venv

@@ -286,3 +286,15 @@ def parse_args(args: Sequence[str], options: Mapping[str, Nargs]) -> tuple[dict[
                 )
         values[name] = got
     return values, problems
+
+
+def spec_metric_keys(src: Source) -> frozenset[str]:
+    """The per-request ``spec_*`` keys SGLang reads back from ``meta_info``: the ``metric_keys``
+    tuple of ``spec_tokens_details_from_meta_info`` (``srt/entrypoints/openai/utils.py``)."""
+    tree = ast.parse(src.read("srt/entrypoints/openai/utils.py"))
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef) and fn.name == "spec_tokens_details_from_meta_info":
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Assign) and any(_name(t) == "metric_keys" for t in node.targets):
+                    return frozenset(_strings(node.value))
+    raise AssertionError("spec_tokens_details_from_meta_info's metric_keys not found in the wheel")

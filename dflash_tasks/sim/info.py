@@ -104,7 +104,7 @@ def models(engine: SimEngine) -> dict[str, Any]:
         "object": "model",
         "created": int(engine.started_at),
         "owned_by": "sglang",
-        "root": cfg.model,
+        "root": cfg.served_name,  # as 0.5.23: the served name, not the path
         "parent": None,
         "max_model_len": cfg.context_length,
     }
@@ -129,6 +129,11 @@ _COUNTER_HELP = {
     "num_requests_total": ("completed", "Number of requests processed."),
     "num_aborted_requests_total": ("aborted", "Number of requests aborted."),
 }
+
+
+#: The labels 0.5.23 adds to the scheduler's gauges, and the counters it splits by streaming.
+_SCHEDULER_LABELS = ',moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+_PER_STREAMING = frozenset({"prompt_tokens_total", "generation_tokens_total", "num_requests_total"})
 
 
 def _label_value(text: str) -> str:
@@ -157,7 +162,7 @@ def metrics_text(engine: SimEngine) -> str:
         else:  # the cache the info endpoints report: max_running_requests x KV_TOKENS_PER_SLOT
             usage = used / max_total
     totals = engine.totals()
-    labels = f'model_name="{_label_value(cfg.served_name)}",engine_type="unified"'
+    labels = f'engine_type="unified",model_name="{_label_value(cfg.served_name)}"'
     gauges = {
         "num_running_reqs": running,
         "num_queue_reqs": waiting,
@@ -172,7 +177,10 @@ def metrics_text(engine: SimEngine) -> str:
     }
     lines: list[str] = []
     for name, value in gauges.items():
-        _metric(lines, name, "gauge", _GAUGE_HELP[name], labels + ',tp_rank="0",pp_rank="0"', value)
+        _metric(lines, name, "gauge", _GAUGE_HELP[name], labels + _SCHEDULER_LABELS, value)
     for name, (key, help_) in _COUNTER_HELP.items():
-        _metric(lines, name, "counter", help_, labels, totals.get(key, 0))
+        if name == "num_aborted_requests_total" and not totals.get(key):
+            continue  # SGLang's multiprocess registry shows a counter only once it counted something
+        counter_labels = labels + (',is_streaming="false"' if name in _PER_STREAMING else "")
+        _metric(lines, name, "counter", help_, counter_labels, totals.get(key, 0))
     return "\n".join(lines) + "\n"

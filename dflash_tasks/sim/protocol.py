@@ -94,9 +94,9 @@ def _check_sampling(body: dict[str, Any]) -> None:
     top_p = _number(body, "top_p")
     top_k = _number(body, "top_k", integer=True)
     if temperature is not None and temperature < 0:
-        raise ApiError(400, f"temperature must be non-negative, got {body['temperature']}.")
+        raise ApiError(400, f"temperature must be a non-negative finite number, got {temperature}.")
     if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ApiError(400, f"top_p must be in (0, 1], got {body['top_p']}.")
+        raise ApiError(400, f"top_p must be in (0, 1], got {top_p}.")
     if top_k is not None and top_k != -1 and top_k < 1:
         raise ApiError(400, f"top_k must be -1 (disable) or at least 1, got {body['top_k']}.")
 
@@ -144,6 +144,14 @@ def parse_chat_request(content_type: str, raw: bytes, config: SimConfig) -> Chat
     if not isinstance(body, dict):
         raise ApiError(400, "Input should be a valid dictionary or object", "Bad Request")
     texts = _messages(body)
+    model = str(body.get("model") or "default")
+    if ":" in model:  # SGLang reads `base:adapter` as a LoRA adapter, and LoRA is off
+        adapter = model.split(":", 1)[1]
+        raise ApiError(
+            400,
+            f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled. Please launch the server "
+            "with --enable-lora flag and preload adapters using --lora-paths or /load_lora_adapter endpoint.",
+        )
     if body.get("stream"):
         raise ApiError(400, "streaming not supported by the simulator")
     if body.get("n", 1) not in (1, None):
@@ -154,7 +162,7 @@ def parse_chat_request(content_type: str, raw: bytes, config: SimConfig) -> Chat
     kwargs = body.get("chat_template_kwargs") or {}
     rid = body.get("rid")
     return ChatRequest(
-        model=str(body.get("model") or "default"),
+        model=model,
         prompt="\x1e".join(texts),
         num_messages=len(texts),
         prompt_tokens=prompt_tokens,
@@ -194,7 +202,7 @@ def _finish_info(plan: Plan) -> dict[str, Any]:
         return {"type": "stop", "matched": IM_END_TOKEN_ID}
     if plan.finish_reason == "length":
         return {"type": "length", "length": plan.completion_tokens}
-    return {"type": "abort", "message": "Abort request (simulated fault)."}
+    return {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 
 
 @dataclass(frozen=True)

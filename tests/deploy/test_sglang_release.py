@@ -20,13 +20,22 @@ from typing import Any
 import pytest
 import yaml
 
+from dflash_tasks.sim.protocol import spec_details
 from tests.deploy.test_compose import SERVICES, argv, interpolate
 from tests.model_configs import DEEPSEEK_V3, QWEN3_8B, QWEN3_30B_A3B, QWEN36_27B
-from tests.sglang_cli import Nargs, cli_options, mtp_architectures, parse_args, reasoning_parsers
+from tests.sglang_cli import (
+    Nargs,
+    cli_options,
+    mtp_architectures,
+    parse_args,
+    reasoning_parsers,
+    spec_metric_keys,
+)
 from tests.sglang_wheel import SglangSource, WheelUnavailable, ensure_wheel, wheel_name
 from workers.node.launch import LAUNCHER_FLAGS, NodeOptions, plan_node, split_args
 from workers.node.profiles import MTP_ARCHITECTURES, NEXTN
 from workers.node.sglang_release import LAST_CUDA12_IMAGE, SGLANG_IMAGE, SGLANG_PIP_SPEC, SGLANG_VERSION
+from workers.sglang_client import MetaInfo
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -121,6 +130,21 @@ def test_our_mtp_architectures_are_the_releases(release: Release) -> None:
     assert {"Qwen3_5ForConditionalGeneration", "Qwen3NextForCausalLM", "DeepseekV3ForCausalLM"} <= (
         release.mtp_architectures
     )
+
+
+def test_the_spec_keys_we_read_and_simulate_are_the_releases(wheel: Path) -> None:
+    """Speculative decoding cannot run on the CPU engine (tests/real_sglang), so the per-request
+    ``spec_*`` keys are checked here against the release's own list."""
+    src = SglangSource(wheel)
+    try:
+        keys = spec_metric_keys(src)
+    finally:
+        src.close()
+    assert {"spec_verify_ct", "spec_accept_length", "spec_accept_rate"} <= keys
+    ours = {name for name in MetaInfo.__slots__ if name.startswith("spec_")}
+    assert ours <= keys, sorted(ours - keys)
+    simulated = set(spec_details(40, 12))
+    assert simulated and simulated <= keys, sorted(simulated - keys)
 
 
 def test_every_flag_the_launcher_may_set_is_a_release_flag(release: Release) -> None:

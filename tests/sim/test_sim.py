@@ -80,7 +80,7 @@ def user(text: object) -> list[dict[str, Any]]:
 
 def metric_values(text: str, model: str = "Qwen/Qwen3-8B") -> dict[str, float]:
     """``{metric name: value}`` for the samples labelled with ``model_name=model``."""
-    pattern = rf'^(sglang:\w+)\{{model_name="{re.escape(model)}"[^}}]*\}} (\S+)$'
+    pattern = rf'^(sglang:\w+)\{{[^}}]*model_name="{re.escape(model)}"[^}}]*\}} (\S+)$'
     return {m[1]: float(m[2]) for m in re.finditer(pattern, text, re.MULTILINE)}
 
 
@@ -309,7 +309,7 @@ def test_prompt_plus_completion_over_context_is_rejected(start_sim: StartSim) ->
         ({"messages": []}, "Messages cannot be empty."),
         ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0."),
         ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5."),
-        ({"temperature": -0.5}, "temperature must be non-negative, got -0.5."),
+        ({"temperature": -0.5}, "temperature must be a non-negative finite number, got -0.5."),
         ({"top_k": 0}, "top_k must be -1 (disable) or at least 1, got 0."),
         ({"stream": True}, "streaming not supported by the simulator"),
     ],
