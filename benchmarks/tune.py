@@ -326,10 +326,10 @@ def real_sglang(opts: Options, procs: Processes) -> Iterator[Server]:
     from tests.real_sglang.env import cache_root, ensure_env
     from tests.real_sglang.server import start_server
 
-    python = ensure_env()
-    checkpoint = ensure_checkpoint(cache_root(), python)
+    env_python = ensure_env()
+    checkpoint = ensure_checkpoint(cache_root(), env_python)
     ceiling = CPU_CEILING
-    server = start_server(python, checkpoint, port, log, extra=("--max-running-requests", str(ceiling)))
+    server = start_server(env_python, checkpoint, port, log, extra=("--max-running-requests", str(ceiling)))
     server.wait_ready()
     try:
         yield Server("sglang-cpu", server.url, ceiling, 16, CPU_SWEEP, ("--max-tokens", "256"))

@@ -83,7 +83,7 @@ def requirements(wheel: Path) -> list[str]:
 
     with zipfile.ZipFile(wheel) as whl:
         metadata = whl.read(f"sglang-{SGLANG_VERSION}.dist-info/METADATA").decode()
-    env: dict[str, str] = {**default_environment(), "extra": ""}
+    env: dict[str, str] = {**default_environment(), "extra": ""}  # type: ignore[dict-item]
     out = []
     for line in metadata.splitlines():
         if not line.startswith("Requires-Dist: "):
