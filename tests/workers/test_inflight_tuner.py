@@ -17,8 +17,8 @@ def drive(
     tried = [tuner.target]
     for _ in range(windows):
         t = tuner.target
-        fields = {k: f(t) for k, f in extra.items()}
-        tried.append(tuner.observe(Window(target=t, seconds=30, tokens_per_s=tps(t), running=t, **fields)))
+        fields = {"running": float(t), **{k: f(t) for k, f in extra.items()}}
+        tried.append(tuner.observe(Window(target=t, seconds=30, tokens_per_s=tps(t), **fields)))  # type: ignore[arg-type]
     return tried
 
 
@@ -66,9 +66,16 @@ def test_retractions_send_it_back_below_and_it_never_tries_that_target_again() -
 def test_a_server_queue_past_the_band_stops_the_climb() -> None:
     tuner = InflightTuner(TunerConfig())
     # the server admits 90 at most (its KV cache): the rest queue
-    drive(tuner, lambda t: 100.0 * min(t, 90), 8, queued=lambda t: max(0.0, t - 90.0))
-    assert tuner.phase is Phase.SETTLED
-    assert tuner.target <= 108
+    drive(
+        tuner,
+        lambda t: 100.0 * min(t, 90),
+        4,
+        queued=lambda t: max(0.0, t - 90.0),
+        running=lambda t: float(min(t, 90)),
+    )
+    assert tuner.phase is Phase.SETTLED and tuner.reason is Reason.QUEUE
+    # 48, 72, 108 (a queue of 18 on 90 running: inside the band), 162: past it
+    assert tuner.target == round(90 * 1.125)  # what the server admits, plus half the band queued
     assert tuner.curve[tuner.target].tokens_per_s >= 0.8 * 9000
 
 

@@ -11,7 +11,9 @@ neighbours now and then, because the best concurrency drifts over a job:
   then settle on the best. A flat curve settles on the lower target (fewer requests, less KV).
 * **guards**: a retraction, a server queue past ``queue_band`` of its running requests, or KV use
   past ``kv_threshold`` means the server is out of room at this target: the tuner goes back to
-  the best target below it and never climbs to this one again.
+  the best target below it and never climbs to this one again. A queue while climbing settles on
+  what the server admits plus half the band (its cache or its cap binds there, and a small queue
+  keeps it full).
 * **settled**: every ``recheck_windows`` windows it tries ±``probe_step`` around the target and
   moves when a neighbour is better by more than ``gain``; a guard while settled lowers the target
   by ``probe_step``.
@@ -195,6 +197,11 @@ class InflightTuner:
 
     def _on_guard(self, w: Window, guard: Reason) -> int:
         self.limit = min(self.limit, w.target)
+        if guard is Reason.QUEUE and self.phase is Phase.CLIMB:
+            # The server runs only so many (its cache or its cap binds): keep it that full, with
+            # half the band queued so a finishing request is replaced at once.
+            admitted = round(w.running * (1 + self.config.queue_band / 2))
+            return self._settle(max(self.best, min(w.target - 1, admitted)), guard)
         if self.phase is Phase.CLIMB and self.best and self.best < w.target:
             return self._settle(self.best, guard)
         if self.phase in (Phase.PROBE_UP, Phase.PROBE_DOWN) and self.best < w.target:
