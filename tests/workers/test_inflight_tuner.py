@@ -121,3 +121,18 @@ def test_its_state_is_json_ready_and_sorted() -> None:
     state = tuner.state()
     assert [p["target"] for p in state["curve"]] == sorted(p["target"] for p in state["curve"])  # type: ignore[attr-defined]
     assert state["phase"] == tuner.phase.value
+
+
+def test_a_queue_past_the_band_settles_on_what_the_server_admits_not_on_the_last_step() -> None:
+    tuner = InflightTuner(TunerConfig())
+    # the server admits 80: 48 and 72 run whole, at 108 a queue of 28 on 80 running is past the band
+    drive(
+        tuner,
+        lambda t: 100.0 * min(t, 80),
+        3,
+        queued=lambda t: max(0.0, t - 80.0),
+        running=lambda t: float(min(t, 80)),
+    )
+    assert tuner.reason is Reason.QUEUE
+    assert tuner.target == 90  # 80 admitted plus half the band; the last good step was 72
+    assert tuner.limit == 108
