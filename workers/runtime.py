@@ -62,7 +62,7 @@ class WorkerRuntime:
     requeuer: Requeuer
     held: HeldChunks
     monitor: WorkerMonitor  # live stats, progress.json, Prometheus
-    tuner: TunerLoop | None  # the in-flight tuner (--max-inflight auto)
+    tuner: TunerLoop | None = None  # the in-flight tuner (--max-inflight auto)
 
     @classmethod
     def build(cls, settings: WorkerSettings, app: Celery) -> WorkerRuntime:

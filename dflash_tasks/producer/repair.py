@@ -200,16 +200,21 @@ def describe(plan: RepairPlan, permanent: bool = False) -> str:
 def repair_after_wait(
     job: JobDefinition, manifest: Manifest, output: str, settings: ProducerSettings, permanent: bool
 ) -> RepairPlan:
-    """``enqueue --wait`` once every chunk is stored: run the repair rounds and wait for them; then
-    ``progress.json`` once more, with the repaired counts. Returns what is left."""
+    """``enqueue --wait`` once every chunk is stored: run the repair rounds and wait for them, and for
+    any round an earlier ``enqueue`` queued; then ``progress.json`` once more, with the repaired
+    counts (the workers stopped writing it once the job's first pass was final). Returns what is
+    left."""
     store = open_store(output, settings)
     bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
     app = configure(celery_app, settings)
-    left, rounds = run_repair_rounds(store, manifest, bk, app, settings, job, permanent=permanent)
-    if rounds:
-        writer = ProgressWriter(bk, f"enqueue/{os.getpid()}", settings.progress_seconds, settings.queue)
-        try:
-            writer.write(job.job_id, store, manifest, job)
-        except DflashError as exc:  # the counters in Redis stay right; status reads them
-            log.warning("progress.json not written after the repair rounds: %s", exc)
+    left, _ = run_repair_rounds(store, manifest, bk, app, settings, job, permanent=permanent)
+    queue = model_queue(settings.queue, job.spec.model)
+    deadline = time.monotonic() + settings.lease_seconds * 10
+    while repairs_in_flight(bk, queue, job.job_id, settings.lease_seconds) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    writer = ProgressWriter(bk, f"enqueue/{os.getpid()}", settings.progress_seconds, settings.queue)
+    try:  # the latest figures, whoever ran the rounds
+        writer.write(job.job_id, store, manifest, job)
+    except DflashError as exc:  # the counters in Redis stay right; status reads them
+        log.warning("progress.json not written after the repair rounds: %s", exc)
     return left

@@ -202,7 +202,8 @@ def test_hostile_messages_and_credentials(
         )
 
         # 2. hostile arguments dropped; path-like ids are just ids; nothing outside the roots
-        for reason in ("chunk '../x'", "has no chunk -1 ", "has no chunk 1000000 "):
+        # (a negative chunk is refused with the message's other arguments, before any lookup)
+        for reason in ("chunk '../x'", "chunk -1, repair round 0", "has no chunk 1000000 "):
             assert reason in log, reason
         assert "job ../../x is not registered" in log
         assert "re-queued" not in log  # dropped once, not retried forever
