@@ -83,6 +83,9 @@ def test_a_node_on_real_sglang_runs_jobs_through_a_server_kill(
         [
             *("-m", "dflash_tasks.producer.enqueue", "--input", str(inp), "--output", str(out)),
             *("--model", model, "--chunk-size", str(CHUNK), "--max-tokens", "512", "--preflight", "40"),
+            # the tiny checkpoint's whole answer is 35 tokens, 8 of them trained on under its template:
+            # the few_loss_tokens gate (64 by default) is right to stop it; this job is about the server
+            *("--min-loss-tokens", "4"),
             *("--wait", "--json"),
         ],
         "enqueue.log",
@@ -132,7 +135,16 @@ def test_a_node_on_real_sglang_runs_jobs_through_a_server_kill(
     convos, convo_out = tmp_path / "convos.jsonl", tmp_path / "convos"
     turns_of = write_conversations(convos, 12)
     code, stdout, stderr = enqueue(
-        procs, convos, convo_out, model, "--max-tokens", "512", "--preflight", "8", "--wait"
+        procs,
+        convos,
+        convo_out,
+        model,
+        "--max-tokens",
+        "512",
+        "--preflight",
+        "8",
+        "--wait",
+        *("--min-loss-tokens", "4"),
     )
     assert code == 0, stderr
     assert last_json(stdout)["turns"] == sum(turns_of.values())
