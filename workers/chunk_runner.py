@@ -73,6 +73,15 @@ class ChunkContext:
     listener: WorkerListener = NO_LISTENER  # metrics and live progress (workers.listener)
 
 
+def job_of_chunk(ctx: ChunkContext, job_id: str, chunk: int) -> JobHandle:
+    """The job of a delivered chunk; :class:`UnknownChunk` for a number outside it (retrying a
+    chunk that does not exist never ends)."""
+    job = ctx.jobs.get(job_id)
+    if not 0 <= chunk < job.manifest.chunks:
+        raise UnknownChunk(f"job {job_id} has no chunk {chunk} (it has {job.manifest.chunks})")
+    return job
+
+
 def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOutcome:
     """Generate and store ``chunk`` of ``job_id`` unless it is done or running elsewhere.
 
@@ -81,9 +90,7 @@ def run_chunk(ctx: ChunkContext, job_id: str, chunk: int, owner: str) -> ChunkOu
     model, before the first request or after the last one, and :class:`UnknownChunk` for a chunk
     number outside the job.
     """
-    job = ctx.jobs.get(job_id)
-    if not 0 <= chunk < job.manifest.chunks:  # retrying a chunk that does not exist never ends
-        raise UnknownChunk(f"job {job_id} has no chunk {chunk} (it has {job.manifest.chunks})")
+    job = job_of_chunk(ctx, job_id, chunk)
     out_key = output_key(chunk)
     if job.store.exists(out_key):
         return ChunkOutcome(Delivery.SKIPPED, "already done", Cause.ALREADY_DONE)

@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import time
 
-from dflash_tasks.coord.jobs_cache import UnknownChunk
 from dflash_tasks.core.job import input_key, output_key, repair_key
 from dflash_tasks.core.quality import with_checks
 from dflash_tasks.core.record import Record, encode_records
@@ -23,7 +22,7 @@ from dflash_tasks.core.sample import decode_chunk
 from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.core.states import Cause, Delivery, JobState
 from dflash_tasks.store.records import read_current
-from workers.chunk_runner import ChunkContext, ChunkOutcome, collect_records
+from workers.chunk_runner import ChunkContext, ChunkOutcome, collect_records, job_of_chunk
 from workers.conversation import start_conversation
 from workers.recovery.retrying import retry_transient
 
@@ -35,10 +34,8 @@ def run_repair(ctx: ChunkContext, job_id: str, unit: RepairUnit, owner: str) -> 
 
     Raises as :func:`~workers.chunk_runner.run_chunk` does (the lease released).
     """
-    job = ctx.jobs.get(job_id)
     chunk = unit.chunk
-    if not 0 <= chunk < job.manifest.chunks:
-        raise UnknownChunk(f"job {job_id} has no chunk {chunk} (it has {job.manifest.chunks})")
+    job = job_of_chunk(ctx, job_id, chunk)
     key = repair_key(chunk, unit.round)
     if job.store.exists(key):
         return ChunkOutcome(Delivery.SKIPPED, "repair round already stored", Cause.ALREADY_DONE)
