@@ -109,20 +109,33 @@ def queue_repairs(
     only: Iterable[int] | None = None,
 ) -> RepairPlan:
     """Plan the next round and queue it on the job's model queue (what a re-run of enqueue does)."""
-    queue = model_queue(settings.queue, job.spec.model)
-    plan = plan_repairs(
+    plan = job_repair_plan(store, manifest, bookkeeping, settings, job, permanent=permanent, only=only)
+    publish_repairs(app, job.job_id, plan.to_queue, queue=model_queue(settings.queue, job.spec.model))
+    return plan
+
+
+def job_repair_plan(
+    store: Store,
+    manifest: Manifest,
+    bookkeeping: Bookkeeping,
+    settings: ProducerSettings,
+    job: JobDefinition,
+    *,
+    permanent: bool = False,
+    only: Iterable[int] | None = None,
+) -> RepairPlan:
+    """:func:`plan_repairs` for ``job`` on its model's queue, with its amendment's budget."""
+    return plan_repairs(
         store,
         manifest,
         bookkeeping,
-        queue,
+        model_queue(settings.queue, job.spec.model),
         job.job_id,
         permanent=permanent,
         max_tokens=job.repair_max_tokens,
         lease_grace=settings.lease_seconds,
         only=only,
     )
-    publish_repairs(app, job.job_id, plan.to_queue, queue=queue)
-    return plan
 
 
 def run_repair_rounds(
@@ -144,16 +157,7 @@ def run_repair_rounds(
     """
     tell = say or (lambda text: print(text, file=sys.stderr, flush=True))
     queue = model_queue(settings.queue, job.spec.model)
-    plan = plan_repairs(
-        store,
-        manifest,
-        bookkeeping,
-        queue,
-        job.job_id,
-        permanent=permanent,
-        max_tokens=job.repair_max_tokens,
-        lease_grace=settings.lease_seconds,
-    )
+    plan = job_repair_plan(store, manifest, bookkeeping, settings, job, permanent=permanent)
     rounds = 0
     while plan.stored and plan.pending and rounds < settings.repair_rounds:
         if bookkeeping.job_state(job.job_id)[0] == JobState.PAUSED:
@@ -168,17 +172,7 @@ def run_repair_rounds(
         while repairs_in_flight(bookkeeping, queue, job.job_id, settings.lease_seconds) & chunks:
             sleep(1.0)
         rounds += 1
-        plan = plan_repairs(
-            store,
-            manifest,
-            bookkeeping,
-            queue,
-            job.job_id,
-            permanent=permanent,
-            max_tokens=job.repair_max_tokens,
-            lease_grace=settings.lease_seconds,
-            only=chunks,
-        )
+        plan = job_repair_plan(store, manifest, bookkeeping, settings, job, permanent=permanent, only=chunks)
     if rounds:
         left = describe(plan, permanent) if plan.samples else "none left"
         tell(f"repair: {rounds} rounds run; {left}")
