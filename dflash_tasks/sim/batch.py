@@ -128,8 +128,8 @@ class BatchRun:
 
 class _Seq:
     __slots__ = (
-        *("accept_area", "done", "end_v", "event", "prompt"),
-        *("retractions", "start_v", "t_area", "total"),
+        *("accept_area", "area0", "done", "end_v", "event", "prompt"),
+        *("retractions", "start_v", "t_area", "time0", "total"),
     )
 
     def __init__(self, total: int, prompt: int) -> None:
@@ -140,7 +140,8 @@ class _Seq:
         self.end_v = 0.0  # where it finishes while running (heap entries with another value are stale)
         self.retractions = 0
         self.accept_area = 0.0  # time integral of the accept length while running
-        self.t_area = 0.0
+        self.t_area = 0.0  # time running
+        self.area0 = self.time0 = 0.0  # the batch's integrals when it was last admitted
         self.event = threading.Event()
 
 
@@ -165,6 +166,10 @@ class DecodeBatch:
         self._sum_start = 0.0
         self._sum_end = 0.0  # sum of start_v + total - done: where each running request ends
         self._retractions = 0
+        # The batch's own integrals (accept length over time, time decoding): a request's share is
+        # their difference between its admission and its removal, so an event costs O(1), not O(B).
+        self._accept_integral = 0.0
+        self._time_integral = 0.0
         self._stopped = False
         self._thread: threading.Thread | None = None
 
@@ -233,10 +238,8 @@ class DecodeBatch:
         b = len(self._running)
         if dt > 0 and b:
             self._v += self._rate(b) * dt
-            accept = self.curve.accept(b)
-            for seq in self._running:  # the accept length each one sees (cheap: per event)
-                seq.accept_area += accept * dt
-                seq.t_area += dt
+            self._accept_integral += self.curve.accept(b) * dt
+            self._time_integral += dt
         self._t = now
 
     def _drive(self) -> None:
@@ -265,6 +268,8 @@ class DecodeBatch:
 
     def _remove(self, seq: _Seq) -> None:
         del self._running[seq]
+        seq.accept_area += self._accept_integral - seq.area0
+        seq.t_area += self._time_integral - seq.time0
         self._sum_prompt -= seq.prompt + seq.done
         self._sum_start -= seq.start_v
         self._sum_end -= seq.end_v
@@ -282,6 +287,7 @@ class DecodeBatch:
         while self._waiting and self._fits(self._waiting[0]):
             seq = self._waiting.popleft()
             seq.start_v = self._v
+            seq.area0, seq.time0 = self._accept_integral, self._time_integral
             self._running[seq] = None
             self._sum_prompt += seq.prompt + seq.done
             self._sum_start += seq.start_v
