@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError, DflashError, StoreError
+from dflash_tasks.core.loss_tokens import row_messages
 from dflash_tasks.core.quality import CHECKS, QualitySettings, check_record
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.settings import CommonSettings
@@ -84,26 +85,12 @@ class ExportCounts:
     left_out: list[dict[str, str]] = field(default_factory=list)
 
 
-def conversation(record: Record) -> list[dict[str, Any]]:
-    """The record's conversation: each turn's input, then the model's answer when it has one."""
-    messages: list[dict[str, Any]] = []
-    for turn in record.turns:
-        messages += [
-            {"role": m["role"], "content": m["content"], "reasoning_content": None} for m in turn.input
-        ]
-        if turn.ok:
-            messages.append(
-                {"role": "assistant", "content": turn.content, "reasoning_content": turn.reasoning}
-            )
-    return messages
-
-
 def to_row(
     record: Record, options: ExportOptions, counts: ExportCounts, thinking: bool = True
 ) -> dict[str, Any] | None:
     """The export row of one output record, or None when it is left out (counted in ``counts``)."""
     sample_id = record.id
-    turns = conversation(record)
+    turns = row_messages(record)  # the very rows the loss-token count renders
     if not record.ok:
         if not options.keep_failed:
             return _leave_out(counts, sample_id, "failed", record.error or "")
