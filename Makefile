@@ -8,9 +8,13 @@ STAMP := $(VENV)/.installed
 # 1 = make sure Debian's chromium is installed: the Flower test drives it (headless, through
 # Playwright's Python package; never `playwright install`). 0 = skip it (those tests then skip).
 BROWSER_TESTS ?= 1
-# Extra arguments: make test PYTEST_ARGS='-k leases -x', make demo DEMO_ARGS='--prompts 500',
+# Extra arguments: make test PYTEST_ARGS='-k leases -x' PYTEST_WORKERS=1, make demo DEMO_ARGS='--prompts 500',
 # make chaos CHAOS_ARGS='--minutes 3 --seed 1'.
 PYTEST_ARGS ?=
+# make test runs pytest in this many processes (pytest-xdist; 1 = one process, no xdist): most
+# tests wait on real processes, so two share two cores well. Groups that must not overlap
+# (tests/conftest.py) stay in one process each.
+PYTEST_WORKERS ?= 2
 DEMO_ARGS ?=
 CHAOS_ARGS ?=
 BENCH_ARGS ?=
@@ -73,7 +77,7 @@ demo: venv redis
 # scripts/ensure_redis.sh (the redis target) also installs the redis-server binary the tests start.
 # scripts/ensure_prometheus.sh (the prometheus target) installs the binaries the dashboard tests start.
 test: venv redis prometheus browser sglang-wheel sglang-env
-	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 lint: venv
 	@status=0; \

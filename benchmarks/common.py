@@ -187,8 +187,9 @@ def last_json(stdout: str) -> dict[str, Any]:
     return dict(json.loads(stdout.strip().splitlines()[-1]))
 
 
-def enqueue_args(inp: Path, out: Path, *extra: str) -> list[str]:
-    return ["--input", str(inp), "--output", str(out), "--model", MODEL, "--no-preflight", *extra]
+def enqueue_args(inp: Path, out: Path, *extra: str, model: str = MODEL) -> list[str]:
+    """A job without preflight; ``model``: the name a real server serves (the simulator's: any)."""
+    return ["--input", str(inp), "--output", str(out), "--model", model, "--no-preflight", *extra]
 
 
 # --- probes ----------------------------------------------------------------------------------

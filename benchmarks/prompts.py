@@ -52,6 +52,11 @@ def line(i: int, sentences: list[str], size: int) -> str:
     return json.dumps(doc)
 
 
+def prompt_line(i: int, size: int = 1024, seed: int = 0) -> str:
+    """Line ``i`` of :func:`write_prompts`'s file, alone."""
+    return line(i, _sentences(random.Random(seed), 2000), size)
+
+
 def write_prompts(path: Path, count: int, size: int = 1024, seed: int = 0) -> Path:
     """Write ``count`` prompts to ``path`` (atomically); returns ``path``."""
     sentences = _sentences(random.Random(seed), 2000)

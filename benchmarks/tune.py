@@ -21,6 +21,7 @@ settled on. ``--set curves=opt48,kvbound``, ``--set prompts=N``, ``--set time_sc
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -39,6 +40,7 @@ from typing import Any
 import requests
 
 from benchmarks.common import (
+    MODEL,
     Benchmark,
     Figures,
     Goal,
@@ -49,13 +51,12 @@ from benchmarks.common import (
     last_json,
     last_output_time,
     say,
-    sim_stats,
     stack,
     start_simulator,
     start_worker,
     workspace,
 )
-from benchmarks.prompts import write_prompts
+from benchmarks.prompts import prompt_line, write_prompts
 from tests.helpers import REPO, Processes, free_port, read_records, wait_until
 from workers.node.launch import sglang_command
 from workers.sglang_client import parse_metrics
@@ -65,6 +66,8 @@ CEILING = 256
 #: The CPU engine on the tests' tiny checkpoint (35-token answers): its ceiling, sweep and job size.
 CPU_CEILING = 128
 CPU_SWEEP = (1, 4, 8, 16, 32, 64, 128)
+#: About 100 prompt tokens of the tiny tokenizer (one sentence).
+CPU_PROMPT_BYTES = 96
 SWEEP = (16, 32, 48, 64, 96, 128, 160, 200, 256)
 #: One request alone: 2,300 tokens / (40 tok/s / 0.01) = 0.6 s; 2 to 4 s in a full batch.
 TIME_SCALE = 0.01
@@ -80,9 +83,13 @@ _TUNER_LINE = re.compile(
 )
 
 
-def sweep(url: str, targets: Sequence[int], seconds: float) -> tuple[dict[int, float], float]:
+def sweep(
+    url: str, targets: Sequence[int], seconds: float, max_tokens: int, prompt_bytes: int
+) -> tuple[dict[int, float], float]:
     """Steady-state tokens/s at each fixed concurrency (the server's gauge, last two thirds), and
-    the mean completion tokens of a request."""
+    the mean completion tokens of a request (each asks for at most ``max_tokens``, with a prompt of
+    about ``prompt_bytes``, as the jobs' prompts: prefill is part of the curve)."""
+    filler = json.loads(prompt_line(0, prompt_bytes))["messages"][0]["content"]
     curve: dict[int, float] = {}
     answered = [0, 0]  # requests, completion tokens
     for target in targets:
@@ -96,8 +103,8 @@ def sweep(url: str, targets: Sequence[int], seconds: float) -> tuple[dict[int, f
                 j += 1
                 body = {
                     "model": "m",
-                    "messages": [{"role": "user", "content": f"sweep {tag} {i} {j}"}],
-                    "max_completion_tokens": 4096,
+                    "messages": [{"role": "user", "content": f"sweep {tag} {i} {j} {filler}"}],
+                    "max_completion_tokens": max_tokens,
                 }
                 try:
                     resp = session.post(f"{url}/v1/chat/completions", json=body, timeout=120)
@@ -126,8 +133,12 @@ def sweep(url: str, targets: Sequence[int], seconds: float) -> tuple[dict[int, f
 
 
 def wait_idle(url: str, timeout: float = 60) -> None:
+    """Until the server runs and queues nothing (its own gauges: the simulator and SGLang alike)."""
     until = time.monotonic() + timeout
-    while time.monotonic() < until and sim_stats(url)["running"] + sim_stats(url)["waiting"] > 0:
+    while time.monotonic() < until:
+        load = parse_metrics(requests.get(f"{url}/metrics", timeout=10).text)
+        if load.running + load.queued == 0:
+            return
         time.sleep(0.2)
 
 
@@ -178,10 +189,13 @@ class Probe:
 
 
 def run_job(
-    procs: Processes, url: str, inp: Path, work: Path, name: str, inflight: str, ceiling: int, *extra: str
+    procs: Processes, server: Server, inp: Path, work: Path, name: str, inflight: str, *extra: str
 ) -> dict[str, Any]:
     """One job through a fresh worker at ``--max-inflight inflight``; tokens/s and the tuner's moves."""
-    worker = start_worker(procs, url, name, "--max-inflight", inflight, "--inflight-ceiling", str(ceiling))
+    url = server.url
+    worker = start_worker(
+        procs, url, name, "--max-inflight", inflight, "--inflight-ceiling", str(server.ceiling)
+    )
     out = work / f"out-{name}"
     start = time.time()
     with Probe(url) as probe:
@@ -190,7 +204,7 @@ def run_job(
                 sys.executable,
                 "-m",
                 "dflash_tasks.enqueue",
-                *enqueue_args(inp, out, "--wait", "--json", *extra),
+                *enqueue_args(inp, out, "--wait", "--json", *extra, model=server.model),
             ],
             cwd=REPO,
             env=procs.env,
@@ -249,26 +263,37 @@ class Server:
     ceiling: int
     baseline: int  # the fixed target the tuner must beat (48: the seed's; 16 on the CPU engine)
     sweep: tuple[int, ...]
-    enqueue_flags: tuple[str, ...] = ()
+    #: Each request's budget in the sweep and the jobs (the CPU engine's context is 2,048 tokens);
+    #: None: 4,096 in the sweep and the job's default (the simulated curves, as first measured).
+    max_tokens: int | None = None
+    sweep_seconds: float = 6.0
+    #: Each prompt's size (JSONL bytes), in the jobs' input and the sweep. On the CPU engine prefill
+    #: is slow: 1 KB prompts (~820 tokens of the tiny tokenizer) before a 35-token answer would
+    #: measure prefill, not the decode batch that a distillation job's long answers are bound by.
+    prompt_bytes: int = 1024
+    #: What jobs name as their model: a real server's served name ends in it (the simulator: any).
+    model: str = MODEL
 
 
 def measure(opts: Options, server: Server, work: Path, procs: Processes) -> tuple[Figures, Any]:
     """Sweep, then fixed baseline, best fixed and tuned jobs on one server; its figures."""
     name = server.name
     say(f"{name}: sweep of fixed concurrencies ...")
-    curve, mean_tokens = sweep(server.url, server.sweep, 4.0 if opts.quick else 6.0)
+    seconds = server.sweep_seconds * (2 / 3 if opts.quick else 1)
+    curve, mean_tokens = sweep(
+        server.url, server.sweep, seconds, server.max_tokens or 4096, server.prompt_bytes
+    )
+    budget = () if server.max_tokens is None else ("--max-tokens", str(server.max_tokens))
     best = max(curve, key=lambda t: curve[t])
     # as many prompts as the best target serves in JOB_SECONDS
     default = curve[best] * (QUICK_JOB_SECONDS if opts.quick else JOB_SECONDS) / max(1.0, mean_tokens)
     count = int(opts.get("prompts", round(default, -2)))
-    inp = write_prompts(work / f"prompts-{name}.jsonl", count)
+    inp = write_prompts(work / f"prompts-{name}.jsonl", count, size=server.prompt_bytes)
     say(f"{name}: best fixed target {best}; {count:,} prompts of {mean_tokens:,.0f} tokens on average")
     jobs = {}
     for label, inflight in (("fixed", str(server.baseline)), ("best", str(best)), ("tuned", "auto")):
         say(f"{name}: job with --max-inflight {inflight} ...")
-        job = run_job(
-            procs, server.url, inp, work, f"{name}-{label}", inflight, server.ceiling, *server.enqueue_flags
-        )
+        job = run_job(procs, server, inp, work, f"{name}-{label}", inflight, *budget)
         jobs[label] = job
         say(f"{name}: {label}: {job['tokens_per_s']:,.0f} tok/s in {job['seconds']:.1f}s")
         wait_idle(server.url)
@@ -316,9 +341,8 @@ def real_sglang(opts: Options, procs: Processes) -> Iterator[Server]:
         wait_until(lambda: _healthy(url) or proc.poll() is not None, 1800, "SGLang to start")
         check(proc.poll() is None, f"SGLang exited: {log.read_text(errors='replace')[-3000:]}")
         try:
-            yield Server(
-                "sglang-gpu", url, CEILING, 48, SWEEP, ("--max-tokens", opts.params.get("max_tokens", "4096"))
-            )
+            budget = int(opts.params.get("max_tokens", "4096"))
+            yield Server("sglang-gpu", url, CEILING, 48, SWEEP, budget, model=Path(model).name)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
         return
@@ -332,7 +356,18 @@ def real_sglang(opts: Options, procs: Processes) -> Iterator[Server]:
     server = start_server(env_python, checkpoint, port, log, extra=("--max-running-requests", str(ceiling)))
     server.wait_ready()
     try:
-        yield Server("sglang-cpu", server.url, ceiling, 16, CPU_SWEEP, ("--max-tokens", "256"))
+        # 35-token answers: the gauge's decode-log windows are few at 1 in flight, so sweep longer
+        yield Server(
+            "sglang-cpu",
+            server.url,
+            ceiling,
+            16,
+            CPU_SWEEP,
+            256,
+            sweep_seconds=9.0,
+            prompt_bytes=CPU_PROMPT_BYTES,
+            model=checkpoint.name,
+        )
     finally:
         server.stop()
         server.check_no_standin_calls()

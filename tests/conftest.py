@@ -1,4 +1,4 @@
-"""Shared fixtures: a private Redis per test module, and process managers."""
+"""Shared fixtures: a private Redis per test module, and process managers; the xdist groups."""
 
 from __future__ import annotations
 
@@ -58,3 +58,16 @@ def proxy(moto: MotoServer) -> Iterator[FaultProxy]:
     p = FaultProxy(moto.port)
     yield p
     p.close()
+
+
+#: Tests that must share one process under ``pytest -n`` (``--dist loadgroup``, as ``make test``
+#: runs): the real SGLang servers (a start costs most of a minute, and two at once on 2 cores
+#: would starve each other) and the chaos runs (their network namespaces take subnets by number).
+_GROUPS = (("tests/real_sglang/", "real_sglang"), ("tests/chaos/", "chaos"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for folder, group in _GROUPS:
+            if item.nodeid.startswith(folder):
+                item.add_marker(pytest.mark.xdist_group(group))

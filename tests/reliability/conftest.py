@@ -1,5 +1,8 @@
 """The reliability suite's collector: one row per scenario, printed and written at the end.
 
+Each scenario's rows ride on its test report (``user_properties``), so the table is whole also
+when ``pytest -n`` runs the scenarios in worker processes.
+
 ``make reliability`` (``pytest -m reliability``) and ``make test`` both end with the table; it is
 also written to ``test-artifacts/reliability.md`` and ``test-artifacts/reliability.json``.
 """
@@ -10,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.reliability.support import ARTIFACTS, Collector
+from tests.reliability.support import ARTIFACTS, ROW_PROPERTY, Collector, Row, ScenarioRows
 from tests.s3_support import MotoServer
 
 _COLLECTOR = pytest.StashKey[Collector]()
@@ -23,10 +26,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_COLLECTOR] = _current["collector"] = Collector()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def reliability(request: pytest.FixtureRequest) -> Collector:
-    """Where each scenario records its row (see :func:`tests.reliability.support.settle`)."""
-    return request.config.stash[_COLLECTOR]
+    """Where a scenario records its rows (see :func:`tests.reliability.support.settle`)."""
+    return ScenarioRows(request.node.user_properties)
 
 
 @pytest.fixture(scope="session")
@@ -38,16 +41,21 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Add up the suite's own time (set-up, call, tear-down), also when it runs inside ``make test``."""
+    collector = _current.get("collector")
+    if collector is None:
+        return
     if report.nodeid.startswith("tests/reliability/"):
-        collector = _current.get("collector")
-        if collector is not None:
-            collector.seconds += report.duration
+        collector.seconds += report.duration
+    if report.when == "teardown":  # its properties hold every row the test added
+        for key, value in report.user_properties:
+            if key == ROW_PROPERTY and isinstance(value, dict):
+                collector.add(Row(**value))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     collector = config.stash.get(_COLLECTOR, None)
-    if collector is None or not collector.rows:
-        return
+    if collector is None or not collector.rows or hasattr(config, "workerinput"):
+        return  # an xdist worker's rows are the controller's to print
     md, js = collector.write(ARTIFACTS)
     t = collector.totals()
     terminalreporter.section("reliability: nothing lost, nothing duplicated")

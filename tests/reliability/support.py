@@ -4,7 +4,7 @@ Every scenario runs real processes (Redis, ``python -m workers``, simulators, mo
 with :func:`settle`, which counts the job's samples from the stored records against the input
 and from a ``python -m dflash_tasks.export`` of the job, counts generation from the simulators'
 request logs (``GET /sim/requests``: requests generated beyond one per sample are wasted), runs
-``verify``, and adds one row to the session's :class:`Collector`. ``tests/reliability/conftest.py``
+``verify``, and adds one row to the scenario's :class:`ScenarioRows`. ``tests/reliability/conftest.py``
 prints the table at the end of the session and writes ``test-artifacts/reliability.{json,md}``.
 """
 
@@ -62,13 +62,31 @@ class Row:
 
 @dataclass
 class Collector:
-    """The session's rows (a session-scoped fixture hands it to every scenario)."""
+    """The session's rows, built by ``conftest.py`` from the tests' reports."""
 
     rows: list[Row] = field(default_factory=list)
     seconds: float = 0.0  # the suite's own time, added up by conftest.py
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
+
+
+#: The key of a row in a test's ``user_properties``.
+ROW_PROPERTY = "reliability_row"
+
+
+class ScenarioRows(Collector):
+    """One scenario's rows (the ``reliability`` fixture): each also goes into the test's
+    ``user_properties``, which travel with its report to the process that prints the table (the
+    controller under ``pytest -n``, where the scenarios run in worker processes)."""
+
+    def __init__(self, properties: list[tuple[str, object]]) -> None:
+        super().__init__()
+        self._properties = properties
+
+    def add(self, row: Row) -> None:
+        super().add(row)
+        self._properties.append((ROW_PROPERTY, asdict(row)))
 
     def ordered(self) -> list[Row]:
         """By scenario number (modules run in alphabetical order), then as recorded."""

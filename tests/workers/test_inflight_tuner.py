@@ -136,3 +136,40 @@ def test_a_queue_past_the_band_settles_on_what_the_server_admits_not_on_the_last
     assert tuner.reason is Reason.QUEUE
     assert tuner.target == 90  # 80 admitted plus half the band; the last good step was 72
     assert tuner.limit == 108
+
+
+def test_a_queue_at_every_target_does_not_walk_the_target_down_to_the_floor() -> None:
+    # A server whose prefill lags: a third of the batch waits its turn at any target, and tokens/s
+    # are flat past 16 (the real CPU engine with 1 KB prompts). Before the fix every settled window
+    # cut 8%: 48 -> 32 -> 29 -> ... -> 11.
+    tuner = InflightTuner(TunerConfig(recheck_windows=3))
+    tried = drive(
+        tuner,
+        lambda t: 1000.0 * min(t, 16) / 16,
+        80,
+        queued=lambda t: t / 3,
+        running=lambda t: t * 2 / 3,
+    )
+    assert tuner.phase is not Phase.CLIMB
+    settled = tried[1]  # the first window's queue settles on what the server ran (32) plus half the band
+    assert settled == 36
+    assert min(tried[1:]) >= round(settled * (1 - 0.08)), tried  # probes down, never a walk down
+    assert tried.count(settled) >= 0.6 * len(tried), tried  # the probes return to it
+    above = [t for t in tried[1:] if t > settled]
+    # each probe up met the queue: that target is never tried again, the next probe is lower
+    assert above == sorted(set(above), reverse=True) and len(above) <= 3, tried
+
+
+def test_a_queue_while_probing_up_sends_it_back_and_caps_it_there() -> None:
+    tuner = InflightTuner(TunerConfig(recheck_windows=2))
+    # no queue up to 100, a long one above: it climbs to the ceiling of what runs whole
+    tried = drive(
+        tuner,
+        lambda t: 100.0 * t,
+        30,
+        queued=lambda t: 0.0 if t <= 100 else float(t),
+        running=lambda t: float(min(t, 100)),
+    )
+    assert tuner.limit <= 162
+    assert tuner.target <= 108
+    assert all(t < tuner.limit for t in tried[tried.index(tuner.limit) + 1 :]), tried

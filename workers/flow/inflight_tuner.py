@@ -15,8 +15,11 @@ neighbours now and then, because the best concurrency drifts over a job:
   what the server admits plus half the band (its cache or its cap binds there, and a small queue
   keeps it full).
 * **settled**: every ``recheck_windows`` windows it tries ±``probe_step`` around the target and
-  moves when a neighbour is better by more than ``gain``; a guard while settled lowers the target
-  by ``probe_step``.
+  moves when a neighbour is better by more than ``gain``; a retraction or KV use past the
+  threshold while settled lowers the target by ``probe_step``. A queue then only stops a probe
+  upwards: it does not cut, because a server whose prefill lags (new requests wait their turn while
+  the batch decodes) shows one at every target, and cutting on it would walk the target down to
+  the floor whatever the throughput (seen on the real CPU engine); below, tokens/s decide.
 """
 
 from __future__ import annotations
@@ -162,6 +165,8 @@ class InflightTuner:
             return self.target
         self._record(w)
         guard = self._guard(w)
+        if guard is Reason.QUEUE and self.phase in (Phase.SETTLED, Phase.PROBE_DOWN):
+            guard = None  # a queue says "no higher", not "lower" (module docstring)
         if guard is not None:
             return self._on_guard(w, guard)
         if self.phase is Phase.CLIMB:
