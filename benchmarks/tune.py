@@ -76,6 +76,14 @@ JOB_SECONDS = 150.0
 QUICK_JOB_SECONDS = 60.0
 #: The tuner's windows in the benchmark: short, because its requests last seconds, not a minute.
 TUNER_ENV = {"DFLASH_TUNE_WINDOW_SECONDS": "2", "DFLASH_TUNE_SAMPLE_SECONDS": "0.25"}
+#: The CPU engine's windows: SGLang refreshes ``sglang:gen_throughput`` once per 40 decode steps
+#: (``--decode-log-interval``), every second or two there; a 2 s window saw one or two values, the
+#: first often still the previous target's, and the climb stopped on that noise (0.86 of the best).
+CPU_WINDOW_SECONDS = 6.0
+#: And its samples: every read of ``/metrics`` costs the CPU-bound server (its tokenizer process
+#: gathers the scheduler's metric files). Measured on one 12,000-prompt job each: sampling every
+#: 0.25 s, 3,025 tok/s; every 1 s, 3,416; a fixed 128 (where both settled), 3,422.
+CPU_SAMPLE_SECONDS = 1.0
 
 _TUNER_LINE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*in-flight tuner: (?P<old>\d+) -> (?P<new>\d+) "
@@ -267,6 +275,9 @@ class Server:
     #: None: 4,096 in the sweep and the job's default (the simulated curves, as first measured).
     max_tokens: int | None = None
     sweep_seconds: float = 6.0
+    #: The tuner's ``DFLASH_TUNE_WINDOW_SECONDS`` in the jobs.
+    window_seconds: float = float(TUNER_ENV["DFLASH_TUNE_WINDOW_SECONDS"])
+    sample_seconds: float = float(TUNER_ENV["DFLASH_TUNE_SAMPLE_SECONDS"])
     #: Each prompt's size (JSONL bytes), in the jobs' input and the sweep. On the CPU engine prefill
     #: is slow: 1 KB prompts (~820 tokens of the tiny tokenizer) before a 35-token answer would
     #: measure prefill, not the decode batch that a distillation job's long answers are bound by.
@@ -291,6 +302,8 @@ def measure(opts: Options, server: Server, work: Path, procs: Processes) -> tupl
     inp = write_prompts(work / f"prompts-{name}.jsonl", count, size=server.prompt_bytes)
     say(f"{name}: best fixed target {best}; {count:,} prompts of {mean_tokens:,.0f} tokens on average")
     jobs = {}
+    procs.env["DFLASH_TUNE_WINDOW_SECONDS"] = str(server.window_seconds)
+    procs.env["DFLASH_TUNE_SAMPLE_SECONDS"] = str(server.sample_seconds)
     for label, inflight in (("fixed", str(server.baseline)), ("best", str(best)), ("tuned", "auto")):
         say(f"{name}: job with --max-inflight {inflight} ...")
         job = run_job(procs, server, inp, work, f"{name}-{label}", inflight, *budget)
@@ -365,6 +378,8 @@ def real_sglang(opts: Options, procs: Processes) -> Iterator[Server]:
             CPU_SWEEP,
             256,
             sweep_seconds=9.0,
+            window_seconds=CPU_WINDOW_SECONDS,
+            sample_seconds=CPU_SAMPLE_SECONDS,
             prompt_bytes=CPU_PROMPT_BYTES,
             model=checkpoint.name,
         )
