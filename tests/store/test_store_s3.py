@@ -72,7 +72,9 @@ def test_bad_s3_uris_are_store_errors(uri: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "uri", [f"s3://{ACCESS_KEY}:{SECRET_KEY}@bucket/p", f"s3://bucket/p?secret={SECRET_KEY}"]
+    "uri",
+    [f"s3://{ACCESS_KEY}:{SECRET_KEY}@bucket/p", f"s3://bucket/p?secret={SECRET_KEY}"],
+    ids=["userinfo", "query"],  # the secret is random per process: never in a test's name
 )
 def test_credentials_in_the_uri_are_refused_without_echoing_them(uri: str) -> None:
     with pytest.raises(StoreError) as info:
@@ -106,7 +108,9 @@ def test_open_store_uses_aws_endpoint_url(
 
 
 @pytest.mark.parametrize(
-    "endpoint", ["minio:9000", "ftp://minio", f"http://{ACCESS_KEY}:{SECRET_KEY}@minio:9000"]
+    "endpoint",
+    ["minio:9000", "ftp://minio", f"http://{ACCESS_KEY}:{SECRET_KEY}@minio:9000"],
+    ids=["no-scheme", "ftp", "userinfo"],
 )
 def test_a_bad_endpoint_is_a_store_error_without_credentials(endpoint: str) -> None:
     settings = CommonSettings.load({"DFLASH_S3_ENDPOINT_URL": endpoint})
