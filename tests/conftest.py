@@ -12,6 +12,9 @@ import redis
 from tests.helpers import Processes, RedisServer, processes
 from tests.s3_support import FaultProxy, MotoServer
 
+#: The reliability table's hooks: here, because the xdist controller loads only this conftest.
+pytest_plugins = ("tests.reliability.plugin",)
+
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:

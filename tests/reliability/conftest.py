@@ -1,11 +1,4 @@
-"""The reliability suite's collector: one row per scenario, printed and written at the end.
-
-Each scenario's rows ride on its test report (``user_properties``), so the table is whole also
-when ``pytest -n`` runs the scenarios in worker processes.
-
-``make reliability`` (``pytest -m reliability``) and ``make test`` both end with the table; it is
-also written to ``test-artifacts/reliability.md`` and ``test-artifacts/reliability.json``.
-"""
+"""The reliability suite's fixtures; its table's hooks are in ``tests/reliability/plugin.py``."""
 
 from __future__ import annotations
 
@@ -13,17 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.reliability.support import ARTIFACTS, ROW_PROPERTY, Collector, Row, ScenarioRows
+from tests.reliability.support import Collector, ScenarioRows
 from tests.s3_support import MotoServer
-
-_COLLECTOR = pytest.StashKey[Collector]()
-
-
-_current: dict[str, Collector] = {}
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.stash[_COLLECTOR] = _current["collector"] = Collector()
 
 
 @pytest.fixture
@@ -37,36 +21,3 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
     server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
     yield server
     server.stop()
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Add up the suite's own time (set-up, call, tear-down), also when it runs inside ``make test``."""
-    collector = _current.get("collector")
-    if collector is None:
-        return
-    if report.nodeid.startswith("tests/reliability/"):
-        collector.seconds += report.duration
-    if report.when == "teardown":  # its properties hold every row the test added
-        for key, value in report.user_properties:
-            if key == ROW_PROPERTY and isinstance(value, dict):
-                collector.add(Row(**value))
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    collector = config.stash.get(_COLLECTOR, None)
-    if collector is None or not collector.rows or hasattr(config, "workerinput"):
-        return  # an xdist worker's rows are the controller's to print
-    md, js = collector.write(ARTIFACTS)
-    t = collector.totals()
-    terminalreporter.section("reliability: nothing lost, nothing duplicated")
-    for line in collector.markdown().splitlines():
-        terminalreporter.write_line(line)
-    terminalreporter.write_line(
-        f"{t['scenarios']} scenarios ({t['failed']} failed): {t['samples_expected']:,} samples expected, "
-        f"{t['stored_once']:,} stored exactly once, {t['lost']} lost, {t['duplicated']} duplicated, "
-        f"{t['wasted']:,} requests wasted; "
-        f"suite time {t['suite_s']:.0f} s (set-up, tests and tear-down of tests/reliability)"
-    )
-    terminalreporter.write_line(
-        f"written: {md.relative_to(ARTIFACTS.parent)}, {js.relative_to(ARTIFACTS.parent)}"
-    )

@@ -62,31 +62,13 @@ class Row:
 
 @dataclass
 class Collector:
-    """The session's rows, built by ``conftest.py`` from the tests' reports."""
+    """The session's rows, built by ``plugin.py`` from the tests' reports."""
 
     rows: list[Row] = field(default_factory=list)
-    seconds: float = 0.0  # the suite's own time, added up by conftest.py
+    seconds: float = 0.0  # the suite's own time, added up by plugin.py
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
-
-
-#: The key of a row in a test's ``user_properties``.
-ROW_PROPERTY = "reliability_row"
-
-
-class ScenarioRows(Collector):
-    """One scenario's rows (the ``reliability`` fixture): each also goes into the test's
-    ``user_properties``, which travel with its report to the process that prints the table (the
-    controller under ``pytest -n``, where the scenarios run in worker processes)."""
-
-    def __init__(self, properties: list[tuple[str, object]]) -> None:
-        super().__init__()
-        self._properties = properties
-
-    def add(self, row: Row) -> None:
-        super().add(row)
-        self._properties.append((ROW_PROPERTY, asdict(row)))
 
     def ordered(self) -> list[Row]:
         """By scenario number (modules run in alphabetical order), then as recorded."""
@@ -136,6 +118,24 @@ class ScenarioRows(Collector):
         )
         js.write_text(json.dumps({"totals": t, "rows": [asdict(r) for r in self.ordered()]}, indent=2) + "\n")
         return md, js
+
+
+#: The key of a row in a test's ``user_properties``.
+ROW_PROPERTY = "reliability_row"
+
+
+class ScenarioRows(Collector):
+    """One scenario's rows (the ``reliability`` fixture): each also goes into the test's
+    ``user_properties``, which travel with its report to the process that prints the table (the
+    controller under ``pytest -n``, where the scenarios run in worker processes)."""
+
+    def __init__(self, properties: list[tuple[str, object]]) -> None:
+        super().__init__()
+        self._properties = properties
+
+    def add(self, row: Row) -> None:
+        super().add(row)
+        self._properties.append((ROW_PROPERTY, asdict(row)))
 
 
 # --- accounting -------------------------------------------------------------------------------
