@@ -75,7 +75,7 @@ TIME_SCALE = 0.01
 JOB_SECONDS = 150.0
 QUICK_JOB_SECONDS = 60.0
 #: The tuner's windows in the benchmark: short, because its requests last seconds, not a minute.
-TUNER_ENV = {"DFLASH_TUNE_WINDOW_SECONDS": "2", "DFLASH_TUNE_SAMPLE_SECONDS": "0.25"}
+WINDOW_SECONDS, SAMPLE_SECONDS = 2.0, 0.25
 #: The CPU engine's windows: SGLang refreshes ``sglang:gen_throughput`` once per 40 decode steps
 #: (``--decode-log-interval``), every second or two there; a 2 s window saw one or two values, the
 #: first often still the previous target's, and the climb stopped on that noise (0.86 of the best).
@@ -276,8 +276,8 @@ class Server:
     max_tokens: int | None = None
     sweep_seconds: float = 6.0
     #: The tuner's ``DFLASH_TUNE_WINDOW_SECONDS`` in the jobs.
-    window_seconds: float = float(TUNER_ENV["DFLASH_TUNE_WINDOW_SECONDS"])
-    sample_seconds: float = float(TUNER_ENV["DFLASH_TUNE_SAMPLE_SECONDS"])
+    window_seconds: float = WINDOW_SECONDS
+    sample_seconds: float = SAMPLE_SECONDS
     #: Each prompt's size (JSONL bytes), in the jobs' input and the sweep. On the CPU engine prefill
     #: is slow: 1 KB prompts (~820 tokens of the tiny tokenizer) before a 35-token answer would
     #: measure prefill, not the decode batch that a distillation job's long answers are bound by.
@@ -404,7 +404,6 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
     figures: Figures = {}
     details: dict[str, Any] = {"ceiling": CEILING, "servers": {}}
     with workspace("tune", opts) as work, stack(work) as (_, procs):
-        procs.env.update(TUNER_ENV)
         for name in curves(opts):
             server_cm = real_sglang(opts, procs) if name == "sglang" else simulated(opts, name, procs)
             with server_cm as server:

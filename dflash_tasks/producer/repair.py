@@ -168,15 +168,38 @@ def run_repair_rounds(
         )
         sleep(settings.repair_spacing_seconds)
         chunks = set(plan.pending)
-        queue_repairs(store, manifest, bookkeeping, app, settings, job, permanent=permanent, only=chunks)
-        while repairs_in_flight(bookkeeping, queue, job.job_id, settings.lease_seconds) & chunks:
-            sleep(1.0)
+        # the plan is a spacing old: re-check only what is in flight (Redis), not the outputs
+        busy = repairs_in_flight(bookkeeping, queue, job.job_id, settings.lease_seconds)
+        publish_repairs(app, job.job_id, [u for u in plan.to_queue if u.chunk not in busy], queue=queue)
+        wait_for_repairs(bookkeeping, queue, job.job_id, settings.lease_seconds, chunks, sleep=sleep)
         rounds += 1
         plan = job_repair_plan(store, manifest, bookkeeping, settings, job, permanent=permanent, only=chunks)
     if rounds:
         left = describe(plan, permanent) if plan.samples else "none left"
         tell(f"repair: {rounds} rounds run; {left}")
     return plan, rounds
+
+
+def wait_for_repairs(
+    bookkeeping: Bookkeeping,
+    queue: str,
+    job_id: str,
+    lease_grace: float,
+    chunks: set[int] | None = None,
+    *,
+    timeout: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Until no repair round of ``job_id`` (of ``chunks``, if given) runs or waits, or ``timeout``
+    seconds passed; True when none does."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        busy = repairs_in_flight(bookkeeping, queue, job_id, lease_grace)
+        if not (busy if chunks is None else busy & chunks):
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        sleep(0.5)
 
 
 def describe(plan: RepairPlan, permanent: bool = False) -> str:
@@ -203,9 +226,8 @@ def repair_after_wait(
     app = configure(celery_app, settings)
     left, _ = run_repair_rounds(store, manifest, bk, app, settings, job, permanent=permanent)
     queue = model_queue(settings.queue, job.spec.model)
-    deadline = time.monotonic() + settings.lease_seconds * 10
-    while repairs_in_flight(bk, queue, job.job_id, settings.lease_seconds) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    # a round an earlier enqueue queued; bounded, since this only refreshes progress.json
+    wait_for_repairs(bk, queue, job.job_id, settings.lease_seconds, timeout=settings.lease_seconds * 10)
     writer = ProgressWriter(bk, f"enqueue/{os.getpid()}", settings.progress_seconds, settings.queue)
     try:  # the latest figures, whoever ran the rounds
         writer.write(job.job_id, store, manifest, job)

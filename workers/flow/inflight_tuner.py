@@ -141,7 +141,8 @@ class InflightTuner:
             return Reason.RETRACTIONS
         if w.token_usage > cfg.kv_threshold:
             return Reason.KV
-        if w.queued >= 2 and w.queued > cfg.queue_band * max(w.running, 1.0):
+        going_up = self.phase in (Phase.CLIMB, Phase.PROBE_UP)  # a queue says "no higher", not "lower"
+        if going_up and w.queued >= 2 and w.queued > cfg.queue_band * max(w.running, 1.0):
             return Reason.QUEUE
         return None
 
@@ -165,8 +166,6 @@ class InflightTuner:
             return self.target
         self._record(w)
         guard = self._guard(w)
-        if guard is Reason.QUEUE and self.phase in (Phase.SETTLED, Phase.PROBE_DOWN):
-            guard = None  # a queue says "no higher", not "lower" (module docstring)
         if guard is not None:
             return self._on_guard(w, guard)
         if self.phase is Phase.CLIMB:
