@@ -138,6 +138,15 @@ class TunerLoop:
     def apply(self, window: Window) -> int:
         """Feed one window to the tuner and move the pool to the target it answers."""
         before = self.tuner.target, self.tuner.phase, self.tuner.reason
+        log.debug(
+            "in-flight tuner window: %d at %.0f tok/s over %.1fs, running %.1f, queued %.1f, KV %.2f",
+            window.target,
+            window.tokens_per_s,
+            window.seconds,
+            window.running,
+            window.queued,
+            window.token_usage,
+        )
         target = self.pool.set_target(self.tuner.observe(window))
         self.windows += 1
         if (self.tuner.target, self.tuner.phase, self.tuner.reason) != before:

@@ -1,0 +1,90 @@
+"""The tuner's loop against a real request pool and a scripted server load (no server, no broker)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from workers.flow.inflight_tuner import InflightTuner, Phase, TunerConfig, Window
+from workers.flow.request_pool import RequestPool
+from workers.flow.tuner_loop import TunerLoop
+from workers.sglang_client import ServerLoad
+
+
+@pytest.fixture
+def pool() -> Iterator[RequestPool]:
+    p = RequestPool(48, ceiling=128)
+    yield p
+    p.shutdown()
+
+
+def hold(pool: RequestPool, n: int) -> threading.Event:
+    """Keep ``n`` requests running in the pool until the returned event is set."""
+    release = threading.Event()
+    for _ in range(n):
+        pool.submit(release.wait, 10)
+    return release
+
+
+def test_a_window_at_a_full_target_is_measured_from_the_servers_gauges(pool: RequestPool) -> None:
+    loads = iter(
+        [ServerLoad(running=40, queued=2, gen_throughput=1000, token_usage=0.3)] * 2
+        + [ServerLoad(running=44, queued=0, gen_throughput=1400, token_usage=0.5)] * 1000
+    )
+    loop = TunerLoop(
+        InflightTuner(TunerConfig()), pool, lambda: next(loads), window_seconds=0.3, sample_seconds=0.02
+    )
+    release = hold(pool, 48)
+    try:
+        window = loop.measure()
+    finally:
+        release.set()
+    assert window is not None
+    assert window.target == 48
+    assert 1000 < window.tokens_per_s < 1400  # the mean of the samples, not the last one
+    assert 40 < window.running < 44
+    assert window.token_usage == 0.5  # the highest KV use seen
+
+
+def test_a_window_short_of_work_says_nothing_about_the_target(pool: RequestPool) -> None:
+    loop = TunerLoop(
+        InflightTuner(TunerConfig()),
+        pool,
+        lambda: ServerLoad(running=10, gen_throughput=900),
+        window_seconds=0.2,
+        sample_seconds=0.02,
+    )
+    release = hold(pool, 10)  # 10 of 48: the job is draining
+    try:
+        assert loop.measure() is None
+    finally:
+        release.set()
+
+
+def test_applying_a_window_moves_the_pool_reports_the_change_and_logs_every_window(
+    pool: RequestPool, caplog: pytest.LogCaptureFixture
+) -> None:
+    changes: list[dict[str, Any]] = []
+    loop = TunerLoop(InflightTuner(TunerConfig()), pool, ServerLoad, on_change=changes.append)
+    caplog.set_level(logging.DEBUG, logger="workers.flow.tuner_loop")
+
+    assert loop.apply(Window(target=48, seconds=30, tokens_per_s=1000, running=48)) == 72
+    assert pool.max_inflight == 72
+    assert changes[-1]["target"] == 72 and changes[-1]["phase"] == Phase.CLIMB.value
+    assert changes[-1]["curve"] == [
+        {"target": 48, "tokens_per_s": 1000.0, "accept_length": 0.0, "token_usage": 0.0, "windows": 1}
+    ]
+    # the same target again (a stale window): no change, no report, but the window is logged
+    assert loop.apply(Window(target=48, seconds=30, tokens_per_s=5000)) == 72
+    assert len(changes) == 1
+    windows = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    moves = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(windows) == 2 and windows[0].startswith("in-flight tuner window: 48 at 1000 tok/s")
+    assert moves == [
+        "in-flight tuner: 48 -> 72 (climbing: throughput rising); "
+        "48 at 1000 tok/s, running 48, queued 0, KV 0.00"
+    ]
