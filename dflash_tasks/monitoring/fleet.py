@@ -43,6 +43,7 @@ class FleetWorker:
     model: str
     model_path: str
     max_inflight: int = 0  # the requests it keeps in flight (its share of the fleet's capacity)
+    tuned: bool = False  # its in-flight tuner moves max_inflight (--max-inflight auto)
 
     def serves(self, job_model: str) -> bool:
         return serves(job_model, self.model, self.model_path)
@@ -59,7 +60,11 @@ def live_fleet(beats: Mapping[str, Mapping[str, str]], now: float) -> list[Fleet
     """The live workers among ``beats`` (worker name -> heartbeat hash)."""
     return [
         FleetWorker(
-            name, beat.get("model", ""), beat.get("model_path", ""), int(_num(beat.get("max_inflight")))
+            name,
+            beat.get("model", ""),
+            beat.get("model_path", ""),
+            int(_num(beat.get("max_inflight"))),
+            tuned=bool(beat.get("tuner")),
         )
         for name, beat in sorted(beats.items())
         if beat and alive(beat, now)
@@ -78,10 +83,11 @@ def serving_warning(model: str, fleet: Iterable[FleetWorker]) -> str | None:
     return f"no live worker serves model {model!r}; the live workers serve: {listing}"
 
 
-def capacity(model: str, fleet: Iterable[FleetWorker]) -> tuple[int, int]:
-    """(workers, requests in flight) of the live workers whose server serves ``model``."""
+def capacity(model: str, fleet: Iterable[FleetWorker]) -> tuple[int, int, int]:
+    """(workers, requests in flight, workers whose tuner moves theirs) of the live workers whose
+    server serves ``model``."""
     serving = [w for w in fleet if w.serves(model)]
-    return len(serving), sum(w.max_inflight for w in serving)
+    return len(serving), sum(w.max_inflight for w in serving), sum(w.tuned for w in serving)
 
 
 def check_serving(bookkeeping: Bookkeeping, model: str, now: float) -> str | None:

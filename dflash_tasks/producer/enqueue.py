@@ -219,7 +219,7 @@ def run_preflight(
         )
     # The fleet's capacity from the workers' own heartbeats (each says its max_inflight); with
     # none alive, one worker at the workers' default (the producer never reads worker settings).
-    workers, slots = capacity(job.spec.model, live_fleet(bk.heartbeats(), time.time()))
+    workers, slots, tuned = capacity(job.spec.model, live_fleet(bk.heartbeats(), time.time()))
     workers, slots = max(workers, 1), slots or WorkerSettings().max_inflight
     done = [c for c in done_chunks(store) if c < manifest.chunks]
     report = judge(
@@ -229,6 +229,7 @@ def run_preflight(
         time.monotonic() - started,
         slots=slots,
         workers=workers,
+        tuned_workers=tuned,
         remaining=manifest.total_turns - sum(manifest.turns_of(c) for c in done),
         gpu_hour_usd=args.gpu_hour_usd or settings.gpu_hour_usd,
         remaining_samples=manifest.samples - sum(manifest.chunk_samples(c) for c in done),

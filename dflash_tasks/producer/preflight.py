@@ -77,6 +77,7 @@ class PreflightReport:
     remaining_samples: int | None = None
     trainable: TrainableSummary | None = None  # None when no tokenizer was at hand
     trainer_note: str = ""  # which tokenizer counted the loss tokens, or why none did
+    tuned_workers: int = 0  # of ``workers``, those whose in-flight tuner moves their target
 
     @property
     def passed(self) -> bool:
@@ -109,6 +110,7 @@ class PreflightReport:
             if eta is None
             else round(eta / 3600 * self.workers * self.gpu_hour_usd, 2),
             "workers": self.workers,
+            "tuned_workers": self.tuned_workers,
             "trainable": None if self.trainable is None else self.trainable.to_dict(),
             "trainer_note": self.trainer_note,
         }
@@ -142,9 +144,13 @@ class PreflightReport:
             left = f"{self.remaining:,} {unit}"
             if multi and self.remaining_samples is not None:
                 left += f" ({self.remaining_samples:,} samples)"
+            tuned = ""
+            if self.tuned_workers:  # the target they ran the preflight at, not where they settle
+                some = "" if self.tuned_workers == self.workers else f"{self.tuned_workers} of them "
+                tuned = f" ({some}tuning it from there)"
             lines.append(
                 f"  projected: {rate:,.2f} {unit}/s with {self.workers} workers x {per_worker}"
-                f" in flight, ETA {format_duration(eta)} for {left}"
+                f" in flight{tuned}, ETA {format_duration(eta)} for {left}"
                 + (f", ~${cost:,.0f}" if self.gpu_hour_usd > 0 else "")
             )
         if self.failures:
@@ -168,6 +174,7 @@ def judge(
     trainer: TrainerView | None = None,
     thinking: bool = True,
     preserve_thinking: bool = False,
+    tuned_workers: int = 0,
 ) -> PreflightReport:
     """Read the preflight chunks' records (their current ones: repairs included) and apply the
     gates to all but transient failures, which repair rounds regenerate; ``remaining`` counts turns.
@@ -206,6 +213,7 @@ def judge(
         remaining_samples=remaining_samples,
         trainable=trainable,
         trainer_note=note,
+        tuned_workers=tuned_workers,
     )
 
 

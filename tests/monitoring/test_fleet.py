@@ -81,14 +81,14 @@ def test_progress_warns_when_no_live_worker_serves_the_job_model() -> None:
 
 def test_capacity_counts_only_the_workers_serving_the_model() -> None:
     fleet = [
-        FleetWorker("gpu0", "Model-A", "/m/Model-A", 48),
+        FleetWorker("gpu0", "Model-A", "/m/Model-A", 48, tuned=True),
         FleetWorker("gpu1", "Model-A", "/m/Model-A", 32),
-        FleetWorker("gpu2", "Model-B", "/m/Model-B", 48),
+        FleetWorker("gpu2", "Model-B", "/m/Model-B", 48, tuned=True),
     ]
-    assert capacity("Model-A", fleet) == (2, 80)
-    assert capacity("Model-C", fleet) == (0, 0)
+    assert capacity("Model-A", fleet) == (2, 80, 1)
+    assert capacity("Model-C", fleet) == (0, 0, 0)
 
 
 def test_live_fleet_reads_each_workers_in_flight_target() -> None:
-    beats = {"gpu0": {**beat("Model-A"), "max_inflight": "24"}}
-    assert [w.max_inflight for w in live_fleet(beats, NOW)] == [24]
+    beats = {"gpu0": {**beat("Model-A"), "max_inflight": "24"}, "gpu1": {**beat("Model-A"), "tuner": "{}"}}
+    assert [(w.max_inflight, w.tuned) for w in live_fleet(beats, NOW)] == [(24, False), (0, True)]

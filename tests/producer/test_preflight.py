@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,12 @@ def test_projections_are_per_turn_and_cover_the_turns_left(tmp_path: Path) -> No
     assert doc["projected_cost_usd"] == round(1000 / (8 / 3.5) / 3600 * 2 * 3.6, 2)
     text = report.render()
     assert "preflight: 2 samples (4 turns generated, 1 multi-turn conversations)" in text
-    assert "2.29 turns/s with 2 workers x 4 in flight" in text and "for 1,000 turns (500 samples)" in text
+    assert "2.29 turns/s with 2 workers x 4 in flight, ETA" in text
+    assert "for 1,000 turns (500 samples)" in text
+    assert doc["tuned_workers"] == 0
+    some = replace(report, tuned_workers=1).render()
+    assert "2 workers x 4 in flight (1 of them tuning it from there), ETA" in some
+    assert "2 workers x 4 in flight (tuning it from there), ETA" in replace(report, tuned_workers=2).render()
 
 
 def test_a_failed_preflight_waits_for_its_running_chunks_before_deleting(
