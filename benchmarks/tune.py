@@ -9,7 +9,9 @@ one simulator runs with ``--max-running-requests 256`` (the ceiling) and the cur
 2. three **jobs** through the whole pipeline (a private Redis, one ``python -m workers``,
    ``enqueue --no-preflight --wait``), the same prompts each time: ``--max-inflight 48`` (the
    seed's), ``--max-inflight <best>`` and ``--max-inflight auto``. A job's tokens/s is the
-   simulator's generated tokens over the job's time from launching enqueue to the last chunk stored.
+   server's generated tokens over the job's time from launching enqueue to the last chunk stored.
+   The real CPU engine (``--set curves=sglang``) is started afresh before each job: it slows as it
+   ages, and the tuner's job runs last.
 
 The tuner's decisions are read from the worker's log (``in-flight tuner: A -> B (phase: reason)``).
 Per curve it prints fixed 48 vs the tuner vs the best fixed target. Goals, per curve: the tuner
