@@ -285,8 +285,6 @@ class Server:
     sweep_seconds: float = 6.0
     #: With ``--quick``: None, two thirds of ``sweep_seconds``.
     quick_sweep_seconds: float | None = None
-    #: How often the sweep reads the server's gauge (s).
-    sweep_read_seconds: float = 0.2
     #: The tuner's ``DFLASH_TUNE_WINDOW_SECONDS`` in the jobs.
     window_seconds: float = WINDOW_SECONDS
     sample_seconds: float = SAMPLE_SECONDS
@@ -325,7 +323,7 @@ def measure(opts: Options, server: Server, work: Path, procs: Processes) -> tupl
         seconds,
         server.max_tokens or 4096,
         server.prompt_bytes,
-        server.sweep_read_seconds,
+        server.sample_seconds,  # its reads cost a CPU-bound server, as the tuner's do
     )
     budget = () if server.max_tokens is None else ("--max-tokens", str(server.max_tokens))
     best = max(curve, key=lambda t: curve[t])
@@ -434,7 +432,6 @@ def real_sglang(opts: Options, procs: Processes) -> Iterator[Server]:
             # a shorter sweep saw too few gauge refreshes: one --quick run put the best at 16
             # (3,396 tok/s; 64: 3,090; 128: 2,723), where full sweeps rise to 128
             quick_sweep_seconds=9.0,
-            sweep_read_seconds=CPU_SAMPLE_SECONDS,
             window_seconds=CPU_WINDOW_SECONDS,
             sample_seconds=CPU_SAMPLE_SECONDS,
             prompt_bytes=CPU_PROMPT_BYTES,
