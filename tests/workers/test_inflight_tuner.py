@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import random
 from collections.abc import Callable
 
 import pytest
@@ -36,19 +38,25 @@ def test_it_settles_near_each_curves_best_and_stays_within_ten_percent(
     tps = sim_curve(name)
     best = max(range(8, 257), key=tps)
     tuner = InflightTuner(TunerConfig(recheck_windows=5))
-    tried = drive(tuner, tps, 60)
-    assert tuner.phase is not Phase.CLIMB
+    tried = [tuner.target]
+    while tuner.phase is Phase.CLIMB and len(tried) <= 12:  # the climb takes 11 windows at most
+        tried += drive(tuner, tps, 1)[1:]
+    assert tuner.phase is Phase.SETTLED, tried
+    climb = len(tried) - 1
+    tried += drive(tuner, tps, 50)[1:]
     assert low <= tuner.best <= high, (tried, best)
     assert tps(tuner.best) >= 0.95 * tps(best)
-    settled_at = next(i for i, t in enumerate(tried) if i > 0 and tuner.curve.get(t) and t == tuner.best)
-    after = tried[settled_at + 3 :]
-    assert all(abs(t - tuner.best) <= 0.1 * tuner.best for t in after), tried
+    # rechecks may walk it to a better neighbour; from there on it stays within 10% of it
+    arrived = tried.index(tuner.best, climb)
+    assert all(abs(t - tuner.best) <= 0.1 * tuner.best for t in tried[arrived:]), tried
     assert max(tried) <= 256
 
 
 def test_a_flat_curve_settles_on_the_lower_target() -> None:
     tuner = InflightTuner(TunerConfig())
-    drive(tuner, lambda t: 4000.0 if t >= 32 else 125.0 * t, 3)
+    tried = drive(tuner, lambda t: 4000.0 if t >= 32 else 125.0 * t, 6)
+    # 72 is measured twice, 48 again (it had one window), the finer 58 twice: none is better
+    assert tried == [48, 72, 72, 48, 58, 58, 48]
     assert tuner.phase is Phase.SETTLED
     assert tuner.target == 48
     assert tuner.reason is Reason.FLAT
@@ -173,3 +181,28 @@ def test_a_queue_while_probing_up_sends_it_back_and_caps_it_there() -> None:
     assert tuner.limit <= 162
     assert tuner.target <= 108
     assert all(t < tuner.limit for t in tried[tried.index(tuner.limit) + 1 :]), tried
+
+
+def test_on_a_noisy_curve_one_low_window_does_not_stop_the_climb() -> None:
+    # The real CPU engine's pipeline: a fixed 48, 72 and 108 ran at 3,650, 4,090 and 4,570 tok/s,
+    # flat above; one 6 s window read within ±6% of its job's rate. With decisions on one window,
+    # 59 of these 200 seeded runs ended below 0.95 of the best, 27 below 0.85 (back at 48 or so;
+    # a benchmark once ended there, at 0.75 of the best).
+    points = [(8, 1200.0), (16, 2400.0), (32, 3100.0), (48, 3650.0), (72, 4090.0), (108, 4570.0)]
+
+    def tps(t: int) -> float:
+        for (a, fa), (b, fb) in itertools.pairwise(points):
+            if a <= t <= b:
+                return fa + (fb - fa) * (t - a) / (b - a)
+        return points[-1][1]
+
+    ended = []
+    for seed in range(200):
+        rng = random.Random(seed)
+        tuner = InflightTuner(TunerConfig(ceiling=128))
+        for _ in range(20):  # a 150 s job of 7.5 s windows
+            t = tuner.target
+            tuner.observe(Window(target=t, seconds=6, tokens_per_s=tps(t) * rng.gauss(1, 0.06)))
+        ended.append(tps(tuner.target) / tps(128))
+    assert sum(share >= 0.95 for share in ended) >= 0.88 * len(ended)
+    assert sum(share < 0.85 for share in ended) <= 0.05 * len(ended)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dflash_tasks.core.spec_stats import SampleCounts
 from workers.flow.inflight_tuner import InflightTuner, Phase, TunerConfig, Window
 from workers.flow.request_pool import RequestPool
 from workers.flow.tuner_loop import TunerLoop
@@ -48,6 +49,46 @@ def test_a_window_at_a_full_target_is_measured_from_the_servers_gauges(pool: Req
     assert 1000 < window.tokens_per_s < 1400  # the mean of the samples, not the last one
     assert 40 < window.running < 44
     assert window.token_usage == 0.5  # the highest KV use seen
+
+
+def test_a_window_in_which_many_requests_finished_is_measured_by_the_completed_tokens(
+    pool: RequestPool,
+) -> None:
+    loop = TunerLoop(
+        InflightTuner(TunerConfig()),
+        pool,
+        lambda: ServerLoad(running=48, gen_throughput=900),
+        window_seconds=0.4,
+        sample_seconds=0.02,
+    )
+    counts = SampleCounts(
+        ok=True, completion_tokens=35, prompt_tokens=100, spec_tokens=0, verify=0, turns=1, generations=1
+    )
+    stop = threading.Event()
+
+    def finish(per_batch: int) -> None:  # requests finishing while the window runs
+        while not stop.wait(0.01):
+            for _ in range(per_batch):
+                loop.sample_done("job", counts)
+
+    release = hold(pool, 48)
+    few = threading.Thread(target=finish, args=(1,))
+    few.start()
+    try:
+        slow = loop.measure()  # about 20 finished: under 4 per slot, the gauge decides
+        stop.set()
+        few.join()
+        stop.clear()
+        many = threading.Thread(target=finish, args=(40,))
+        many.start()
+        fast = loop.measure()  # about 1,600: the count decides
+    finally:
+        stop.set()
+        release.set()
+    many.join()
+    assert slow is not None and slow.tokens_per_s == pytest.approx(900)
+    assert fast is not None and fast.tokens_per_s == pytest.approx(fast.completed_tokens_per_s)
+    assert fast.completed_tokens_per_s > 4 * 48 * 35 / 0.5
 
 
 def test_a_window_short_of_work_says_nothing_about_the_target(pool: RequestPool) -> None:

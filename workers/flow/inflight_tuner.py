@@ -7,8 +7,13 @@ rises, stops on the server's warnings, settles on the best target it measured an
 neighbours now and then, because the best concurrency drifts over a job:
 
 * **climb**: from the start target, times ``grow`` per window while tokens/s rise by more than
-  ``gain``; at the first window that does not, one finer step (times ``fine_grow``) above the best,
+  ``gain``; at the first step that does not, one finer step (times ``fine_grow``) above the best,
   then settle on the best. A flat curve settles on the lower target (fewer requests, less KV).
+  One window is enough to climb, not to stop: a step that does not beat the best is measured
+  again, and the best too when it has one window only (the climb goes back to it for a fresh one),
+  and the means decide. A window is noisy where the batch comes in waves: on the real CPU engine
+  one window at a fixed target read within ±6% of the mean, and a 12% gain from 48 to 72 was once
+  lost to a single window; the climb stopped at 48 and the job ran at 0.75 of the best.
 * **guards**: a retraction, a server queue past ``queue_band`` of its running requests, or KV use
   past ``kv_threshold`` means the server is out of room at this target: the tuner goes back to
   the best target below it and never climbs to this one again. A queue while climbing settles on
@@ -40,6 +45,8 @@ class Reason(StrEnum):
 
     STARTING = "starting"
     RISING = "throughput rising"
+    CONFIRMING = "measuring a step again"
+    RECHECKING = "measuring the best again"
     FLAT = "throughput stopped rising"
     CEILING = "at the ceiling"
     RETRACTIONS = "the server retracted requests"
@@ -84,6 +91,8 @@ class Window:
     token_usage: float = 0.0  # highest KV use seen (sglang:token_usage)
     retractions: int = 0  # requests retracted in the window
     accept_length: float = 0.0
+    #: The worker's own completed tokens per second (the fallback when the server reports no rate).
+    completed_tokens_per_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -117,6 +126,10 @@ class InflightTuner:
     limit: int = 0  # guarded: never this many or more
     curve: dict[int, CurvePoint] = field(default_factory=dict)
     _fine: bool = False
+    #: The climb's windows, tokens/s per target (its decisions take the mean).
+    _climb_tps: dict[int, list[float]] = field(default_factory=dict)
+    #: The step that sent the climb back to measure the best again.
+    _pending_step: int = 0
     _settled_windows: int = 0
     _settled_tps: float = 0.0
 
@@ -214,18 +227,47 @@ class InflightTuner:
 
     def _climb(self, w: Window) -> int:
         cfg = self.config
-        if not self.best or w.tokens_per_s > self.best_tps * (1 + cfg.gain):
-            self.best, self.best_tps, self.reason = w.target, w.tokens_per_s, Reason.RISING
-            nxt = self._step(w.target, cfg.fine_grow if self._fine else cfg.grow)
-            if nxt <= w.target:
-                return self._settle(w.target, Reason.CEILING)
-            self.target = nxt
-            return nxt
-        if not self._fine:  # one finer step above the best before settling
+        reads = self._climb_tps.setdefault(w.target, [])
+        reads.append(w.tokens_per_s)
+        mean = sum(reads) / len(reads)
+        if self._pending_step:  # back at the best for a fresh window: does the step beat it now?
+            step, self._pending_step = self._pending_step, 0
+            self.best_tps = mean
+            step_mean = self._climb_mean(step)
+            if step_mean > mean * (1 + cfg.gain):
+                return self._climb_from(step, step_mean)
+            return self._stop_climb(step)
+        if not self.best or mean > self.best_tps * (1 + cfg.gain):
+            return self._climb_from(w.target, mean)
+        if len(reads) < 2:  # within noise of the best, perhaps: one more window here
+            self.reason = Reason.CONFIRMING
+            return self.target
+        if len(self._climb_tps[self.best]) < 2:
+            self._pending_step, self.reason = w.target, Reason.RECHECKING
+            self.target = self.best
+            return self.best
+        return self._stop_climb(w.target)
+
+    def _climb_mean(self, target: int) -> float:
+        reads = self._climb_tps[target]
+        return sum(reads) / len(reads)
+
+    def _climb_from(self, target: int, tps: float) -> int:
+        """``target`` is the best so far: the next step above it (or settle at the ceiling)."""
+        self.best, self.best_tps, self.reason = target, tps, Reason.RISING
+        nxt = self._step(target, self.config.fine_grow if self._fine else self.config.grow)
+        if nxt <= target:
+            return self._settle(target, Reason.CEILING)
+        self.target = nxt
+        return nxt
+
+    def _stop_climb(self, step: int) -> int:
+        """``step`` did not beat the best: one finer step above the best first, then settle."""
+        if not self._fine:
             self._fine = True
-            nxt = self._step(self.best, cfg.fine_grow)
-            if self.best < nxt < w.target:
-                self.target = nxt
+            nxt = self._step(self.best, self.config.fine_grow)
+            if self.best < nxt < step:
+                self.target, self.reason = nxt, Reason.RISING
                 return nxt
         return self._settle(self.best, Reason.FLAT)
 
