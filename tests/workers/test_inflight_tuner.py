@@ -206,3 +206,11 @@ def test_on_a_noisy_curve_one_low_window_does_not_stop_the_climb() -> None:
         ended.append(tps(tuner.target) / tps(128))
     assert sum(share >= 0.95 for share in ended) >= 0.88 * len(ended)
     assert sum(share < 0.85 for share in ended) <= 0.05 * len(ended)
+
+
+def test_a_step_clearly_worse_than_the_best_stops_the_climb_without_a_second_window() -> None:
+    # past the decode graph ceiling (128) a batch leaves the fast path: 30% fewer tokens/s
+    tuner = InflightTuner(TunerConfig(breakpoints=(128,)))
+    tried = drive(tuner, lambda t: 30.0 * t if t <= 128 else 2700.0, 6)
+    assert tried[:6] == [48, 72, 108, 128, 192, 154]  # neither 192 nor 154 is measured twice
+    assert tuner.phase is Phase.SETTLED and tuner.target == 128

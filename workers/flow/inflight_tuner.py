@@ -9,11 +9,12 @@ neighbours now and then, because the best concurrency drifts over a job:
 * **climb**: from the start target, times ``grow`` per window while tokens/s rise by more than
   ``gain``; at the first step that does not, one finer step (times ``fine_grow``) above the best,
   then settle on the best. A flat curve settles on the lower target (fewer requests, less KV).
-  One window is enough to climb, not to stop: a step that does not beat the best is measured
-  again, and the best too when it has one window only (the climb goes back to it for a fresh one),
-  and the means decide. A window is noisy where the batch comes in waves: on the real CPU engine
-  one window at a fixed target read within ±6% of the mean, and a 12% gain from 48 to 72 was once
-  lost to a single window; the climb stopped at 48 and the job ran at 0.75 of the best.
+  One window is enough to climb, not to stop: a step that does not beat the best but reads within
+  ``noise`` of it is measured again, and the best too when it has one window only (the climb goes
+  back to it for a fresh one), and the means decide; a step clearly worse stops at once. A window
+  is noisy where the batch comes in waves: on the real CPU engine one window at a fixed target
+  read within ±6% of the mean, and a 12% gain from 48 to 72 was once lost to a single window; the
+  climb stopped at 48 and the job ran at 0.75 of the best.
 * **guards**: a retraction, a server queue past ``queue_band`` of its running requests, or KV use
   past ``kv_threshold`` means the server is out of room at this target: the tuner goes back to
   the best target below it and never climbs to this one again. A queue while climbing settles on
@@ -64,6 +65,9 @@ class TunerConfig:
     grow: float = 1.5
     fine_grow: float = 1.2
     gain: float = 0.03
+    #: A climbing step that reads less than ``gain`` better than the best, but no more than this
+    #: share worse, is within one window's noise: it is measured again before the climb stops.
+    noise: float = 0.10
     queue_band: float = 0.25
     kv_threshold: float = 0.95
     recheck_windows: int = 20
@@ -239,7 +243,9 @@ class InflightTuner:
             return self._stop_climb(step)
         if not self.best or mean > self.best_tps * (1 + cfg.gain):
             return self._climb_from(w.target, mean)
-        if len(reads) < 2:  # within noise of the best, perhaps: one more window here
+        if mean < self.best_tps * (1 - cfg.noise):  # clearly worse (past a graph ceiling, say)
+            return self._stop_climb(w.target)
+        if len(reads) < 2:  # within noise of the best: one more window here
             self.reason = Reason.CONFIRMING
             return self.target
         if len(self._climb_tps[self.best]) < 2:
