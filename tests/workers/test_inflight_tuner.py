@@ -185,7 +185,7 @@ def test_a_queue_while_probing_up_sends_it_back_and_caps_it_there() -> None:
 
 def test_on_a_noisy_curve_one_low_window_does_not_stop_the_climb() -> None:
     # The real CPU engine's pipeline: a fixed 48, 72 and 108 ran at 3,650, 4,090 and 4,570 tok/s,
-    # flat above; one 6 s window read within ±6% of its job's rate. With decisions on one window,
+    # flat above; 6 s windows scattered by 6% around the job's rate. With decisions on one window,
     # 59 of these 200 seeded runs ended below 0.95 of the best, 27 below 0.85 (back at 48 or so;
     # a benchmark once ended there, at 0.75 of the best).
     points = [(8, 1200.0), (16, 2400.0), (32, 3100.0), (48, 3650.0), (72, 4090.0), (108, 4570.0)]

@@ -12,9 +12,9 @@ neighbours now and then, because the best concurrency drifts over a job:
   One window is enough to climb, not to stop: a step that does not beat the best but reads within
   ``noise`` of it is measured again, and the best too when it has one window only (the climb goes
   back to it for a fresh one), and the means decide; a step clearly worse stops at once. A window
-  is noisy where the batch comes in waves: on the real CPU engine one window at a fixed target
-  read within ±6% of the mean, and a 12% gain from 48 to 72 was once lost to a single window; the
-  climb stopped at 48 and the job ran at 0.75 of the best.
+  is noisy where the batch comes in waves: on the real CPU engine windows at a fixed target
+  scattered by 6% (standard deviation) around their mean, and a 12% gain from 48 to 72 was once
+  lost to a single window: the climb stopped at 48 and the job ran at 0.75 of the best.
 * **guards**: a retraction, a server queue past ``queue_band`` of its running requests, or KV use
   past ``kv_threshold`` means the server is out of room at this target: the tuner goes back to
   the best target below it and never climbs to this one again. A queue while climbing settles on
