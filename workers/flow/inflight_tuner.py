@@ -95,7 +95,8 @@ class Window:
     token_usage: float = 0.0  # highest KV use seen (sglang:token_usage)
     retractions: int = 0  # requests retracted in the window
     accept_length: float = 0.0
-    #: The worker's own completed tokens per second (the fallback when the server reports no rate).
+    #: The worker's own completed tokens per second (``tokens_per_s`` is this where it is the
+    #: better measure: see :data:`workers.flow.tuner_loop.MANY_COMPLETIONS`).
     completed_tokens_per_s: float = 0.0
 
 
@@ -233,7 +234,7 @@ class InflightTuner:
         cfg = self.config
         reads = self._climb_tps.setdefault(w.target, [])
         reads.append(w.tokens_per_s)
-        mean = sum(reads) / len(reads)
+        mean = self._climb_mean(w.target)
         if self._pending_step:  # back at the best for a fresh window: does the step beat it now?
             step, self._pending_step = self._pending_step, 0
             self.best_tps = mean

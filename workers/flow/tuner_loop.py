@@ -39,8 +39,8 @@ SATURATED = 0.9
 #: completed tokens rather than the server's gauge. Short requests: on the real CPU engine
 #: (35-token answers, 6 s windows, 6 to 13 per slot) windows at a fixed target scattered by 6%
 #: (standard deviation) around the job's rate by the count, by 10% by the gauge, which read 8%
-#: under it on average. A GPU's thinking
-#: requests last a window or more: one per slot, there the count is lumpy and the gauge decides.
+#: under it on average. A GPU's thinking requests last a window or more: one per slot, there the
+#: count is lumpy and the gauge decides.
 MANY_COMPLETIONS = 4
 
 
