@@ -18,7 +18,9 @@ The tuner's decisions are read from the worker's log (``in-flight tuner: A -> B 
 Per curve it prints fixed 48 vs the tuner vs the best fixed target. Goals, per curve: the tuner
 reaches 0.95 of the best fixed target's tokens/s, beats fixed 48 where the best is not 48, never
 goes past the ceiling, retracts under 1% of its requests, and stays within ±10% of the target it
-settled on. ``--set curves=opt48,kvbound``, ``--set prompts=N``, ``--set time_scale=X``.
+settled on. ``--set curves=opt48,kvbound``, ``--set prompts=N``, ``--set time_scale=X``;
+``--set best=N`` compares with a fixed N instead of the sweep's pick (a short sweep can miss the
+pipeline's best), ``--set repeats=N`` runs N alternating pairs.
 """
 
 from __future__ import annotations
@@ -333,16 +335,18 @@ def measure(opts: Options, server: Server, work: Path, procs: Processes) -> tupl
         server.sample_seconds,  # its reads cost a CPU-bound server, as the tuner's do
     )
     budget = () if server.max_tokens is None else ("--max-tokens", str(server.max_tokens))
-    best = max(curve, key=lambda t: curve[t])
-    # as many prompts as the best target serves in JOB_SECONDS
-    default = curve[best] * job_seconds(server, opts.quick) / max(1.0, mean_tokens)
+    swept_best = max(curve, key=lambda t: curve[t])
+    best = int(opts.get("best", swept_best))  # --set best=N: compare with a target you name
+    # as many prompts as the best target serves in a job
+    default = curve.get(best, curve[swept_best]) * job_seconds(server, opts.quick) / max(1.0, mean_tokens)
     count = int(opts.get("prompts", round(default, -2)))
     inp = write_prompts(work / f"prompts-{name}.jsonl", count, size=server.prompt_bytes)
     say(f"{name}: best fixed target {best}; {count:,} prompts of {mean_tokens:,.0f} tokens on average")
     jobs: dict[str, list[dict[str, Any]]] = {"fixed": [], "best": [], "tuned": []}
     procs.env["DFLASH_TUNE_WINDOW_SECONDS"] = str(server.window_seconds)
     procs.env["DFLASH_TUNE_SAMPLE_SECONDS"] = str(server.sample_seconds)
-    order = [("fixed", str(server.baseline))] + [("best", str(best)), ("tuned", "auto")] * server.repeats
+    repeats = int(opts.get("repeats", server.repeats))
+    order = [("fixed", str(server.baseline))] + [("best", str(best)), ("tuned", "auto")] * repeats
     for label, inflight in order:
         if server.restart is not None:
             say(f"{name}: restarting the server (each job on a fresh one) ...")
