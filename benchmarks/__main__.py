@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import platform
+import signal
 import sys
 import time
 import traceback
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(NAMES)}")
     params = dict(item.split("=", 1) for item in args.set)
+    # a `kill` unwinds like Ctrl-C: the servers, workers and Redis a benchmark started are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     opts = Options(quick=args.quick, keep=args.keep, params=params)
     status = 0
     for name in args.names or NAMES:
