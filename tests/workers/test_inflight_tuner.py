@@ -65,7 +65,8 @@ def test_a_flat_curve_settles_on_the_lower_target() -> None:
 def test_retractions_send_it_back_below_and_it_never_tries_that_target_again() -> None:
     tuner = InflightTuner(TunerConfig(recheck_windows=2))
     tried = drive(tuner, lambda t: 100.0 * t, 30, retractions=lambda t: 1.0 if t >= 100 else 0.0)
-    assert tuner.reason in (Reason.RETRACTIONS, Reason.HELD)
+    # settled below the retractions, or re-checking the neighbour below (never the one above)
+    assert tuner.reason in (Reason.RETRACTIONS, Reason.HELD) or tuner.phase is Phase.PROBE_DOWN
     assert tuner.target < 100
     first_bad = next(i for i, t in enumerate(tried) if t >= 100)
     assert all(t < tried[first_bad] for t in tried[first_bad + 1 :]), tried

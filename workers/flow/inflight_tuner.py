@@ -58,6 +58,7 @@ class Reason(StrEnum):
     RETRACTIONS = "the server retracted requests"
     QUEUE = "the server queued requests past the band"
     KV = "KV cache use past the threshold"
+    PROBING = "re-checking a neighbour"
     HELD = "no better neighbour"
     MOVED = "a neighbour was better"
 
@@ -241,6 +242,7 @@ class InflightTuner:
 
     def _probe(self, phase: Phase, target: int) -> int:
         self.phase, self.target, self._probe_reads = phase, target, []
+        self.reason = Reason.PROBING
         return target
 
     def _probe_down(self) -> int:
