@@ -159,7 +159,10 @@ def test_node_loss_chunks_run_elsewhere_well_within_two_minutes(
     assert recovered <= bound, f"{recovered:.1f}s > {bound:.1f}s"
     wait_done(out, chunks, 120)
     by = recovered_by(procs.tmp, job_id)
-    assert all(by.get(c) == {"lease_expired"} for c in lost), (sorted(lost), by)
+    # each back by its lease expiring; under load the reconciler's periodic re-plan may see one too
+    # (seen once in a full CI run: chunk 2 {'lease_expired', 'replan'}), stored once all the same
+    paths = [by.get(c, set()) for c in lost]
+    assert all("lease_expired" in p and p <= {"lease_expired", "replan"} for p in paths), (sorted(lost), by)
     notes = (
         f"{len(held)} chunks, each back by its lease expiring; lease + reconcile = {lease + reconcile:g} s"
     )
