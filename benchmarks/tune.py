@@ -313,8 +313,8 @@ def job_seconds(server: Server, quick: bool) -> float:
     simulated job (2 s windows), so the climb is the same share of every server's job. The CPU
     engine's windows are 6 s: its jobs last 450 s (a ``--quick`` one 180 s). At 150 s its climb
     (48 s, six windows) was a third of the job, three times its share of a simulated one, and the
-    job ran at 0.944 of the best fixed target; a one-minute job
-    there was half climb (0.890). A real job lasts hours: its climb is a rounding error."""
+    job ran at 0.944 of the best fixed target; a one-minute job there was half climb (0.890). A
+    real job lasts hours: its climb is a rounding error."""
     base = QUICK_JOB_SECONDS if quick else JOB_SECONDS
     return base * max(1.0, server.window_seconds / WINDOW_SECONDS)
 

@@ -21,20 +21,22 @@ neighbours now and then, because the best concurrency drifts over a job:
   what the server admits plus half the band (its cache or its cap binds there, and a small queue
   keeps it full).
 * **settled**: every ``recheck_windows`` windows it tries ±``probe_step`` around the target and
-  moves when a neighbour is better than the mean of the settled windows by more than ``gain`` and
-  more than ``noise_z`` standard errors of the difference (the settled windows' own scatter says
-  how noisy one is); a neighbour that reads better by ``gain`` on its first window only is measured
-  again. On the CPU engine (windows scattered by 6%) a move on one window beating the last settled
-  one by 3% walked a flat curve's target 58 -> 63 -> 68 within one job. A retraction or KV use
-  past the threshold while settled lowers the target by ``probe_step``. A queue then only stops a probe
-  upwards: it does not cut, because a server whose prefill lags (new requests wait their turn while
-  the batch decodes) shows one at every target, and cutting on it would walk the target down to
-  the floor whatever the throughput (seen on the real CPU engine); below, tokens/s decide.
+  moves when a neighbour, over two windows, beats the mean of the settled windows by more than
+  ``gain`` and more than ``noise_z`` standard errors of the difference (the settled windows' own
+  scatter says how noisy one is); one window not better by ``gain`` is enough to stay. On the CPU
+  engine (windows scattered by 6%) moves on one window beating the last settled one by 3% walked a
+  flat curve's target 58 -> 63 -> 68 within one job. It never probes into a target the server
+  refused. A retraction or KV use past the threshold while settled lowers the target by
+  ``probe_step``. A queue then only stops a probe upwards: it does not cut, because a server whose
+  prefill lags (new requests wait their turn while the batch decodes) shows one at every target,
+  and cutting on it would walk the target down to the floor whatever the throughput (seen on the
+  real CPU engine); below, tokens/s decide.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -143,12 +145,10 @@ class InflightTuner:
     _climb_tps: dict[int, list[float]] = field(default_factory=dict)
     #: The step that sent the climb back to measure the best again.
     _pending_step: int = 0
-    #: Tokens/s of each window since it settled, and of each window at the neighbour it probes.
+    #: Tokens/s of each window since it settled (kept while it probes: the neighbour must beat
+    #: them), and of each window at the neighbour it probes.
     _settled_reads: list[float] = field(default_factory=list)
     _probe_reads: list[float] = field(default_factory=list)
-    #: The settled windows' scatter (standard deviation over mean) and count, when it probes.
-    _noise: float = 0.0
-    _baseline_windows: int = 0
 
     def __post_init__(self) -> None:
         self.limit = self.config.ceiling + 1
@@ -203,7 +203,7 @@ class InflightTuner:
         if self.phase is Phase.SETTLED:
             self._settled_reads.append(w.tokens_per_s)
             if len(self._settled_reads) >= self.config.recheck_windows:
-                self._take_baseline()
+                self.best, self.best_tps = self.target, statistics.fmean(self._settled_reads)
                 step = min(self.config.ceiling, round(self.target * (1 + self.config.probe_step)))
                 if self.target < step < self.limit:  # not into a target the server refused
                     return self._probe(Phase.PROBE_UP, step)
@@ -221,23 +221,16 @@ class InflightTuner:
         # PROBE_DOWN: go down only when it is better, not merely as good (noise would walk it down)
         return self._settle(self.best, Reason.HELD)
 
-    def _take_baseline(self) -> None:
-        """The settled target's mean tokens/s and its windows' scatter: what a neighbour must beat."""
-        reads = self._settled_reads
-        mean = sum(reads) / len(reads)
-        var = sum((r - mean) ** 2 for r in reads) / max(1, len(reads) - 1)
-        self.best, self.best_tps = self.target, mean
-        self._noise = math.sqrt(var) / mean if mean > 0 else 0.0
-        self._baseline_windows = len(reads)
-
     def _neighbour_verdict(self) -> bool | None:
-        """Is the probed neighbour better than the settled target? None: not sure yet."""
+        """Is the probed neighbour better than the settled windows (``best_tps``, their mean)?
+        None: not sure yet. The settled windows' own scatter says how noisy a window is."""
         cfg = self.config
-        reads = self._probe_reads
-        mean = sum(reads) / len(reads)
-        stderr = self._noise * math.sqrt(1 / len(reads) + 1 / max(1, self._baseline_windows))
+        reads, settled = self._probe_reads, self._settled_reads
+        mean = statistics.fmean(reads)
         if len(reads) < 2:  # one window is enough to stay, not to move
             return None if mean > self.best_tps * (1 + cfg.gain) else False
+        noise = statistics.stdev(settled) / self.best_tps if len(settled) > 1 and self.best_tps > 0 else 0.0
+        stderr = noise * math.sqrt(1 / len(reads) + 1 / len(settled))
         return mean > self.best_tps * (1 + max(cfg.gain, cfg.noise_z * stderr))
 
     def _probe(self, phase: Phase, target: int) -> int:
@@ -290,8 +283,7 @@ class InflightTuner:
         return self._stop_climb(w.target)
 
     def _climb_mean(self, target: int) -> float:
-        reads = self._climb_tps[target]
-        return sum(reads) / len(reads)
+        return statistics.fmean(self._climb_tps[target])
 
     def _climb_from(self, target: int, tps: float) -> int:
         """``target`` is the best so far: the next step above it (or settle at the ceiling)."""
