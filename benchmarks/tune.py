@@ -421,7 +421,7 @@ def real_sglang(opts: Options, procs: Processes) -> Iterator[Server]:
         return
     from tests.real_sglang.checkpoint import ensure_checkpoint
     from tests.real_sglang.env import cache_root, ensure_env
-    from tests.real_sglang.server import RealServer, start_server
+    from tests.real_sglang.server import RealServer, start_ready
 
     env_python = ensure_env()
     checkpoint = ensure_checkpoint(cache_root(), env_python)
@@ -433,8 +433,7 @@ def real_sglang(opts: Options, procs: Processes) -> Iterator[Server]:
         starts += 1
         log = procs.tmp / f"sglang-{starts}.log"
         cap = ("--max-running-requests", str(ceiling))
-        started = start_server(env_python, checkpoint, port, log, extra=cap)
-        started.wait_ready()
+        started, _ = start_ready(env_python, checkpoint, port, log, RealServer.wait_ready, extra=cap)
         return started
 
     server = start()

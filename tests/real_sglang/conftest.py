@@ -19,7 +19,7 @@ from dflash_tasks.sim import start_simulator
 from tests.helpers import free_port
 from tests.real_sglang.checkpoint import CheckpointUnavailable, ensure_checkpoint
 from tests.real_sglang.env import EnvUnavailable, cache_root, ensure_env
-from tests.real_sglang.server import CONTEXT_LENGTH, RealServer, start_server
+from tests.real_sglang.server import CONTEXT_LENGTH, RealServer, start_ready
 
 API_KEY = "contract-key-0123"
 SERVED_NAME = "tiny-qwen3"
@@ -101,11 +101,16 @@ def real_target(
     """One real server for a module's tests (stopped at its end), with an API key and a served name."""
     log = tmp_path_factory.mktemp("real-sglang") / "sglang.log"
     port = free_port()
-    server = start_server(
-        sglang_python, tiny_model, port, log, api_key=API_KEY, extra=("--served-model-name", SERVED_NAME)
+    server, startup = start_ready(
+        sglang_python,
+        tiny_model,
+        port,
+        log,
+        lambda started: watch_startup(started.url, 600, alive=started),
+        api_key=API_KEY,
+        extra=("--served-model-name", SERVED_NAME),
     )
     try:
-        startup = watch_startup(server.url, 600, alive=server)
         yield Target("real", server.url, str(tiny_model), startup)
         server.check_no_standin_calls()
     finally:
