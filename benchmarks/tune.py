@@ -11,8 +11,8 @@ one simulator runs with ``--max-running-requests 256`` (the ceiling) and the cur
    seed's), ``--max-inflight <best>`` and ``--max-inflight auto``. A job's tokens/s is the
    server's generated tokens over the job's time from launching enqueue to the last chunk stored.
    The real CPU engine (``--set curves=sglang``) is started afresh before each job (it slows as it
-   ages), and runs the best fixed target's and the tuner's jobs twice, alternating, their means
-   compared: identical jobs there differ by up to 8% (16% on a slower machine).
+   ages), and runs the best fixed target's and the tuner's jobs three times, alternating, their
+   means compared: identical jobs there differ by up to 8% (16% on a slower machine).
 
 The tuner's decisions are read from the worker's log (``in-flight tuner: A -> B (phase: reason)``).
 Per curve it prints fixed 48 vs the tuner vs the best fixed target. Goals, per curve: the tuner
@@ -304,7 +304,7 @@ class Server:
     #: the last of three, was measured on a slower server than the fixed targets' jobs.
     restart: Callable[[], None] | None = None
     #: Jobs at the best fixed target and with the tuner, alternating (best, tuned, best, ...): their
-    #: means are compared. Two on the CPU engine, where identical jobs differ by 8 to 16%.
+    #: means are compared. Three on the CPU engine, where identical jobs differ by 8 to 16%.
     repeats: int = 1
 
 
@@ -462,7 +462,7 @@ def real_sglang(opts: Options, procs: Processes) -> Iterator[Server]:
             prompt_bytes=CPU_PROMPT_BYTES,
             model=checkpoint.name,
             restart=restart,
-            repeats=2,
+            repeats=3,  # identical jobs differ by up to 16% there: one pair decides little
         )
     finally:
         server.stop()

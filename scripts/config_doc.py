@@ -34,8 +34,8 @@ SGLang API key, the Flower password) are never shown in logs or `repr`.
 {{roles}}
 
 A variable is declared once, in the lowest class whose processes read it, so a setting two roles
-share has one default. This page is generated from the classes (`python scripts/config_doc.py`);
-a test fails when it is stale.
+share has one default; where a role changes it, its section says so. This page is generated from
+the classes (`python scripts/config_doc.py`); a test fails when it is stale.
 """
 
 
@@ -49,11 +49,21 @@ def settings_classes() -> list[type[CommonSettings]]:
     return sorted(found, key=lambda cls: inspect.getsourcelines(cls)[1])
 
 
-def own_field_docs(cls: type[CommonSettings]) -> list[tuple[str, list[tuple[str, str]]]]:
-    """``[(group, [(field, comment)])]`` of the fields ``cls`` itself declares, in source order."""
+def inherited(cls: type[CommonSettings]) -> set[str]:
+    """The fields a base of ``cls`` declares (``cls`` may give one of them another default)."""
+    bases = [base for base in cls.__mro__[1:] if dataclasses.is_dataclass(base)]
+    return {f.name for base in bases for f in dataclasses.fields(base)}
+
+
+def own_field_docs(
+    cls: type[CommonSettings], names: set[str] | None = None
+) -> list[tuple[str, list[tuple[str, str]]]]:
+    """``[(group, [(field, comment)])]`` of the fields ``cls`` itself declares (or redeclares, of
+    ``names``), in source order."""
     text = SOURCE.read_text()
     lines = text.splitlines()
-    names = {f.name for f in dataclasses.fields(cls)}
+    if names is None:
+        names = {f.name for f in dataclasses.fields(cls)} - inherited(cls)
     node_of = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
     groups: list[tuple[str, list[tuple[str, str]]]] = [("", [])]
     prev_end = node_of.lineno
@@ -109,6 +119,12 @@ def render() -> str:
                 shown = "" if default in ("", None) else f"`{default}`"
                 meaning = comment.replace("|", "\\|") or "(undocumented)"
                 out.append(f"| `{ENV_PREFIX}{name.upper()}` | {shown} | {meaning} |")
+            out.append("")
+        changed = [item for _, items in own_field_docs(cls, inherited(cls)) for item in items]
+        if changed:
+            out.append("Defaults it changes:\n")
+            for name, comment in changed:
+                out.append(f"- `{ENV_PREFIX}{name.upper()}`: `{defaults[name]}` here. {comment}")
             out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
 
