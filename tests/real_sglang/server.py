@@ -129,8 +129,8 @@ class RealServer:
         raise AssertionError(f"SGLang not ready after {timeout:.0f} s:\n{self.log_text()[-4000:]}")
 
     def port_clash(self) -> bool:
-        """Did the process exit because a port it picked for itself was taken meanwhile?"""
-        return self.proc.poll() is not None and any(mark in self.log_text() for mark in PORT_CLASH)
+        """Does its log say it failed because a port it picked for itself was taken meanwhile?"""
+        return any(mark in self.log_text() for mark in PORT_CLASH)
 
     def check_no_standin_calls(self) -> None:
         calls = standin_calls(self.log_text())
@@ -184,19 +184,22 @@ def start_ready(
     extra: Sequence[str] = (),
 ) -> tuple[RealServer, T]:
     """Start a server and ``wait`` for it (:meth:`RealServer.wait_ready`, say); started once more
-    (the first log kept beside the new one, ``*.clash.log``) when it exited on a port clash, which
-    is SGLang's pick, not our fault."""
+    (the first log kept beside the new one, ``*.clash.log``) when it failed on a port clash, which
+    is SGLang's pick, not our fault. A server that is not ready is stopped before the error rises."""
     server = start_server(python, model, port, log, api_key, extra)
     try:
-        return server, wait(server)
+        return server, _wait_or_stop(server, wait)
     except AssertionError:
         if not server.port_clash():
-            server.stop()
             raise
     log.replace(log.with_suffix(".clash.log"))
     server = start_server(python, model, port, log, api_key, extra)
+    return server, _wait_or_stop(server, wait)
+
+
+def _wait_or_stop(server: RealServer, wait: Callable[[RealServer], T]) -> T:
     try:
-        return server, wait(server)
+        return wait(server)
     except BaseException:
         server.stop()
         raise

@@ -78,3 +78,18 @@ def test_another_exit_is_not_retried(tmp_path: Path) -> None:
             RealServer.wait_ready,
         )
     assert not (tmp_path / "s.clash.log").exists()
+
+
+def test_a_server_not_ready_is_stopped_whatever_the_wait_raised(tmp_path: Path) -> None:
+    started: list[RealServer] = []
+
+    def interrupted(server: RealServer) -> float:
+        started.append(server)
+        server.wait_ready()  # it answers: then the wait is cut short all the same
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        start_ready(
+            fake_python(tmp_path, clashes=0), "/models/x", free_port(), tmp_path / "s.log", interrupted
+        )
+    assert [s.proc.poll() is not None for s in started] == [True]
