@@ -120,3 +120,19 @@ def test_a_running_job_after_a_flush_is_not_taken_for_a_finished_one(bk: Bookkee
     doc = compute_progress(store, bk, job_id, NOW + LATER)
     assert doc["state"] != "done" and doc["samples"]["done"] == SAMPLES - CHUNK
     assert not any("finished job" in w for w in doc["warnings"])
+
+
+def test_a_progress_json_that_is_not_final_gives_its_start_but_never_now_minus_start(
+    bk: Bookkeeping, tmp_path: Path
+) -> None:
+    store, job_id = finished_job(bk, tmp_path)
+    earlier = json.loads(store.read(PROGRESS_KEY))
+    earlier |= {"state": "running", "finished_at": None, "samples": {**earlier["samples"], "done": 30}}
+    assert earlier["started_at"]  # a start time, and a document that is not the final one
+    store.write(PROGRESS_KEY, json.dumps(earlier).encode())
+    bk.client.flushall()
+
+    doc = compute_progress(store, bk, job_id, NOW + LATER)
+    assert any("recounted from its 60 stored records" in w for w in doc["warnings"])
+    assert doc["started_at"] == earlier["started_at"]
+    assert doc["finished_at"] is None and doc["elapsed_s"] is None  # not 45 minutes
