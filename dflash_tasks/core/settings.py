@@ -84,10 +84,17 @@ class CommonSettings:
         _check_names(cls, overrides)
         source = os.environ if env is None else env
         values: dict[str, Any] = {}
+        tune = False
         for field in fields(cls):
             raw = source.get(ENV_PREFIX + field.name.upper())
-            if raw is not None and raw != "":
-                values[field.name] = _coerce(field.name, field.type, raw)
+            if raw is None or raw == "":
+                continue
+            if field.name == "max_inflight" and raw.strip().lower() == AUTO_INFLIGHT:
+                tune = True  # DFLASH_MAX_INFLIGHT=auto means what --max-inflight auto means
+                continue
+            values[field.name] = _coerce(field.name, field.type, raw)
+        if tune:
+            values.update(inflight_overrides(AUTO_INFLIGHT))
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
         settings.validate()
@@ -216,7 +223,8 @@ class WorkerSettings(ProgressSettings):
     store_retry_seconds: float = 300.0
     # --- flow control ---
     #: Requests this worker keeps in flight against its server (SGLang's spec-decoding cap is 48);
-    #: with ``tune_inflight``, where the tuner starts.
+    #: with ``tune_inflight``, where the tuner starts. ``auto``, as for ``--max-inflight``, turns
+    #: ``tune_inflight`` on and starts from the default.
     max_inflight: int = DEFAULT_MAX_INFLIGHT
     #: Tune the in-flight target from the server's own numbers (``--max-inflight auto``), between
     #: ``inflight_floor`` and ``inflight_ceiling`` (docs/performance.md).

@@ -10,6 +10,7 @@ import pytest
 
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.settings import (
+    DEFAULT_MAX_INFLIGHT,
     ROLES,
     CommonSettings,
     MonitorSettings,
@@ -17,6 +18,8 @@ from dflash_tasks.core.settings import (
     ProducerSettings,
     ProgressSettings,
     WorkerSettings,
+    inflight_overrides,
+    parse_inflight,
     redact_url,
 )
 
@@ -434,3 +437,18 @@ def test_the_load_of_a_role_returns_that_role() -> None:
     node = NodeSettings.load({}, gpus="0-1")
     assert type(node) is NodeSettings and type(node.replace(max_inflight=2)) is NodeSettings
     assert node.low_water() == 24
+
+
+@pytest.mark.parametrize("raw", ["auto", " AUTO "])
+def test_the_max_inflight_variable_takes_auto_as_the_flag_does(raw: str) -> None:
+    settings = WorkerSettings.load({"DFLASH_MAX_INFLIGHT": raw, "DFLASH_TUNE_INFLIGHT": "0"})
+    flag = WorkerSettings.load({}, **inflight_overrides(parse_inflight(raw)))
+    assert settings.tune_inflight and flag.tune_inflight
+    assert settings.max_inflight == flag.max_inflight == DEFAULT_MAX_INFLIGHT
+
+
+def test_a_number_in_the_max_inflight_variable_leaves_the_tuner_to_its_own_variable() -> None:
+    tuned = WorkerSettings.load({"DFLASH_MAX_INFLIGHT": "32", "DFLASH_TUNE_INFLIGHT": "1"})
+    assert tuned.max_inflight == 32 and tuned.tune_inflight
+    with pytest.raises(ConfigError, match=r"DFLASH_MAX_INFLIGHT='lots' is not a valid int"):
+        WorkerSettings.load({"DFLASH_MAX_INFLIGHT": "lots"})
