@@ -19,7 +19,7 @@ from dflash_tasks.coord.connection import connect, redis_errors
 from dflash_tasks.coord.keys import Keys
 from dflash_tasks.coord.lua import load_script
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS
-from dflash_tasks.coord.publish import Delivery, unacked_deliveries
+from dflash_tasks.coord.publish import UnackedDelivery, unacked_deliveries
 from dflash_tasks.core.states import JobState
 
 
@@ -224,7 +224,7 @@ class Bookkeeping:
             )
         return bool(removed)
 
-    def unacked_deliveries(self) -> list[Delivery]:
+    def unacked_deliveries(self) -> list[UnackedDelivery]:
         """Every chunk message delivered to a worker and not yet acknowledged (kombu's own keys)."""
         return unacked_deliveries(self._r)
 

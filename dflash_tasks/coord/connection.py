@@ -8,7 +8,10 @@ a :class:`~dflash_tasks.coord.bookkeeping.Bookkeeping` or a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import redis
+from kombu.exceptions import OperationalError
 
 from dflash_tasks.core.errors import ConfigError, RetryableError
 from dflash_tasks.core.settings import redact_url
@@ -52,12 +55,29 @@ class redis_errors:
     the password).
     """
 
-    def __init__(self, doing: str) -> None:
+    #: The errors translated.
+    ERRORS: tuple[type[BaseException], ...] = (redis.RedisError,)
+
+    def __init__(self, doing: str | Callable[[], str]) -> None:
         self._doing = doing
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, redis.RedisError):
-            raise RetryableError(f"Redis error while {self._doing}: {exc}") from exc
+        if isinstance(exc, self.ERRORS):
+            doing = self._doing if isinstance(self._doing, str) else self._doing()
+            raise RetryableError(f"{self.WHAT} error while {doing}: {exc}") from exc
+
+    WHAT = "Redis"
+
+
+class broker_errors(redis_errors):
+    """:class:`redis_errors` for Celery's side of the broker: also the socket errors and kombu's
+    ``OperationalError`` (its wrapper of a lost connection) that publishing raises.
+
+    ``doing`` may be a function, called only on an error (a message naming how far it got).
+    """
+
+    ERRORS = (redis.RedisError, OSError, OperationalError)
+    WHAT = "broker"

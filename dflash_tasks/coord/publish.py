@@ -20,8 +20,8 @@ import redis
 from celery import Celery
 
 from dflash_tasks.coord.celery_app import TASK_NAME
+from dflash_tasks.coord.connection import broker_errors, redis_errors
 from dflash_tasks.coord.keys import UNACKED, UNACKED_INDEX
-from dflash_tasks.core.errors import RetryableError
 from dflash_tasks.core.repair import RepairUnit
 
 
@@ -53,7 +53,7 @@ def parse_task_id(tid: str) -> tuple[str, int] | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
+class UnackedDelivery:
     """A message delivered to a worker and not acknowledged yet (kombu's Redis ack emulation)."""
 
     tag: str
@@ -66,25 +66,24 @@ class Delivery:
         return max(self.delivered_at, self.eta or 0.0) < now - grace
 
 
-def unacked_deliveries(client: redis.Redis) -> list[Delivery]:
+def unacked_deliveries(client: redis.Redis) -> list[UnackedDelivery]:
     """Every unacknowledged delivery, from ``unacked_index`` / ``unacked``.
 
     A live worker leases a chunk milliseconds after delivery (or after its countdown), so an old
     delivery without a lease belongs to a dead worker.
     """
-    try:
+    with redis_errors("reading the broker's unacked messages"):
         rows = cast(list[tuple[bytes, float]], client.zrange(UNACKED_INDEX, 0, -1, withscores=True))
         if not rows:
             return []
         raws = cast(list[bytes | None], client.hmget(UNACKED, [tag for tag, _ in rows]))
-    except redis.RedisError as exc:
-        raise RetryableError(f"cannot read the broker's unacked messages: {exc}") from exc
-    found: list[Delivery] = []
+    found: list[UnackedDelivery] = []
     for (tag, delivered_at), raw in zip(rows, raws, strict=True):
         headers = _unacked_headers(raw)
         if headers is not None:
             tid = str(headers.get("id") or "")
-            found.append(Delivery(tag.decode(), tid, float(delivered_at), _timestamp(headers.get("eta"))))
+            eta = _timestamp(headers.get("eta"))
+            found.append(UnackedDelivery(tag.decode(), tid, float(delivered_at), eta))
     return found
 
 
@@ -147,24 +146,17 @@ def publish_chunks(
     if not todo:
         return 0
     sent = 0
-    try:
-        with app.producer_or_acquire() as producer:
-            if len(todo) == 1:
-                _send(app, producer, job_id, todo[0], queue, countdown)
-                return 1
-            producer.maybe_declare(app.amqp.queues[queue])
-            for start in range(0, len(todo), PUBLISH_BATCH):
-                batch = todo[start : start + PUBLISH_BATCH]
-                with producer.batch(max_size=2 * len(batch) + 2):  # each message and its sent event
-                    for chunk in batch:
-                        _send(app, producer, job_id, chunk, queue, countdown, declare=[], retry=False)
-                sent += len(batch)
-    except (OSError, redis.RedisError) as exc:
-        raise RetryableError(f"cannot publish to the broker after {sent} chunks: {exc}") from exc
-    except Exception as exc:  # kombu wraps connection failures in its own OperationalError
-        if type(exc).__name__ == "OperationalError":
-            raise RetryableError(f"cannot publish to the broker after {sent} chunks: {exc}") from exc
-        raise
+    with broker_errors(lambda: f"publishing chunks ({sent} sent)"), app.producer_or_acquire() as producer:
+        if len(todo) == 1:
+            _send(app, producer, job_id, todo[0], queue, countdown)
+            return 1
+        producer.maybe_declare(app.amqp.queues[queue])
+        for start in range(0, len(todo), PUBLISH_BATCH):
+            batch = todo[start : start + PUBLISH_BATCH]
+            with producer.batch(max_size=2 * len(batch) + 2):  # each message and its sent event
+                for chunk in batch:
+                    _send(app, producer, job_id, chunk, queue, countdown, declare=[], retry=False)
+            sent += len(batch)
     return sent
 
 
@@ -173,24 +165,18 @@ def publish_repairs(
 ) -> int:
     """Queue one repair message per unit on ``queue`` (the job's model queue); returns how many."""
     sent = 0
-    try:
-        with app.producer_or_acquire() as producer:
-            for unit in units:
-                app.send_task(
-                    TASK_NAME,
-                    args=(job_id, unit.chunk, unit.round, unit.permanent, unit.max_tokens or 0),
-                    task_id=repair_task_id(job_id, unit),
-                    producer=producer,
-                    queue=queue,
-                    countdown=countdown,
-                )
-                sent += 1
-    except (OSError, redis.RedisError) as exc:
-        raise RetryableError(f"cannot publish to the broker after {sent} repair rounds: {exc}") from exc
-    except Exception as exc:  # kombu wraps connection failures in its own OperationalError
-        if type(exc).__name__ == "OperationalError":
-            raise RetryableError(f"cannot publish to the broker after {sent} repair rounds: {exc}") from exc
-        raise
+    doing = lambda: f"publishing repair rounds ({sent} sent)"  # noqa: E731
+    with broker_errors(doing), app.producer_or_acquire() as producer:
+        for unit in units:
+            app.send_task(
+                TASK_NAME,
+                args=(job_id, unit.chunk, unit.round, unit.permanent, unit.max_tokens or 0),
+                task_id=repair_task_id(job_id, unit),
+                producer=producer,
+                queue=queue,
+                countdown=countdown,
+            )
+            sent += 1
     return sent
 
 
@@ -232,10 +218,8 @@ def _queued_task_ids(client: redis.Redis, queue: str, prefix: str, page: int) ->
     """The task ids starting with ``prefix`` of the messages waiting in ``queue``, page by page."""
     start = 0
     while True:
-        try:
+        with redis_errors(f"reading the broker queue {queue!r}"):
             batch = cast(list[bytes], client.lrange(queue, start, start + page - 1))
-        except redis.RedisError as exc:
-            raise RetryableError(f"cannot read the broker queue {queue!r}: {exc}") from exc
         for raw in batch:
             tid = _message_task_id(raw)
             if tid.startswith(prefix):

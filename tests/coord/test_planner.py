@@ -129,8 +129,20 @@ def test_queued_chunks_sees_messages_published_by_celery(rclient: redis.Redis, q
 def test_queued_chunks_redis_down_is_retryable() -> None:
     port = free_port()
     client = Bookkeeping.from_url(f"redis://127.0.0.1:{port}/0", "ut-down").client
-    with pytest.raises(RetryableError, match="cannot read the broker queue 'q'"):
+    with pytest.raises(RetryableError, match="Redis error while reading the broker queue 'q'"):
         queued_chunks(client, "q", JOB)
+
+
+@pytest.mark.parametrize("chunks", [[4], [0, 1, 2]], ids=["one", "batch"])
+def test_publishing_to_a_broker_that_is_down_is_retryable(chunks: list[int]) -> None:
+    app = Celery("ut-down", set_as_current=False)
+    configure(app, CommonSettings.load({}, broker_url=f"redis://127.0.0.1:{free_port()}/0", queue="q"))
+    app.conf.broker_connection_timeout = 1
+    try:
+        with pytest.raises(RetryableError, match=r"broker error while publishing chunks \(0 sent\)"):
+            publish_chunks(app, JOB, chunks, queue="q")
+    finally:
+        app.close()
 
 
 # -- plan_job ----------------------------------------------------------------------------------------
