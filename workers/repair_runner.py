@@ -75,12 +75,12 @@ def run_repair(ctx: ChunkContext, job_id: str, unit: RepairUnit, owner: str) -> 
         futures = []
         for old in targets:
             budget = to_continue(old, unit.max_tokens, horizon)
-            regenerated = (old.ok and not budget) or budget_of(old) == unit.max_tokens  # a truncated one
             futures.append(
                 start_conversation(
                     ctx.pool,
                     ctx.client,
-                    longer if regenerated else spec,
+                    # truncated, cut or failed at the amendment's budget: its records name that budget
+                    longer if old.ok or budget_of(old) == unit.max_tokens else spec,
                     samples[old.id],
                     who,
                     ctx.policy,
