@@ -171,7 +171,7 @@ def test_repair_truncated_regenerates_truncated_samples_with_a_larger_budget_as_
 
 def uninterrupted(sim: str, record: dict[str, Any]) -> dict[str, Any]:
     """What a simulator answers the record's request with no budget to speak of."""
-    body = {"model": "m", "messages": record["turns"][0]["input"], "max_tokens": 100_000}
+    body = {"model": "m", "messages": record["turns"][0]["input"], "max_tokens": 30_000}
     resp = requests.post(f"{sim}/v1/chat/completions", json=body, timeout=30)
     resp.raise_for_status()
     return dict(resp.json())
