@@ -17,7 +17,7 @@ from dflash_tasks.core.continuation import (
     prefix_message,
 )
 from dflash_tasks.core.errors import BadRecord
-from dflash_tasks.core.record import Record, Usage
+from dflash_tasks.core.record import Record, Usage, outcome_of
 from dflash_tasks.core.repair import needs_repair, to_continue
 from dflash_tasks.core.spec_stats import spec_counts
 from tests.core.test_record import STORED, record, turn
@@ -43,7 +43,7 @@ def continued(old: Record, added: int = 500) -> Record:
         2.0,
         1,
     )
-    return replace(old, turns=(t,), finish_reason="stop", usage=t.usage)
+    return replace(old, turns=(t,), outcome=outcome_of((t,), 1), finish_reason="stop", usage=t.usage)
 
 
 def test_only_a_thought_cut_short_of_the_horizon_is_continued_up_to_it() -> None:
