@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from concurrent.futures import Future
 
 from dflash_tasks.core.continuation import new_parts
-from dflash_tasks.core.job import input_key, output_key, repair_key
+from dflash_tasks.core.job import JobDefinition, input_key, output_key, repair_key
 from dflash_tasks.core.quality import with_checks
 from dflash_tasks.core.record import Part, Record, Turn, encode_records
 from dflash_tasks.core.repair import RepairUnit, budget_of, to_continue, to_repair
-from dflash_tasks.core.sample import decode_chunk
+from dflash_tasks.core.sample import Sample, decode_chunk
 from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.core.states import Cause, Delivery, JobState
 from dflash_tasks.store.records import read_current
@@ -60,37 +61,14 @@ def run_repair(ctx: ChunkContext, job_id: str, unit: RepairUnit, owner: str) -> 
                 return ChunkOutcome(Delivery.PAUSED, reason)
             return ChunkOutcome(Delivery.SKIPPED, "repair round already stored", Cause.ALREADY_DONE)
         earlier = tuple(r for r in range(1, unit.round) if job.store.exists(repair_key(chunk, r)))
-        horizon = job.definition.trainer.max_length
         current = read_current(job.store, chunk, earlier)
-        targets = to_repair(current, unit.permanent, unit.max_tokens, horizon)
+        targets = to_repair(current, unit.permanent, unit.max_tokens, job.definition.trainer.max_length)
         if not targets:
             ctx.bookkeeping.release(job_id, chunk, owner)
             return ChunkOutcome(Delivery.SKIPPED, "nothing left to repair", Cause.ALREADY_DONE)
         samples = {s.id: s for s in decode_chunk(job.store.read(input_key(chunk)), input_key(chunk))}
-        spec = job.definition.spec
-        longer = spec if unit.max_tokens is None else dataclasses.replace(spec, max_tokens=unit.max_tokens)
         rid_prefix = f"{job_id}-{chunk}-r{unit.round}-{owner.rsplit('/', 1)[-1]}"
-        who = dataclasses.replace(ctx.identity, server=ctx.server.current)
-        opener = thought_opener(who.server.model_path if who.server is not None else None)
-        futures = []
-        for old in targets:
-            budget = to_continue(old, unit.max_tokens, horizon)
-            futures.append(
-                start_conversation(
-                    ctx.pool,
-                    ctx.client,
-                    # truncated, cut or failed at the amendment's budget: its records name that budget
-                    longer if old.ok or budget_of(old) == unit.max_tokens else spec,
-                    samples[old.id],
-                    who,
-                    ctx.policy,
-                    rid_prefix,
-                    listener=ctx.listener,
-                    kept=old.turns[:-1],  # the failed, truncated or cut turn is the last
-                    repair=unit.round,
-                    resume=(old.turns[-1], Continuation(opener, budget)) if budget else None,
-                )
-            )
+        futures = _start(ctx, job.definition, unit, targets, samples, rid_prefix)
         records = collect_records(futures)
         ctx.server.confirm(model)
         return _store_round(ctx, job_id, unit, targets, records, started)
@@ -102,6 +80,42 @@ def run_repair(ctx: ChunkContext, job_id: str, unit: RepairUnit, owner: str) -> 
         raise
     finally:
         ctx.leases.drop(job_id, chunk)
+
+
+def _start(
+    ctx: ChunkContext,
+    job: JobDefinition,
+    unit: RepairUnit,
+    targets: list[Record],
+    samples: dict[str, Sample],
+    rid_prefix: str,
+) -> list[Future[Record]]:
+    """Put each target's conversation into the pool: from its failed or truncated turn, or from its
+    cut thought, continued up to the horizon (or the amendment's budget)."""
+    spec = job.spec
+    longer = spec if unit.max_tokens is None else dataclasses.replace(spec, max_tokens=unit.max_tokens)
+    who = dataclasses.replace(ctx.identity, server=ctx.server.current)
+    opener = thought_opener(who.server.model_path if who.server is not None else None)
+    futures = []
+    for old in targets:
+        budget = to_continue(old, unit.max_tokens, job.trainer.max_length)
+        futures.append(
+            start_conversation(
+                ctx.pool,
+                ctx.client,
+                # truncated, cut or failed at the amendment's budget: its records name that budget
+                longer if old.ok or budget_of(old) == unit.max_tokens else spec,
+                samples[old.id],
+                who,
+                ctx.policy,
+                rid_prefix,
+                listener=ctx.listener,
+                kept=old.turns[:-1],  # the failed, truncated or cut turn is the last
+                repair=unit.round,
+                resume=(old.turns[-1], Continuation(opener, budget)) if budget else None,
+            )
+        )
+    return futures
 
 
 def _sent(old: Record, new: Record) -> tuple[Turn, ...]:
