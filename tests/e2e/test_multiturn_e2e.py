@@ -181,6 +181,8 @@ def test_conversations_of_one_two_and_three_turns_are_regenerated_turn_by_turn(
             "8",
             "--max-tokens",
             "2500",
+            "--train-max-length",
+            "2500",
             "--turns",
             "last",
             "--no-preflight",
