@@ -139,4 +139,5 @@ def test_a_round_continues_a_cut_first_turn_and_then_sends_the_turns_after_it(
         assert len(new.turns) == 2  # the second turn, which the cut had stopped, was sent
         new_tokens += continued.parts[1].usage.completion_tokens + new.turns[1].usage.completion_tokens
     # the counters move by the new tokens only: the cut part was counted with the chunk
-    assert int(staged.bk.stats(job_id)["completion_tokens"]) - tokens_before == outcome.completion_tokens == new_tokens
+    moved = int(staged.bk.stats(job_id)["completion_tokens"]) - tokens_before
+    assert moved == outcome.completion_tokens == new_tokens
