@@ -198,6 +198,8 @@ def test_cut_thoughts_are_continued_by_enqueue_wait_through_a_burst_of_500s(
     # the first 3 continuations meet two 500s each: still cut after round 1, continued by round 2
     fault(sim, "http_500", count=6)
 
+    rerun = enqueue_ok(procs, inp, out, *args)  # a re-run queues the first round
+    assert rerun["repair_continued_samples"] == rerun["repair_samples"] == len(cut)
     again = enqueue_ok(procs, inp, out, *args, "--wait")
 
     assert again["job_id"] == first["job_id"] and again["chunks_enqueued"] == 0
