@@ -6,7 +6,8 @@ and each next turn as soon as the previous one returns, so the pool's slots stay
 conversations advance; its future resolves to the sample's record when the conversation ends.
 A turn that fails, hits ``max_tokens`` or has no answer ends the conversation there (see
 :class:`~dflash_tasks.core.record.Record` for the outcomes): a record never has a hole. A repair
-round continues a failed conversation: the turns it ``kept`` are not sent again.
+round continues a failed conversation: the turns it ``kept`` are not sent again; a turn whose thought
+was cut (``resume``) is continued where it stopped, and the conversation goes on after it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.record import Record, Turn
 from dflash_tasks.core.sample import Sample
 from workers.flow.request_pool import RequestPool
-from workers.generation import RetryPolicy, WorkerIdentity, generate_turn, make_record
+from workers.generation import (
+    Continuation,
+    RetryPolicy,
+    WorkerIdentity,
+    continue_turn,
+    generate_turn,
+    make_record,
+)
 from workers.listener import NO_LISTENER, WorkerListener
 from workers.sglang_client import SGLangClient
 
@@ -40,8 +48,10 @@ class Conversation:
         rid_prefix: str,
         kept: Sequence[Turn] = (),
         repair: int | None = None,
+        resume: tuple[Turn, Continuation] | None = None,
     ) -> None:
         self.spec = spec
+        self.resume = resume  # the cut turn to continue first, until it is sent
         self.sample = sample
         self.who = who
         self.inputs = turn_inputs(sample.messages, spec.turns)
@@ -64,6 +74,11 @@ class Conversation:
 
     def add(self, turn: Turn) -> None:
         self.turns.append(turn)
+
+    def take_resume(self) -> tuple[Turn, Continuation] | None:
+        """The cut turn to continue now (once), or None."""
+        resume, self.resume = self.resume, None
+        return resume
 
     def record(self) -> Record:
         return make_record(
@@ -90,16 +105,18 @@ def start_conversation(
     sleep: Callable[[float], None] = time.sleep,
     kept: Sequence[Turn] = (),
     repair: int | None = None,
+    resume: tuple[Turn, Continuation] | None = None,
 ) -> Future[Record]:
     """Run ``sample``'s turns through ``pool``, each queued when the previous one returns.
 
     The future holds the record, or the exception a turn raised. Cancelling it cancels the
     turn waiting in the pool and sends no further turn. A repair round (``repair``, its number)
     passes the answered turns it keeps (``kept``, complete ones): the conversation goes on from
-    the next turn.
+    the next turn; with ``resume`` (a cut turn and how to continue it) that turn is continued first.
     """
-    conversation = Conversation(spec, sample, who, rid_prefix, kept, repair)
+    conversation = Conversation(spec, sample, who, rid_prefix, kept, repair, resume)
     send = functools.partial(generate_turn, sleep=sleep, listener=listener)
+    extend = functools.partial(continue_turn, sleep=sleep, listener=listener)
     result: Future[Record] = Future()
     lock = threading.Lock()
     current: list[Future[Turn]] = []
@@ -109,7 +126,12 @@ def start_conversation(
         with lock:
             if result.cancelled():
                 return
-            turn = pool.submit(send, client, spec, messages, added, policy, rid)
+            resume = conversation.take_resume()
+            if resume is None:
+                turn = pool.submit(send, client, spec, messages, added, policy, rid)
+            else:
+                cut, how = resume
+                turn = pool.submit(extend, client, spec, messages, cut, how, policy, f"{rid}C")
             current[:] = [turn]
         turn.add_done_callback(on_turn)
 

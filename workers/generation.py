@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dflash_tasks.core.continuation import joined, prefix_message
 from dflash_tasks.core.errors import RetryableError, SampleRejected, ServerUnavailable
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.record import Record, Turn, Usage, outcome_of
@@ -95,17 +97,84 @@ def generate_turn(
     then goes back to the queue). A 400 is a permanent failure.
     """
     started = time.monotonic()
+    answer = _send(
+        client, lambda rid: build_request(spec, messages, rid), policy, rid_prefix, sleep, listener
+    )
+    latency = time.monotonic() - started
+    if isinstance(answer, _Failed):
+        return make_turn(added, None, answer.error, latency, answer.attempts, answer.failure)
+    completion, attempts = answer
+    return make_turn(added, completion, None, latency, attempts)
+
+
+def continue_turn(
+    client: SGLangClient,
+    spec: GenerationSpec,
+    messages: list[dict[str, str]],
+    cut: Turn,
+    continuation: Continuation,
+    policy: RetryPolicy,
+    rid_prefix: str,
+    sleep: Callable[[float], None] = time.sleep,
+    *,
+    listener: WorkerListener = NO_LISTENER,
+) -> Turn:
+    """Continue ``cut``'s thought (:mod:`dflash_tasks.core.continuation`): ``messages`` are the
+    turn's request, the prefix (the opener and the thought so far) goes after them with
+    ``continue_final_message``, and the answer is joined to the turn, which keeps both parts.
+
+    Retries and errors as :func:`generate_turn`, except that a continuation that fails keeps the
+    turn as it was (still cut, so a later round continues it): nothing generated is lost.
+    """
+    started = time.monotonic()
+    prefixed = [*messages, prefix_message(cut, continuation.opener)]
+    budget = dataclasses.replace(spec, max_tokens=continuation.budget)
+
+    def body(rid: str) -> dict[str, Any]:
+        return build_request(budget, prefixed, rid) | {"continue_final_message": True}
+
+    answer = _send(client, body, policy, rid_prefix, sleep, listener)
+    if isinstance(answer, _Failed):
+        return cut
+    c, attempts = answer
+    usage = Usage(c.prompt_tokens, c.completion_tokens, c.reasoning_tokens)
+    meta = c.meta.as_record() if c.meta is not None else None
+    latency = time.monotonic() - started
+    return joined(cut, c.reasoning, c.content, c.finish_reason, usage, meta, latency, attempts)
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """How to continue a cut thought: the opener its prefix starts with, and the new-token budget."""
+
+    opener: str
+    budget: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    error: str
+    attempts: int
+    failure: FailureKind
+
+
+def _send(
+    client: SGLangClient,
+    body: Callable[[str], dict[str, Any]],
+    policy: RetryPolicy,
+    rid_prefix: str,
+    sleep: Callable[[float], None],
+    listener: WorkerListener,
+) -> tuple[Completion, int] | _Failed:
+    """One request with the retries of ``policy``: the completion and the attempts it took."""
     last_error = ""
     for attempt in range(1, policy.attempts + 1):
         rid = f"{rid_prefix}-{attempt}"  # unique per delivery, sample, turn and attempt
         try:
-            completion = client.chat(build_request(spec, messages, rid))
-            return make_turn(added, completion, None, time.monotonic() - started, attempt)
+            return client.chat(body(rid)), attempt
         except SampleRejected as exc:
             listener.request_failed(exc, False)
-            return make_turn(
-                added, None, str(exc), time.monotonic() - started, attempt, FailureKind.PERMANENT
-            )
+            return _Failed(str(exc), attempt, FailureKind.PERMANENT)
         except RetryableError as exc:
             last_error = str(exc)
             listener.request_failed(exc, attempt < policy.attempts)
@@ -113,13 +182,8 @@ def generate_turn(
                 sleep(policy.delay(attempt))
     if not client.healthy():
         raise ServerUnavailable(f"{client.endpoint} is unhealthy; last error: {last_error}")
-    return make_turn(
-        added,
-        None,
-        f"gave up after {policy.attempts} attempts: {last_error}",
-        time.monotonic() - started,
-        policy.attempts,
-        FailureKind.TRANSIENT,
+    return _Failed(
+        f"gave up after {policy.attempts} attempts: {last_error}", policy.attempts, FailureKind.TRANSIENT
     )
 
 

@@ -3,7 +3,9 @@
 The chunk file is never rewritten. Round ``R`` reads the chunk's current records (the chunk file
 and rounds ``1..R-1``), regenerates those that failed by a passing cause (all failed ones for
 ``--retry-failed``) through the worker's request pool, a multi-turn sample from its failed turn
-(the answered turns before it are kept, not sent again), and writes the new records, write-once,
+(the answered turns before it are kept, not sent again), continues a thought cut short of the
+trainer's horizon where it stopped (``continue_final_message``: only the new tokens are generated;
+:mod:`dflash_tasks.core.continuation`), and writes the new records, write-once,
 to ``outputs/chunk-N.repair-R.jsonl``. It holds the chunk's own lease meanwhile (the chunk is done,
 so no first pass competes for it), and its counters move once per chunk and round.
 """
@@ -13,18 +15,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from concurrent.futures import Future
 
-from dflash_tasks.core.job import input_key, output_key, repair_key
+from dflash_tasks.core.continuation import new_parts
+from dflash_tasks.core.job import JobDefinition, input_key, output_key, repair_key
 from dflash_tasks.core.quality import with_checks
-from dflash_tasks.core.record import Record, encode_records
-from dflash_tasks.core.repair import RepairUnit, budget_of, to_repair
-from dflash_tasks.core.sample import decode_chunk
+from dflash_tasks.core.record import Part, Record, Turn, encode_records
+from dflash_tasks.core.repair import RepairUnit, budget_of, to_continue, to_repair
+from dflash_tasks.core.sample import Sample, decode_chunk
 from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.core.states import Cause, Delivery, JobState
 from dflash_tasks.store.records import read_current
 from workers.chunk_runner import ChunkContext, ChunkOutcome, collect_records, job_of_chunk
 from workers.conversation import start_conversation
+from workers.generation import Continuation
 from workers.recovery.retrying import retry_transient
+from workers.thought_opener import thought_opener
 
 log = logging.getLogger(__name__)
 
@@ -55,30 +61,14 @@ def run_repair(ctx: ChunkContext, job_id: str, unit: RepairUnit, owner: str) -> 
                 return ChunkOutcome(Delivery.PAUSED, reason)
             return ChunkOutcome(Delivery.SKIPPED, "repair round already stored", Cause.ALREADY_DONE)
         earlier = tuple(r for r in range(1, unit.round) if job.store.exists(repair_key(chunk, r)))
-        targets = to_repair(read_current(job.store, chunk, earlier), unit.permanent, unit.max_tokens)
+        current = read_current(job.store, chunk, earlier)
+        targets = to_repair(current, unit.permanent, unit.max_tokens, job.definition.trainer.max_length)
         if not targets:
             ctx.bookkeeping.release(job_id, chunk, owner)
             return ChunkOutcome(Delivery.SKIPPED, "nothing left to repair", Cause.ALREADY_DONE)
         samples = {s.id: s for s in decode_chunk(job.store.read(input_key(chunk)), input_key(chunk))}
-        spec = job.definition.spec
-        longer = spec if unit.max_tokens is None else dataclasses.replace(spec, max_tokens=unit.max_tokens)
         rid_prefix = f"{job_id}-{chunk}-r{unit.round}-{owner.rsplit('/', 1)[-1]}"
-        who = dataclasses.replace(ctx.identity, server=ctx.server.current)
-        futures = [
-            start_conversation(
-                ctx.pool,
-                ctx.client,
-                longer if old.ok or budget_of(old) == unit.max_tokens else spec,  # a truncated one
-                samples[old.id],
-                who,
-                ctx.policy,
-                rid_prefix,
-                listener=ctx.listener,
-                kept=old.turns[:-1],  # the failed (or truncated) turn is the last; those before are answered
-                repair=unit.round,
-            )
-            for old in targets
-        ]
+        futures = _start(ctx, job.definition, unit, targets, samples, rid_prefix)
         records = collect_records(futures)
         ctx.server.confirm(model)
         return _store_round(ctx, job_id, unit, targets, records, started)
@@ -90,6 +80,58 @@ def run_repair(ctx: ChunkContext, job_id: str, unit: RepairUnit, owner: str) -> 
         raise
     finally:
         ctx.leases.drop(job_id, chunk)
+
+
+def _start(
+    ctx: ChunkContext,
+    job: JobDefinition,
+    unit: RepairUnit,
+    targets: list[Record],
+    samples: dict[str, Sample],
+    rid_prefix: str,
+) -> list[Future[Record]]:
+    """Put each target's conversation into the pool: from its failed or truncated turn, or from its
+    cut thought, continued up to the horizon (or the amendment's budget)."""
+    spec = job.spec
+    longer = spec if unit.max_tokens is None else dataclasses.replace(spec, max_tokens=unit.max_tokens)
+    who = dataclasses.replace(ctx.identity, server=ctx.server.current)
+    opener = thought_opener(who.server.model_path if who.server is not None else None)
+    futures = []
+    for old in targets:
+        budget = to_continue(old, unit.max_tokens, job.trainer.max_length)
+        futures.append(
+            start_conversation(
+                ctx.pool,
+                ctx.client,
+                # truncated, cut or failed at the amendment's budget: its records name that budget
+                longer if old.ok or budget_of(old) == unit.max_tokens else spec,
+                samples[old.id],
+                who,
+                ctx.policy,
+                rid_prefix,
+                listener=ctx.listener,
+                kept=old.turns[:-1],  # the failed, truncated or cut turn is the last
+                repair=unit.round,
+                resume=(old.turns[-1], Continuation(opener, budget)) if budget else None,
+            )
+        )
+    return futures
+
+
+def _sent(old: Record, new: Record) -> tuple[Turn, ...]:
+    """The turns ``new`` sent in this round; a continued turn as one turn per new part."""
+    first = len(old.turns) - 1
+    turns = list(new.turns[first:])
+    if turns and turns[0] == old.turns[-1]:  # a continuation that failed: the cut turn, as it was
+        return tuple(turns[1:])
+    if turns and turns[0].parts and old.ok:  # continued: only the new parts were sent
+        turns[:1] = [_as_turn(turns[0], part) for part in new_parts(old.turns[-1], turns[0])]
+    return tuple(turns)
+
+
+def _as_turn(turn: Turn, part: Part) -> Turn:
+    """A continuation request's numbers as a turn of its own (for the counters)."""
+    return dataclasses.replace(turn, usage=part.usage, meta_info=part.meta_info, parts=())
 
 
 def _store_round(
@@ -119,8 +161,9 @@ def _store_round(
         )
     fixed = sum(r.ok and not o.ok for r, o in zip(records, old, strict=True))  # failed -> ok
     failed_now = sum(not r.ok for r in records)
-    # Only the turns this round sent count as generation: the kept ones were counted with the chunk.
-    sent = [r.turns[len(o.turns) - 1 :] for r, o in zip(records, old, strict=True)]
+    # Only what this round sent counts as generation: kept turns were counted with the chunk, and of
+    # a continued turn only its new parts.
+    sent = [_sent(o, r) for r, o in zip(records, old, strict=True)]
     spec = [spec_counts(dataclasses.replace(r, turns=turns)) for r, turns in zip(records, sent, strict=True)]
     tokens = sum(t.usage.completion_tokens for turns in sent for t in turns)
     counters = {

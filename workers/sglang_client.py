@@ -118,7 +118,10 @@ class SGLangClient:
         return session
 
     def chat(self, payload: dict[str, Any]) -> Completion:
-        """POST ``/v1/chat/completions`` (non-streaming) and parse the first choice."""
+        """POST ``/v1/chat/completions`` (non-streaming) and parse the first choice.
+
+        A continuation (``continue_final_message``) keeps the whitespace its reasoning starts with:
+        it joins the thought where the prefix stopped."""
         try:
             resp = self._session().post(
                 f"{self.endpoint}/v1/chat/completions",
@@ -137,7 +140,7 @@ class SGLangClient:
             if resp.status_code in (401, 403):
                 message += f" ({_KEY_HINT})"
             raise RetryableError(f"HTTP {resp.status_code}: {message}", ErrorKind.of_status(resp.status_code))
-        return parse_completion(resp.content)
+        return parse_completion(resp.content, joins=bool(payload.get("continue_final_message")))
 
     def healthy(self, timeout: float = 30.0) -> bool:
         """Whether ``/health_generate`` answers 200 (a real one-token generation); sent without the key."""
@@ -274,8 +277,9 @@ def parse_metrics(text: str) -> ServerLoad:
     return ServerLoad(**values)
 
 
-def parse_completion(body: bytes) -> Completion:
-    """Parse a chat completion body; malformed or aborted answers are retryable."""
+def parse_completion(body: bytes, joins: bool = False) -> Completion:
+    """Parse a chat completion body; malformed or aborted answers are retryable. ``joins``: the
+    answer continues a prefix, so its reasoning keeps its leading whitespace."""
     try:
         doc = json.loads(body)
         choice = doc["choices"][0]
@@ -290,8 +294,9 @@ def parse_completion(body: bytes) -> Completion:
     if finish == "abort":
         raise RetryableError("the server aborted the request (finish_reason 'abort')", ErrorKind.ABORT)
     details = usage.get("completion_tokens_details") or {}
+    reasoning = message.get("reasoning_content") or ""
     return Completion(
-        reasoning=(message.get("reasoning_content") or "").strip(),
+        reasoning=reasoning.rstrip() if joins else reasoning.strip(),
         content=(message.get("content") or "").strip(),
         finish_reason=finish,
         prompt_tokens=int(usage.get("prompt_tokens") or 0),

@@ -6,13 +6,16 @@ A :class:`Record` holds every :class:`Turn` of a sample's conversation, totals a
      "failed_turn", "finish_reason", "usage", "model", "server", "sampling", "endpoint", "worker",
      "latency_s", "attempts", "repair", "checks"}
     TURN = {"input", "reasoning", "content", "finish_reason", "usage", "meta_info", "status", "error",
-            "failure", "latency_s", "attempts", "checks"}
+            "failure", "latency_s", "attempts", "parts", "checks"}
+    PART = {"reasoning_chars", "content_chars", "finish_reason", "usage", "meta_info", "latency_s",
+            "attempts"}
 
 :meth:`Record.to_json` writes exactly these keys in this order (``failure`` only on a failed turn
-and record, ``repair`` only on a record a repair round wrote, ``checks`` only once the quality
-checks ran), as ``json.dumps(..., ensure_ascii=False)`` does; :func:`encode_records` is the chunk
-file. :meth:`Record.from_json` reads a stored line back and validates it, raising
-:class:`~dflash_tasks.core.errors.BadRecord` that names the wrong field.
+and record, ``repair`` only on a record a repair round wrote, ``parts`` only on a turn a repair
+round continued, ``checks`` only once the quality checks ran), as ``json.dumps(...,
+ensure_ascii=False)`` does; :func:`encode_records` is the chunk file. :meth:`Record.from_json`
+reads a stored line back and validates it, raising :class:`~dflash_tasks.core.errors.BadRecord`
+that names the wrong field.
 
 Reading is lenient where older writers were different, strict where a value is wrong:
 
@@ -27,6 +30,11 @@ Reading is lenient where older writers were different, strict where a value is w
 * Keys no version of this code writes (a newer writer's additions) to a record or a turn are kept,
   in order, in ``extra`` and written back after the known keys: reading and re-writing loses
   nothing. Inside ``usage`` only the three counts are kept (:class:`Usage`).
+
+A turn whose thought was cut at ``max_tokens`` and then continued (``continue_final_message``,
+:mod:`dflash_tasks.core.continuation`) is one turn: its ``reasoning``, ``content``, ``finish_reason``
+and ``usage`` are the whole turn's, as the trainer reads it, and ``parts`` keeps each request's
+share: the characters of ``reasoning`` and ``content`` it wrote, in order, and its own numbers.
 
 ``meta_info`` (the server's per-request numbers, whose keys change with the SGLang release),
 ``server`` (what the server said it serves) and ``sampling`` (the job's sampling parameters) stay
@@ -77,6 +85,34 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Part:
+    """One request of a continued turn: the characters of the turn's text it wrote, and its numbers.
+
+    The turn's ``reasoning`` is its parts' reasoning in order (each ``reasoning_chars`` long),
+    likewise its ``content``; ``usage.completion_tokens`` is what that request generated.
+    """
+
+    reasoning_chars: int
+    content_chars: int
+    finish_reason: str | None
+    usage: Usage = Usage()
+    meta_info: Mapping[str, Any] | None = None
+    latency_s: float = 0.0
+    attempts: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reasoning_chars": self.reasoning_chars,
+            "content_chars": self.content_chars,
+            "finish_reason": self.finish_reason,
+            "usage": self.usage.to_dict(),
+            "meta_info": self.meta_info,
+            "latency_s": self.latency_s,
+            "attempts": self.attempts,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Turn:
     """One request of a sample's conversation: the messages it added and the model's answer."""
 
@@ -91,12 +127,25 @@ class Turn:
     failure: FailureKind | None = None  # whether a failed turn may pass; None when ok
     latency_s: float = 0.0
     attempts: int = 0
+    parts: tuple[Part, ...] = ()  # each request's share of a continued turn; () for one request
     checks: tuple[str, ...] | None = None  # the quality checks it fails; None before they ran
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this code does not know, as read
 
     @property
     def ok(self) -> bool:
         return self.status is RecordStatus.OK
+
+    def part_texts(self) -> list[tuple[str, str]]:
+        """``(reasoning, content)`` written by each request, in order (one pair for a plain turn)."""
+        if not self.parts:
+            return [(self.reasoning, self.content)]
+        texts, r, c = [], 0, 0
+        for part in self.parts:
+            texts.append(
+                (self.reasoning[r : r + part.reasoning_chars], self.content[c : c + part.content_chars])
+            )
+            r, c = r + part.reasoning_chars, c + part.content_chars
+        return texts
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -113,6 +162,8 @@ class Turn:
             doc["failure"] = self.failure.value
         doc["latency_s"] = self.latency_s
         doc["attempts"] = self.attempts
+        if self.parts:
+            doc["parts"] = [p.to_dict() for p in self.parts]
         return _with_checks_and_extra(doc, self.checks, self.extra)
 
 
@@ -353,6 +404,31 @@ def _messages(value: Any, field: str) -> tuple[dict[str, str], ...]:
     return tuple(value)
 
 
+def _parts(doc: Mapping[str, Any], path: str, reasoning: str, content: str) -> tuple[Part, ...]:
+    value = doc.get("parts")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(p, dict) for p in value):
+        raise _wrong(path + "parts", "a list of part objects", value)
+    parts = tuple(
+        Part(
+            reasoning_chars=_int(p, "reasoning_chars", f"{path}parts[{i}].") or 0,
+            content_chars=_int(p, "content_chars", f"{path}parts[{i}].") or 0,
+            finish_reason=_str(p, "finish_reason", f"{path}parts[{i}]."),
+            usage=_usage(p, f"{path}parts[{i}]."),
+            meta_info=_mapping(p, "meta_info", f"{path}parts[{i}]."),
+            latency_s=_float(p, "latency_s", f"{path}parts[{i}]."),
+            attempts=_int(p, "attempts", f"{path}parts[{i}].") or 0,
+        )
+        for i, p in enumerate(value)
+    )
+    if sum(p.reasoning_chars for p in parts) != len(reasoning) or sum(p.content_chars for p in parts) != len(
+        content
+    ):
+        raise _Invalid(path + "parts", f"{path}parts: their lengths do not add up to the turn's text")
+    return parts
+
+
 def _extra(doc: Mapping[str, Any], known: frozenset[str]) -> Mapping[str, Any]:
     if known.issuperset(doc):
         return {}
@@ -362,10 +438,11 @@ def _extra(doc: Mapping[str, Any], known: frozenset[str]) -> Mapping[str, Any]:
 def _turn(doc: Any, path: str, inputs_key: str, known: frozenset[str]) -> Turn:
     if not isinstance(doc, dict):
         raise _wrong(path.rstrip("."), "a turn object", doc)
+    reasoning, content = _text(doc, "reasoning", path), _text(doc, "content", path)
     return Turn(
         input=_messages(doc.get(inputs_key), path + inputs_key),
-        reasoning=_text(doc, "reasoning", path),
-        content=_text(doc, "content", path),
+        reasoning=reasoning,
+        content=content,
         finish_reason=_str(doc, "finish_reason", path),
         usage=_usage(doc, path),
         meta_info=_mapping(doc, "meta_info", path),
@@ -374,6 +451,7 @@ def _turn(doc: Any, path: str, inputs_key: str, known: frozenset[str]) -> Turn:
         failure=_failure(doc, path),
         latency_s=_float(doc, "latency_s", path),
         attempts=_int(doc, "attempts", path) or 0,
+        parts=_parts(doc, path, reasoning, content) if path else (),
         checks=_checks(doc, path),
         extra=_extra(doc, known) if path else {},
     )

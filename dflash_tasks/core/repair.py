@@ -5,7 +5,8 @@ A chunk is generated once into its chunk file. A sample that failed by a passing
 a repair round of its chunk, which writes the new records to a write-once file of its own
 (``outputs/chunk-N.repair-R.jsonl``); the chunk file never changes. With a job amended by
 ``--repair-truncated --max-tokens N``, a round also regenerates the samples truncated at a smaller
-budget, with budget ``N``.
+budget, with budget ``N``. A thought cut short of the trainer's horizon (or of ``N``) is not
+regenerated but continued from where it stopped (:mod:`dflash_tasks.core.continuation`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from dflash_tasks.core.continuation import is_cut_thought, record_budget
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.states import Outcome
 
@@ -56,15 +58,30 @@ def truncated_below(record: Record, max_tokens: int | None) -> bool:
     )
 
 
-def needs_repair(record: Record, permanent: bool = False, max_tokens: int | None = None) -> bool:
-    """Whether a repair round regenerates this current record."""
+def needs_repair(
+    record: Record, permanent: bool = False, max_tokens: int | None = None, horizon: int | None = None
+) -> bool:
+    """Whether a repair round regenerates or continues this current record (``horizon``: the
+    trainer's ``max_length``; None: continue nothing but what ``max_tokens`` asks for)."""
     if not record.ok:
         return permanent or record.transient
+    if is_cut_thought(record.turns[-1]):  # continued, never regenerated
+        return to_continue(record, max_tokens, horizon) > 0
     return truncated_below(record, max_tokens)
 
 
+def to_continue(record: Record, max_tokens: int | None, horizon: int | None) -> int:
+    """The new tokens a round continues this record's cut thought with (0: not continued)."""
+    if horizon is None and max_tokens is None:
+        return 0
+    return record_budget(record, horizon or 0, max_tokens)
+
+
 def to_repair(
-    records: Iterable[Record], permanent: bool = False, max_tokens: int | None = None
+    records: Iterable[Record],
+    permanent: bool = False,
+    max_tokens: int | None = None,
+    horizon: int | None = None,
 ) -> list[Record]:
-    """The records a repair round regenerates, in order."""
-    return [r for r in records if needs_repair(r, permanent, max_tokens)]
+    """The records a repair round regenerates or continues, in order."""
+    return [r for r in records if needs_repair(r, permanent, max_tokens, horizon)]

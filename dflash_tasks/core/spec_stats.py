@@ -8,7 +8,9 @@ the samples that report verify passes: the token-weighted mean, the figure the G
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from dflash_tasks.core.record import Record, Turn
 
@@ -28,13 +30,21 @@ def spec_counts(record: Record) -> tuple[int, int]:
 
 
 def _turn_counts(turn: Turn) -> tuple[int, int]:
-    meta = turn.meta_info
-    if not turn.ok or meta is None:
+    if not turn.ok:
+        return 0, 0
+    if turn.parts:  # a continued turn: each request reported its own
+        counts = [_request_counts(p.meta_info, p.usage.completion_tokens) for p in turn.parts]
+        return sum(t for t, _ in counts), sum(v for _, v in counts)
+    return _request_counts(turn.meta_info, turn.usage.completion_tokens)
+
+
+def _request_counts(meta: Mapping[str, Any] | None, tokens: int) -> tuple[int, int]:
+    if meta is None:
         return 0, 0
     verify = meta.get("spec_verify_ct")
     if isinstance(verify, bool) or not isinstance(verify, int) or verify <= 0:
         return 0, 0
-    return turn.usage.completion_tokens, verify
+    return tokens, verify
 
 
 def accept_length(tokens: float, verify: float) -> float | None:

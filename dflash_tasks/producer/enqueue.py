@@ -92,6 +92,7 @@ class EnqueueResult:
             "repair_chunks_queued": 0 if repair is None else len(repair.to_queue),
             "failed_permanent": 0 if repair is None else repair.failed_permanent,
             "repair_truncated_samples": 0 if repair is None else repair.truncated,
+            "repair_continued_samples": 0 if repair is None else repair.continued,
             "repair_max_tokens": self.job.repair_max_tokens,
         }
 

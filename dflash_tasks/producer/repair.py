@@ -25,9 +25,10 @@ from dflash_tasks.coord.celery_app import configure
 from dflash_tasks.coord.planner import repairs_in_flight
 from dflash_tasks.coord.publish import publish_repairs
 from dflash_tasks.coord.routing import model_queue
+from dflash_tasks.core.continuation import is_cut_thought
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.job import JobDefinition, Manifest
-from dflash_tasks.core.repair import RepairUnit, needs_repair, truncated_below
+from dflash_tasks.core.repair import RepairUnit, needs_repair, to_continue, truncated_below
 from dflash_tasks.core.settings import ProducerSettings
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.progress_writer import ProgressWriter
@@ -44,8 +45,10 @@ class RepairPlan:
     stored: bool  # every chunk is stored (no round runs before)
     pending: dict[int, int] = field(default_factory=dict)  # chunk -> samples a round regenerates
     failed_permanent: int = 0  # samples failed permanently, left alone without --retry-failed
-    truncated: int = 0  # of the pending: truncated at a budget below ``max_tokens``
+    truncated: int = 0  # of the pending: truncated at a budget below ``max_tokens``, regenerated
     max_tokens: int | None = None  # the job's budget for truncated samples (its amendment)
+    continued: int = 0  # of the pending: cut thoughts continued up to the horizon (or max_tokens)
+    continued_tokens: int = 0  # the most new tokens their continuations may generate
     busy: frozenset[int] = frozenset()  # chunks whose round runs or waits
     to_queue: tuple[RepairUnit, ...] = ()
 
@@ -65,10 +68,12 @@ def plan_repairs(
     max_tokens: int | None = None,
     lease_grace: float = 60.0,
     only: Iterable[int] | None = None,
+    horizon: int | None = None,
 ) -> RepairPlan:
     """Plan the next round of every stored chunk (of those in ``only``, if given) with samples to
-    regenerate; with ``bookkeeping=None`` (a dry run) nothing counts as in flight. ``max_tokens``:
-    the job's budget for truncated samples (``JobDefinition.repair_max_tokens``).
+    regenerate or continue; with ``bookkeeping=None`` (a dry run) nothing counts as in flight.
+    ``max_tokens``: the job's budget for truncated samples (``JobDefinition.repair_max_tokens``);
+    ``horizon``: the trainer's ``max_length``, up to which cut thoughts are continued.
 
     Reads each such chunk's current records once (one pass over the outputs, as ``verify``).
     """
@@ -77,11 +82,16 @@ def plan_repairs(
         return RepairPlan(stored=False)
     chunks = sorted(set(range(manifest.chunks)) if only is None else set(only))
     pending: dict[int, int] = {}
-    permanent_left = truncated = 0
+    permanent_left = truncated = continued = continued_tokens = 0
     for chunk in chunks:
         records = read_current(store, chunk, listing.rounds_of(chunk))
-        n = sum(needs_repair(r, permanent, max_tokens) for r in records)
-        truncated += sum(r.ok and truncated_below(r, max_tokens) for r in records)
+        n = sum(needs_repair(r, permanent, max_tokens, horizon) for r in records)
+        budgets = [to_continue(r, max_tokens, horizon) for r in records]
+        continued += sum(b > 0 for b in budgets)
+        continued_tokens += sum(budgets)
+        truncated += sum(
+            r.ok and not is_cut_thought(r.turns[-1]) and truncated_below(r, max_tokens) for r in records
+        )
         permanent_left += sum(not r.ok and not r.transient for r in records)
         if n:
             pending[chunk] = n
@@ -94,7 +104,7 @@ def plan_repairs(
         if c not in busy
     )
     left = 0 if permanent else permanent_left
-    return RepairPlan(True, pending, left, truncated, max_tokens, busy, to_queue)
+    return RepairPlan(True, pending, left, truncated, max_tokens, continued, continued_tokens, busy, to_queue)
 
 
 def queue_repairs(
@@ -135,6 +145,7 @@ def job_repair_plan(
         max_tokens=job.repair_max_tokens,
         lease_grace=settings.lease_seconds,
         only=only,
+        horizon=job.trainer.max_length,
     )
 
 
@@ -203,9 +214,14 @@ def wait_for_repairs(
 
 
 def describe(plan: RepairPlan, permanent: bool = False) -> str:
-    """``N samples failed by a passing cause, T truncated (at most T x B tokens)`` for the plan."""
-    failed = plan.samples - plan.truncated
+    """``N samples failed by a passing cause, T truncated (at most T x B tokens), C cut thoughts
+    continued`` for the plan."""
+    failed = plan.samples - plan.truncated - plan.continued
     parts = [f"{failed:,} samples " + ("failed" if permanent else "failed by a passing cause")]
+    if plan.continued:
+        parts.append(
+            f"{plan.continued:,} cut thoughts continued (at most {plan.continued_tokens:,} new tokens)"
+        )
     if plan.truncated and plan.max_tokens is not None:
         parts.append(
             f"{plan.truncated:,} truncated, regenerated with max_tokens {plan.max_tokens:,} "

@@ -29,10 +29,12 @@ from dflash_tasks.sim.requestlog import RequestLog
 from dflash_tasks.sim.scheduler import QueueFull, SlotScheduler, Stopped
 from dflash_tasks.sim.textgen import (
     Plan,
+    continue_plan,
     draw_accept_length,
     plan_output,
+    prefix_tokens,
     prompt_rng,
-    render_raw,
+    render_span,
     split_reasoning,
     truncate,
 )
@@ -251,22 +253,26 @@ class SimEngine:
             body = body[: max(1, len(body) // 2)]
         return Reply(200, body)
 
-    def _plan(self, req: ChatRequest, fault: FaultSpec | None) -> tuple[Plan, bool]:
+    def _plan(self, req: ChatRequest, fault: FaultSpec | None) -> tuple[Plan, Plan, int, bool]:
+        """(the untruncated plan, what this request generates of it, the tokens a continued prefix
+        already holds, thinking)."""
         cfg = self.config
         thinking = req.thinking and not cfg.ignore_thinking_flag
-        rng = prompt_rng(cfg.seed, req.prompt)
-        plan = plan_output(
+        rng = prompt_rng(cfg.seed, req.plan_prompt)
+        full = plan_output(
             rng, thinking, cfg.mean_output_tokens, cfg.output_tokens_sigma, cfg.reasoning_fraction
         )
+        done = 0 if req.prefix is None else prefix_tokens(req.prefix)
+        plan = full if req.prefix is None else continue_plan(full, done)
         plan = truncate(plan, req.max_new_tokens, "length")
         if fault is not None and fault.kind == "abort":
             plan = truncate(plan, plan.completion_tokens // 2, "abort")
-        return plan, thinking
+        return full, plan, done, thinking
 
     def _generate(self, req: ChatRequest, request_id: str, fault: FaultSpec | None) -> Outcome | None:
         cfg = self.config
         started = time.monotonic()
-        plan, thinking = self._plan(req, fault)
+        full, plan, done, thinking = self._plan(req, fault)
         mean_accept, retractions = cfg.accept_length, 0
         if self.batch is not None:
             run = self.batch.run(plan.completion_tokens, req.prompt_tokens, self._stopping)
@@ -275,9 +281,11 @@ class SimEngine:
             duration = plan.completion_tokens / cfg.tokens_per_second * cfg.time_scale
             if duration > 0 and self._stopping.wait(duration):
                 return None
-        raw = render_raw(prompt_rng(cfg.seed + 1, req.prompt), plan)
+        raw = render_span(
+            prompt_rng(cfg.seed + 1, req.plan_prompt), full, done, done + plan.completion_tokens
+        )
         if cfg.has_reasoning_parser and req.separate_reasoning:
-            reasoning, content = split_reasoning(raw, force_reasoning=thinking)
+            reasoning, content = split_reasoning(raw, thinking, req.prefix or "")
         else:
             reasoning, content = None, raw
         reasoning_tokens = plan.reasoning_tokens if cfg.has_reasoning_parser else 0

@@ -49,6 +49,17 @@ class ChatRequest:
     rid: str | None
     return_meta_info: bool
     return_spec_tokens_details: bool
+    #: ``continue_final_message`` with a final assistant message: its text, which the answer
+    #: continues (SGLang appends its tokens to the prompt); None otherwise.
+    prefix: str | None = None
+
+    @property
+    def plan_prompt(self) -> str:
+        """The prompt the output is planned from: without a continued prefix, so that a
+        continuation goes on with the same answer the uninterrupted request gets."""
+        if self.prefix is None:
+            return self.prompt
+        return self.prompt.rpartition("\x1e")[0]
 
 
 def _bad_field(name: str, expected: str) -> ApiError:
@@ -174,7 +185,19 @@ def parse_chat_request(content_type: str, raw: bytes, config: SimConfig) -> Chat
         rid=None if rid is None else str(rid),
         return_meta_info=bool(body.get("return_meta_info")),
         return_spec_tokens_details=bool(body.get("return_spec_tokens_details")),
+        prefix=_continued_prefix(body),
     )
+
+
+def _continued_prefix(body: dict[str, Any]) -> str | None:
+    """SGLang's ``_handle_last_assistant_message``: with ``continue_final_message`` a final
+    assistant message with text content is the prefix the answer continues (a list content is
+    left alone); without it, such a message is read as the user's."""
+    last = body["messages"][-1]
+    if body.get("continue_final_message") is True and last.get("role") == "assistant":
+        content = last.get("content")
+        return content if isinstance(content, str) else None
+    return None
 
 
 def verify_passes(completion_tokens: int, accept_length: float) -> int:

@@ -102,27 +102,74 @@ def truncate(plan: Plan, limit: int, reason: str) -> Plan:
     return replace(plan, reasoning_tokens=reasoning, answer_tokens=limit - reasoning, finish_reason=reason)
 
 
-def _filler(rng: random.Random, tokens: int, vocab: list[str]) -> str:
+def continue_plan(full: Plan, done: int) -> Plan:
+    """What is left of the untruncated plan ``full`` after a prefix of ``done`` of its tokens
+    (``continue_final_message``): the rest of the thought, if any, and the answer."""
+    if not full.thinking:
+        return replace(full, answer_tokens=max(1, full.answer_tokens - done))
+    if done < full.reasoning_tokens:
+        left = full.reasoning_tokens - done
+        return replace(full, reasoning_tokens=left, planned_reasoning=left)
+    answer = max(1, full.answer_tokens - (done - full.reasoning_tokens))
+    return replace(full, reasoning_tokens=0, planned_reasoning=0, answer_tokens=answer)
+
+
+def prefix_tokens(prefix: str) -> int:
+    """The completion tokens a continued prefix holds, counted as :func:`output_tokens` makes them
+    (``<think>``, ``</think>`` and each word one token)."""
+    return len(prefix.split())
+
+
+def _filler_tokens(rng: random.Random, tokens: int, vocab: list[str]) -> list[str]:
+    """Filler words as tokens, each with the space (or full stop) before it as a BPE token has it;
+    sentences of 12 words, the last one ending in a full stop."""
     words = rng.choices(vocab, k=min(max(tokens, 0), MAX_TEXT_WORDS))
-    sentences = (" ".join(words[i : i + 12]) for i in range(0, len(words), 12))
-    return ". ".join(s.capitalize() for s in sentences) + ("." if words else "")
+    out = []
+    for i, word in enumerate(words):
+        text = word.capitalize() if i % 12 == 0 else word
+        out.append(("" if i == 0 else ". " if i % 12 == 0 else " ") + text)
+    if out:
+        out[-1] += "."
+    return out
+
+
+def output_tokens(rng: random.Random, plan: Plan) -> list[str]:
+    """The untruncated plan's raw output as tokens, Qwen3 hybrid style:
+    ``<think>\n`` … ``\n</think>\n\n`` answer (words past :data:`MAX_TEXT_WORDS` are empty)."""
+    answer = _padded(_filler_tokens(rng, plan.answer_tokens, _ANSWER_WORDS), plan.answer_tokens)
+    if not plan.thinking or plan.completion_tokens == 0:
+        return answer
+    if not plan.reasoning_closed:  # a plan cut inside its thought
+        words = plan.reasoning_tokens - 1
+        return ["<think>\n", *_padded(_filler_tokens(rng, words, _REASONING_WORDS), words)]
+    words = max(0, plan.reasoning_tokens - 2)
+    thought = _padded(_filler_tokens(rng, words, _REASONING_WORDS), words)
+    return ["<think>\n", *thought, "\n</think>\n\n", *answer]
+
+
+def _padded(tokens: list[str], count: int) -> list[str]:
+    return tokens + [""] * (count - len(tokens))
+
+
+def render_span(rng: random.Random, full: Plan, start: int, end: int) -> str:
+    """Tokens ``start..end`` of the untruncated plan's output: what a request that was cut, or that
+    continued a prefix of ``start`` tokens, generated."""
+    return "".join(output_tokens(rng, full)[start:end])
 
 
 def render_raw(rng: random.Random, plan: Plan) -> str:
-    """The raw generated text, Qwen3 hybrid style: ``<think>\\n…\\n</think>\\n\\nanswer``."""
-    answer = _filler(rng, plan.answer_tokens, _ANSWER_WORDS)
-    if not plan.thinking or plan.completion_tokens == 0:
-        return answer
-    reasoning = "<think>\n" + _filler(rng, plan.reasoning_tokens - 1, _REASONING_WORDS)
-    if not plan.reasoning_closed:
-        return reasoning
-    return reasoning + "\n</think>\n\n" + answer
+    """The raw text of a plan (:func:`output_tokens` joined)."""
+    return "".join(output_tokens(rng, plan))
 
 
-def split_reasoning(raw: str, force_reasoning: bool) -> tuple[str | None, str]:
-    """The SGLang 0.5.23 ``qwen3`` parser (no stripping): ``(reasoning_content, content)``."""
+def split_reasoning(raw: str, force_reasoning: bool, previous: str = "") -> tuple[str | None, str]:
+    """The SGLang 0.5.23 ``qwen3`` parser (no stripping): ``(reasoning_content, content)``;
+    ``previous``: a continued prefix (``continue_final_message``), which it reads first (a
+    ``<think>`` in it starts the thought, a ``</think>`` ends it)."""
+    if "</think>" in previous:
+        return None, raw
     started = raw.startswith("<think>")
-    if not (started or force_reasoning):
+    if not (started or force_reasoning or "<think>" in previous):
         return None, raw
     body = raw[len("<think>") :] if started else raw
     reasoning, closed, content = body.partition("</think>")

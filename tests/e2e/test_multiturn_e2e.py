@@ -89,9 +89,20 @@ def test_conversations_of_one_two_and_three_turns_are_regenerated_turn_by_turn(
         str(log),
     )
     procs.worker(sim, "gpu0")
+    # the trainer's horizon at the budget: no cut thought is continued (test_repair_runner's subject)
     args = enqueue_args(
-        inp, out, "--chunk-size", "8", "--max-tokens", "2500", "--preflight", "16", "--wait", "--json"
+        inp,
+        out,
+        "--chunk-size",
+        "8",
+        "--max-tokens",
+        "2500",
+        "--train-max-length",
+        "2500",
+        "--preflight",
+        "16",
     )
+    args += ["--wait", "--json"]
     res = procs.run("dflash_tasks.producer.enqueue", *args)
     assert res.returncode == 0, res.stderr
     summary = last_json(res.stdout)
@@ -169,6 +180,8 @@ def test_conversations_of_one_two_and_three_turns_are_regenerated_turn_by_turn(
             "--chunk-size",
             "8",
             "--max-tokens",
+            "2500",
+            "--train-max-length",
             "2500",
             "--turns",
             "last",

@@ -95,6 +95,7 @@ def job(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> 
         res = procs.run(
             "dflash_tasks.producer.enqueue",
             *("--input", str(inp), "--output", str(out), "--model", MODEL, "--max-tokens", "2048"),
+            *("--train-max-length", "2048"),  # the horizon at the budget: no continuation rounds
             *("--chunk-size", str(CHUNK), "--no-preflight", "--gpu-hour-usd", str(PRICE), "--wait", "--json"),
         )
         assert res.returncode == 0, res.stderr

@@ -5,14 +5,20 @@ gate does not judge them (the job is not paused), ``verify --strict`` flags them
 usual ``enqueue --wait`` regenerates exactly those samples, one request each, into write-once
 repair files: the chunk files stay as first written, nothing is duplicated, and ``verify`` counts
 them as repaired.
+
+Thoughts cut at ``max_tokens`` short of the trainer's horizon are continued by the same rounds
+(``continue_final_message``), a burst of 500s meeting the continuations included: each ends as the
+answer the uninterrupted request gets, and only the new tokens are generated.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import requests
 
 from tests.helpers import Processes, chunk_files, read_records
 from tests.reliability.support import (
@@ -116,10 +122,13 @@ def test_repair_truncated_regenerates_truncated_samples_with_a_larger_budget_as_
     inp, out = write_questions(tmp_path / "long.jsonl", 48, "long"), tmp_path / "out"
     sim = procs.simulator("--time-scale", "0.001", "--mean-output-tokens", "400")
     start_worker(procs, sim, "truncated-gpu0")
-    args = ("--chunk-size", "8", "--max-tokens", "300")
+    # the trainer's horizon at the budget: nothing to continue before the amendment
+    args = ("--chunk-size", "8", "--max-tokens", "300", "--train-max-length", "300")
     first = enqueue_ok(procs, inp, out, *args, "--max-share", "truncated=1.0", "--wait")
     truncated = [r for r in read_records(out) if r["finish_reason"] == "length"]
     assert 0 < len(truncated) < 48 and first["repair_truncated_samples"] == 0  # no amendment: kept
+    cut = {r["id"] for r in truncated if not r["turns"][-1]["content"]}  # continued; the rest regenerated
+    assert cut
     job_before = json.loads((out / "job.json").read_text())
     chunks = {p.name: p.read_bytes() for p in chunk_files(out)}
     requests_before = int(sim_stats(sim)["requests_total"])
@@ -144,6 +153,12 @@ def test_repair_truncated_regenerates_truncated_samples_with_a_larger_budget_as_
         new = current[old["id"]]
         assert new["repair"] == 1 and new["sampling"]["max_tokens"] == 4000, new  # names its budget
         assert new["status"] == "ok" and new["finish_reason"] == "stop"
+        parts = new["turns"][-1].get("parts", [])
+        if old["id"] in cut:  # continued: the 300 tokens kept, only the rest generated
+            assert parts[0]["usage"]["completion_tokens"] == 300, new
+            assert new["turns"][-1]["reasoning"].startswith(old["turns"][-1]["reasoning"])
+        else:
+            assert parts == []
     untouched = [r for r in current.values() if r["id"] not in {t["id"] for t in truncated}]
     assert all("repair" not in r and r["sampling"]["max_tokens"] == 300 for r in untouched)
     assert int(sim_stats(sim)["requests_total"]) - requests_before == len(truncated)
@@ -152,3 +167,75 @@ def test_repair_truncated_regenerates_truncated_samples_with_a_larger_budget_as_
     assert rc == 0 and report["repaired"] == len(truncated) and report["ok"] == 48, report
     progress = json.loads((out / "progress.json").read_text())
     assert progress["samples"]["repaired"] == len(truncated)  # the counters agree with verify
+
+
+def uninterrupted(sim: str, record: dict[str, Any]) -> dict[str, Any]:
+    """What a simulator answers the record's request with no budget to speak of."""
+    body = {"model": "m", "messages": record["turns"][0]["input"], "max_tokens": 30_000}
+    resp = requests.post(f"{sim}/v1/chat/completions", json=body, timeout=30)
+    resp.raise_for_status()
+    return dict(resp.json())
+
+
+def test_cut_thoughts_are_continued_by_enqueue_wait_through_a_burst_of_500s(
+    procs: Processes, tmp_path: Path, reliability: Collector
+) -> None:
+    inp, out = write_questions(tmp_path / "cont.jsonl", 48, "cont"), tmp_path / "out"
+    flags = ("--time-scale", "0.001", "--mean-output-tokens", "400")
+    sim = procs.simulator(*flags)
+    reference = procs.simulator(*flags, name="reference")  # the same answers, asked uninterrupted
+    start_worker(procs, sim, "cont-gpu0", env=WORKER_ENV)
+    args = ("--chunk-size", "8", "--max-tokens", "300", "--max-share", "truncated=1.0")
+    procs.env["DFLASH_REPAIR_ROUNDS"] = "0"  # the first pass alone
+    try:
+        first = enqueue_ok(procs, inp, out, *args, "--wait")
+    finally:
+        del procs.env["DFLASH_REPAIR_ROUNDS"]
+    cut = [r for r in read_records(out) if r["finish_reason"] == "length" and not r["turns"][0]["content"]]
+    assert len(cut) >= 8, len(cut)
+    chunks = {p.name: p.read_bytes() for p in chunk_files(out)}
+    before = sim_stats(sim)
+    # the first 3 continuations meet two 500s each: still cut after round 1, continued by round 2
+    fault(sim, "http_500", count=6)
+
+    rerun = enqueue_ok(procs, inp, out, *args)  # a re-run queues the first round
+    assert rerun["repair_continued_samples"] == rerun["repair_samples"] == len(cut)
+    again = enqueue_ok(procs, inp, out, *args, "--wait")
+
+    assert again["job_id"] == first["job_id"] and again["chunks_enqueued"] == 0
+    assert {p.name: p.read_bytes() for p in chunk_files(out)} == chunks  # byte for byte as first written
+    rounds = sorted(p.name for p in (out / "outputs").glob("*.repair-*.jsonl"))
+    assert any(".repair-2." in name for name in rounds), rounds
+    after = sim_stats(sim)
+    current = {r["id"]: r for r in read_records(out)}
+    new_tokens = 0
+    for old in cut:
+        new, whole = current[old["id"]], uninterrupted(reference, old)
+        turn = new["turns"][0]
+        assert (new["status"], new["finish_reason"]) == ("ok", "stop"), new
+        message = whole["choices"][0]["message"]
+        assert turn["reasoning"] == message["reasoning_content"].strip()  # the uninterrupted thought
+        assert turn["content"] == message["content"].strip()
+        assert turn["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+        assert turn["parts"][0]["usage"]["completion_tokens"] == old["usage"]["completion_tokens"] == 300
+        new_tokens += sum(p["usage"]["completion_tokens"] for p in turn["parts"][1:])
+    # only the new tokens were generated: one successful request per cut thought, no regeneration
+    assert after["completed"] - before["completed"] == len(cut)
+    assert after["generation_tokens"] - before["generation_tokens"] == new_tokens
+    rc, report = verify_json(procs, inp, out)
+    assert rc == 0 and report["repaired"] == len(cut) and report["ok"] == 48, report
+    acc = settle(
+        reliability,
+        procs,
+        family="14",
+        fault="thoughts cut at max_tokens continued by enqueue --wait, through a burst of HTTP 500",
+        inp=inp,
+        out=out,
+        runs=1,
+        recover_s=None,
+        notes=f"{len(cut)} cut thoughts continued over 2 rounds ({new_tokens:,} new tokens); "
+        "chunk files unchanged",
+        test="test_repair",
+        sims=[sim],
+    )
+    assert acc.stored_once == 48 and acc.duplicated == 0 and acc.failed == 0

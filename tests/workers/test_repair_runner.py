@@ -25,7 +25,7 @@ from workers.chunk_runner import run_chunk
 from workers.repair_runner import run_repair
 
 
-def stage_conversations(staged: Staged, tmp_path: Path) -> str:
+def stage_conversations(staged: Staged, tmp_path: Path, max_tokens: int = 3000) -> str:
     """A job of four two-turn conversations in one chunk; returns its id."""
     inp = tmp_path / f"convos-{uuid.uuid4().hex[:6]}.jsonl"
     rows = [
@@ -40,7 +40,7 @@ def stage_conversations(staged: Staged, tmp_path: Path) -> str:
         for i in range(4)
     ]
     inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    spec = GenerationSpec(model="Qwen/Qwen3-8B", max_tokens=3000, chunk_size=4)
+    spec = GenerationSpec(model="Qwen/Qwen3-8B", max_tokens=max_tokens, chunk_size=4)
     job = JobDefinition.create(f"sha256:{uuid.uuid4().hex}", inp.name, spec)
     staged.store.write(JOB_KEY, job.to_json())
     stage_input(inp, staged.store, job.job_id, 4)
@@ -112,3 +112,32 @@ def test_a_round_regenerates_the_transient_failures_from_their_failed_turn(
     assert (retried.status, retried.samples_ok) == ("done", 1)
     assert [r.ok for r in read_current(staged.store, 0, (1, 2))] == [True] * 4
     assert staged.bk.stats(job_id)["samples_repaired"] == 3  # once per chunk and round
+
+
+def test_a_round_continues_a_cut_first_turn_and_then_sends_the_turns_after_it(
+    staged: Staged, tmp_path: Path
+) -> None:
+    job_id = stage_conversations(staged, tmp_path, max_tokens=100)  # most first thoughts are cut
+    staged.ctx.jobs = type(staged.ctx.jobs)(staged.bk, staged.settings)
+    assert run_chunk(staged.ctx, job_id, 0, "w@h/t1/aaaaaa").status == "done"
+    first = list(decode_records(staged.store.read(output_key(0)), "chunk"))
+    cut = [r for r in first if len(r.turns) == 1 and r.finish_reason == "length" and not r.turns[0].content]
+    assert cut, [(len(r.turns), r.finish_reason) for r in first]
+    tokens_before = int(staged.bk.stats(job_id)["completion_tokens"])
+
+    outcome = run_repair(staged.ctx, job_id, RepairUnit(0, 1), "w@h/t2/bbbbbb")
+
+    assert outcome.status == "done"
+    repaired = {r.id: r for r in decode_records(staged.store.read(repair_key(0, 1)), "repair")}
+    new_tokens = 0
+    for old in cut:
+        new = repaired[old.id]
+        continued = new.turns[0]
+        assert continued.finish_reason == "stop" and continued.content, continued
+        assert continued.reasoning.startswith(old.turns[0].reasoning) and len(continued.parts) == 2
+        assert continued.parts[0].usage == old.turns[0].usage  # the cut part, kept as it was
+        assert len(new.turns) == 2  # the second turn, which the cut had stopped, was sent
+        new_tokens += continued.parts[1].usage.completion_tokens + new.turns[1].usage.completion_tokens
+    # the counters move by the new tokens only: the cut part was counted with the chunk
+    moved = int(staged.bk.stats(job_id)["completion_tokens"]) - tokens_before
+    assert moved == outcome.completion_tokens == new_tokens

@@ -1,0 +1,129 @@
+"""Continuing a thought cut at ``max_tokens`` instead of generating the turn again.
+
+A turn whose thought hit ``max_tokens`` before the trainer's horizon is continued by a repair round
+with SGLang's ``continue_final_message``: the request repeats the turn's messages and ends with an
+assistant message holding the thought so far (after the opener the model wrote, ``<think>\\n``, when
+the chat template's generation prompt does not open the thought itself). The server renders the
+messages before it, appends that text's tokens to the prompt and goes on from there, so it
+generates, and bills, only the new tokens; its reasoning parser reads the prefix, so the answer's
+``reasoning_content`` is the rest of the thought and ``content`` the answer.
+
+The horizon is the trainer's ``max_length``: a turn's row is its prompt plus its completion, so a
+continuation may add up to ``max_length - prompt_tokens - completion_tokens`` tokens; a thought
+cut past it trains as it is (the trainer cuts the row there anyway). With ``--repair-truncated
+--max-tokens N`` the turn's completion is continued up to ``N`` tokens instead.
+
+The continued turn is one :class:`~dflash_tasks.core.record.Turn` holding the whole text, with one
+:class:`~dflash_tasks.core.record.Part` per request (see :mod:`dflash_tasks.core.record`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from dflash_tasks.core.record import Part, Record, Turn, Usage
+
+#: What the model writes before its thought when the template does not (Qwen3's output).
+THOUGHT_OPENER = "<think>\n"
+
+
+def is_cut_thought(turn: Turn) -> bool:
+    """Whether the turn stopped at ``max_tokens`` inside its thought: reasoning, no answer yet."""
+    return (
+        turn.ok
+        and turn.finish_reason == "length"
+        and bool(turn.reasoning.strip())
+        and not turn.content.strip()
+    )
+
+
+def continuation_budget(turn: Turn, horizon: int, max_tokens: int | None = None) -> int:
+    """The new tokens a continuation of ``turn`` may generate (0: nothing to continue).
+
+    Up to the trainer's ``horizon`` (its ``max_length``: the turn's prompt plus its completion), or
+    with ``max_tokens`` (``--repair-truncated``) up to that many completion tokens.
+    """
+    if not is_cut_thought(turn):
+        return 0
+    done = turn.usage.completion_tokens
+    limit = max_tokens if max_tokens is not None else horizon - turn.usage.prompt_tokens
+    return max(0, limit - done)
+
+
+def record_budget(record: Record, horizon: int, max_tokens: int | None = None) -> int:
+    """:func:`continuation_budget` of an ok record's last turn (only a last turn can be cut)."""
+    if not record.ok:
+        return 0
+    return continuation_budget(record.turns[-1], horizon, max_tokens)
+
+
+def opener_for(generation_prompt: str) -> str:
+    """The text to put before the thought in the prefix: none when the template's generation prompt
+    (thinking on) already opens the thought (Qwen3.5/3.6), else :data:`THOUGHT_OPENER` (Qwen3)."""
+    return "" if generation_prompt.rstrip().endswith("<think>") else THOUGHT_OPENER
+
+
+def prefix_message(turn: Turn, opener: str) -> dict[str, str]:
+    """The final assistant message a continuation sends: the opener and the thought so far."""
+    return {"role": "assistant", "content": opener + turn.reasoning}
+
+
+def joined(
+    cut: Turn,
+    reasoning: str,
+    content: str,
+    finish_reason: str,
+    usage: Usage,
+    meta_info: Mapping[str, Any] | None,
+    latency: float,
+    attempts: int,
+) -> Turn:
+    """``cut`` with a continuation's answer appended: one turn, its parts kept (checks to run again).
+
+    ``reasoning`` keeps the whitespace it starts with (it joins the thought where it stopped);
+    ``usage`` is the continuation's own (its completion tokens are only the new ones).
+    """
+    first = cut.parts or (
+        Part(
+            reasoning_chars=len(cut.reasoning),
+            content_chars=len(cut.content),
+            finish_reason=cut.finish_reason,
+            usage=cut.usage,
+            meta_info=cut.meta_info,
+            latency_s=cut.latency_s,
+            attempts=cut.attempts,
+        ),
+    )
+    part = Part(
+        reasoning_chars=len(reasoning),
+        content_chars=len(content),
+        finish_reason=finish_reason,
+        usage=usage,
+        meta_info=meta_info,
+        latency_s=round(latency, 3),
+        attempts=attempts,
+    )
+    return dataclasses.replace(
+        cut,
+        reasoning=cut.reasoning + reasoning,
+        content=cut.content + content,
+        finish_reason=finish_reason,
+        usage=Usage(
+            cut.usage.prompt_tokens,
+            cut.usage.completion_tokens + usage.completion_tokens,
+            cut.usage.reasoning_tokens + usage.reasoning_tokens,
+        ),
+        latency_s=round(cut.latency_s + latency, 3),
+        attempts=cut.attempts + attempts,
+        parts=(*first, part),
+        checks=None,
+    )
+
+
+def new_parts(old: Turn, new: Turn) -> tuple[Part, ...]:
+    """The parts ``new`` (``old`` continued) added; () when it was not continued."""
+    if not new.parts:
+        return ()
+    return new.parts[max(1, len(old.parts)) :]
