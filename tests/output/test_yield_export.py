@@ -143,3 +143,18 @@ def test_which_templates_train_earlier_turns(tmp_path: Path, model: str) -> None
     assert not trained(model, TrainerView())  # Qwen3's own markers: earlier reasoning dropped
     assert trained(plain, TrainerView())
     assert not trained(plain, TrainerView(last_turn_only=True))
+
+
+def test_report_states_the_exports_yield(job_dir: Path, tmp_path: Path) -> None:
+    from dflash_tasks.output.report import build_report, render_text
+    from dflash_tasks.store.jobfiles import load_job, load_manifest
+    from dflash_tasks.store.records import iter_records
+
+    doc = export(str(job_dir), tmp_path / "a.jsonl", "jsonl", ExportOptions(), VIEW)
+    store = LocalStore(job_dir)
+    job, manifest = load_job(store), load_manifest(store)
+    assert job is not None and manifest is not None
+    report = build_report(job, iter_records(store, manifest, []), 1, 1, VIEW)
+    assert report.as_dict()["yield"] == doc["yield"]
+    assert report.trainable is not None and report.trainable.total == doc["trainable_tokens"]
+    assert f"yield             {doc['yield']['yield']:.3f}" in render_text(report)
