@@ -135,7 +135,10 @@ def test_kept_rejects_need_an_explicit_flag(job_dir: Path, tmp_path: Path) -> No
     assert doc["kept_despite"] == {"truncated": 1} and doc["dropped"]["empty_answer"] == 1  # cut-thought
     validate_file(out, expect_reasoning=True, strict_think_markers=True)  # a cut answer is still well formed
     doc = export(
-        str(job_dir), out, "jsonl", ExportOptions(mode="validator", keep=frozenset({"unsupported_role"}), keep_failed=True)
+        str(job_dir),
+        out,
+        "jsonl",
+        ExportOptions(mode="validator", keep=frozenset({"unsupported_role"}), keep_failed=True),
     )
     rows = {r["id"]: r for r in rows_of(out)}
     assert (
@@ -148,7 +151,9 @@ def test_kept_rejects_need_an_explicit_flag(job_dir: Path, tmp_path: Path) -> No
 
 def test_kept_source_answers_are_what_specforge_rejected_before(job_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "h.jsonl"
-    doc = export(str(job_dir), out, "jsonl", ExportOptions(mode="validator", keep=frozenset({"source_answers"})))
+    doc = export(
+        str(job_dir), out, "jsonl", ExportOptions(mode="validator", keep=frozenset({"source_answers"}))
+    )
     rows = {r["id"]: r for r in rows_of(out)}
     assert doc["kept_despite"] == {"source_answers": 1}
     assert [m["reasoning_content"] for m in rows["history"]["conversations"]] == [

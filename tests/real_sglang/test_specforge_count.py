@@ -132,4 +132,6 @@ def test_our_count_equals_specforges_row_by_row(
     assert doc["trainable_tokens"] == sum(theirs)
     assert min(theirs) > 0
     ids = [r["id"] for r in rows]
-    assert {"cut#turn0", "three#turn2"} <= set(ids) if last else {"cut", "three"} <= set(ids)  # the horizon rule's rows
+    assert (
+        {"cut#turn0", "three#turn2"} <= set(ids) if last else {"cut", "three"} <= set(ids)
+    )  # the horizon rule's rows
