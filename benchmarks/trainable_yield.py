@@ -144,7 +144,8 @@ def specforge_total(rows_path: Path, model: str, last_turn_only: bool, tmp: Path
         timeout=3600,
         check=True,
     )
-    return sum(json.loads(res.stdout.strip().splitlines()[-1]))
+    sums: list[int] = json.loads(res.stdout.strip().splitlines()[-1])
+    return sum(sums)
 
 
 WAYS = {
