@@ -158,3 +158,17 @@ def test_report_states_the_exports_yield(job_dir: Path, tmp_path: Path) -> None:
     assert report.as_dict()["yield"] == doc["yield"]
     assert report.trainable is not None and report.trainable.total == doc["trainable_tokens"]
     assert f"yield             {doc['yield']['yield']:.3f}" in render_text(report)
+
+
+def test_the_cli_prints_layout_mode_and_yield_and_refuses_expanded_validator_files(
+    job_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_tasks.output.export import main
+
+    out = str(tmp_path / "x.jsonl")
+    args = ["--output", str(job_dir), "--to", out, "--train-max-length", "200", "--train-template", "qwen3.5"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "layout per-turn, mode trainer" in err and "yield 0." in err
+    assert main([*args, "--layout", "per-turn", "--mode", "validator"]) == 2
+    assert "SpecForge's validator refuses expanded rows" in capsys.readouterr().err
