@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import sys
@@ -84,7 +85,11 @@ def write_jsonl(rows: Iterable[dict[str, Any]], path: Path) -> None:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def write_parquet(rows: Iterable[dict[str, Any]], path: Path, with_error: bool) -> None:
+def write_parquet(
+    rows: Iterable[dict[str, Any]], path: Path, with_error: bool, per_turn: bool = False
+) -> None:
+    """Rows as Parquet; ``per_turn`` adds ``source_id`` and ``assistant_turn_index`` (null for
+    the plain rows of one-turn samples)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -92,6 +97,8 @@ def write_parquet(rows: Iterable[dict[str, Any]], path: Path, with_error: bool) 
     fields = [("id", pa.string()), ("status", pa.string()), ("conversations", pa.list_(turn))]
     if with_error:
         fields.append(("error", pa.string()))
+    if per_turn:
+        fields += [("source_id", pa.string()), ("assistant_turn_index", pa.int64())]
     schema = pa.schema(fields)
     with pq.ParquetWriter(path, schema) as writer:
         batch: list[dict[str, Any]] = []
@@ -121,8 +128,11 @@ def export(
     rows = planner.rows(iter_records(store, manifest, missing))
 
     tmp = to.with_name(f".{to.name}.tmp")
-    if fmt == "parquet":
-        write_parquet(rows, tmp, options.keep_failed)
+    if fmt == "parquet":  # the layout is settled at the first record, before the first row
+        first = next(rows, None)
+        ahead = itertools.chain([] if first is None else [first], rows)
+        multi = options.layout == "per-turn" or (manifest.turns or 0) > manifest.samples
+        write_parquet(ahead, tmp, options.keep_failed, planner.per_turn and multi)
     else:
         write_jsonl(rows, tmp)
     os.replace(tmp, to)

@@ -73,7 +73,7 @@ def job_dir(tmp_path: Path, model: str) -> Path:
     store.write(
         JOB_KEY, JobDefinition.create("sha256:x", "in.jsonl", GenerationSpec("m", chunk_size=4)).to_json()
     )
-    store.write(MANIFEST_KEY, Manifest("j", 4, 4, 0, 4, 1).to_json())
+    store.write(MANIFEST_KEY, Manifest("j", 4, 4, 0, 4, 1, turns=7, chunk_turns=[7]).to_json())
     store.write(output_key(0), b"".join(json.dumps(r).encode() + b"\n" for r in records))
     return root
 
@@ -172,3 +172,17 @@ def test_the_cli_prints_layout_mode_and_yield_and_refuses_expanded_validator_fil
     assert "layout per-turn, mode trainer" in err and "yield 0." in err
     assert main([*args, "--layout", "per-turn", "--mode", "validator"]) == 2
     assert "SpecForge's validator refuses expanded rows" in capsys.readouterr().err
+
+
+def test_per_turn_parquet_keeps_the_source_of_each_row(job_dir: Path, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "train.parquet"
+    export(str(job_dir), out, "parquet", ExportOptions(), VIEW)
+    table = pq.read_table(out).to_pylist()
+    assert [(r["id"], r["source_id"], r["assistant_turn_index"]) for r in table] == [
+        ("long-cut", None, None),
+        ("two#turn0", "two", 0),
+        ("two#turn1", "two", 1),
+        ("cut-second#turn0", "cut-second", 0),
+    ]
