@@ -30,7 +30,7 @@ help:
 	@echo "make prometheus   install Debian's prometheus (prometheus + promtool, for the dashboard tests) if missing"
 	@echo "make test         venv + redis + prometheus + chromium (BROWSER_TESTS=0: without) + the SGLang wheel and env, then pytest"
 	@echo "make sglang-wheel download the pinned SGLang wheel (no deps) the flag check reads, once"
-	@echo "make sglang-env   build the pinned SGLang's CPU environment the real-server tests run, once (cached in ~/.cache)"
+	@echo "make sglang-env   build the pinned SGLang's CPU environment the real-server tests run, and SpecForge beside it, once (cached in ~/.cache)"
 	@echo "make lint         ruff check, ruff format --check, mypy --strict"
 	@echo "make format       sort imports and format with ruff"
 	@echo "make bench        run the benchmarks (python -m benchmarks), if there are any"
@@ -70,6 +70,7 @@ sglang-wheel: venv
 # clones reuse it; rebuilt only when the pin or its requirements change.
 sglang-env: sglang-wheel
 	@$(BIN)/python -m tests.real_sglang.env
+	@$(BIN)/python -m tests.real_sglang.specforge_env
 
 demo: venv redis
 	$(BIN)/python -m dflash_tasks.demo $(DEMO_ARGS)

@@ -20,11 +20,13 @@ from typing import Any
 
 from benchmarks.common import RESULTS_DIR, Benchmark, Figures, Options, median_figures, say
 
-NAMES = ("saturation", "scale", "overhead", "tune", "loss_tokens", "continuation")
+NAMES = ("saturation", "scale", "overhead", "tune", "loss_tokens", "yield", "continuation")
+#: Benchmarks whose module is not named after them (``yield`` is a keyword).
+MODULES = {"yield": "trainable_yield"}
 
 
 def load(name: str) -> Benchmark:
-    bench: Benchmark = importlib.import_module(f"benchmarks.{name}").BENCHMARK
+    bench: Benchmark = importlib.import_module(f"benchmarks.{MODULES.get(name, name)}").BENCHMARK
     return bench
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.record import Record
+from dflash_tasks.core.trainer_templates import registered
 from dflash_tasks.core.trainer_view import TrainerView
 
 _PROBE_USER = "dflash-probe-user"
@@ -113,13 +114,16 @@ def markers_of(tokenizer: Any, thinking: bool, where: str) -> TemplateMarkers:
 def _render(
     tokenizer: Any,
     messages: Sequence[Mapping[str, Any]],
-    thinking: bool,
+    thinking: bool | None,
     generation: bool,
     preserve_thinking: bool = False,
 ) -> str:
-    extra = {"preserve_thinking": True} if preserve_thinking else {}
+    """The template's text; ``thinking`` None renders without ``enable_thinking`` (its default)."""
+    extra: dict[str, Any] = {"preserve_thinking": True} if preserve_thinking else {}
+    if thinking is not None:
+        extra["enable_thinking"] = thinking
     text = tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=generation, enable_thinking=thinking, **extra
+        list(messages), tokenize=False, add_generation_prompt=generation, **extra
     )
     return str(text)
 
@@ -133,6 +137,10 @@ class RowTokens:
     loss_tokens_untruncated: int  # the loss tokens without max_length
     reasoning_turns: int  # assistant messages carrying reasoning
     reasoning_dropped: int  # of those, the ones whose reasoning the template does not render
+    #: Tokens wholly before the end of the last assistant message's text: those after it are the
+    #: template's (``</think>``, end of turn). A row cut at ``max_length`` <= this trains on
+    #: generated tokens only, however its last turn ended (the horizon rule).
+    generated_end: int = 0
 
     @property
     def lost_to_max_length(self) -> int:
@@ -156,15 +164,25 @@ class LossTokenCounter:
         #: ``history_reasoning: keep``: the template renders earlier turns' reasoning (Qwen3.6).
         self.preserve_thinking = preserve_thinking
         self.where = where
-        self.markers = markers_of(tokenizer, thinking, where)
+        self.system_prompt = ""
+        self._render_thinking: bool | None = thinking
+        if view.template is None:
+            self.markers = markers_of(tokenizer, thinking, where)
+        else:  # SpecForge's registered template: its markers, system prompt and rendering switch
+            t = registered(view.template)
+            self.markers = TemplateMarkers(t.assistant_header, t.end_of_turn, t.ignore)
+            self.system_prompt = t.system_prompt
+            self._render_thinking = True if t.enable_thinking else None
         self._pattern = self.markers.pattern()
         self._backend = _untruncated_copy(tokenizer)
 
     def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        if self.system_prompt and (not messages or messages[0].get("role") != "system"):
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
         return _render(
             self.tokenizer,
             messages,
-            thinking=self.thinking,
+            thinking=self._render_thinking,
             generation=False,
             preserve_thinking=self.preserve_thinking,
         )
@@ -209,7 +227,21 @@ class LossTokenCounter:
             if m.get("role") == "assistant" and str(m.get("reasoning_content") or "").strip()
         ]
         dropped = sum(1 for r in reasoning if r not in text)
-        return RowTokens(len(offsets), kept, total, len(reasoning), dropped)
+        return RowTokens(
+            len(offsets), kept, total, len(reasoning), dropped, _generated_end(messages, text, ends)
+        )
+
+
+def _generated_end(messages: Sequence[Mapping[str, Any]], text: str, ends: list[int]) -> int:
+    """The tokens wholly before the end of the last assistant message's own text in ``text``."""
+    last = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
+    if last is None:
+        return 0
+    for part in (str(last.get("content") or ""), str(last.get("reasoning_content") or "")):
+        part = part.strip()
+        if part and (at := text.rfind(part)) != -1:
+            return bisect.bisect_right(ends, at + len(part))
+    return 0
 
 
 def _untruncated_copy(tokenizer: Any) -> Any:

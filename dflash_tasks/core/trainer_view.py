@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.trainer_templates import REGISTERED, registered
 
 #: The trainer's ``max_length`` when none is given: the DFlash training config for Qwen3.6-27B
 #: (the seed's target model) uses 4,096.
@@ -26,13 +27,21 @@ class TrainerView:
     tokenizer: str | None = None
     max_length: int = DEFAULT_TRAIN_MAX_LENGTH
     last_turn_only: bool = False
+    #: SpecForge's registered chat template the trainer marks loss spans with; None: the markers
+    #: of the tokenizer's own template (:mod:`dflash_tasks.core.trainer_templates`).
+    template: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_length < 1:
             raise ConfigError(f"--train-max-length must be >= 1, got {self.max_length}")
+        if self.template is not None:
+            registered(self.template)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        if self.template is None:  # job.json as before the field existed
+            del doc["template"]
+        return doc
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any] | None) -> TrainerView:
@@ -43,11 +52,12 @@ class TrainerView:
             tokenizer=None if tokenizer is None else str(tokenizer),
             max_length=int(doc.get("max_length", DEFAULT_TRAIN_MAX_LENGTH)),
             last_turn_only=bool(doc.get("last_turn_only", False)),
+            template=None if doc.get("template") is None else str(doc["template"]),
         )
 
 
 def add_trainer_flags(parser: argparse.ArgumentParser) -> None:
-    """``--tokenizer``, ``--train-max-length``, ``--train-last-turn-only`` (default: the job's)."""
+    """``--tokenizer``, ``--train-max-length``, ``--train-last-turn-only``, ``--train-template``."""
     g = parser.add_argument_group("trainer (loss tokens)")
     g.add_argument(
         "--tokenizer",
@@ -67,6 +77,13 @@ def add_trainer_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the trainer learns from the last assistant turn only (train_only_last_turn)",
     )
+    g.add_argument(
+        "--train-template",
+        choices=sorted(REGISTERED),
+        help="SpecForge's registered chat template the trainer marks loss spans with (its "
+        "--chat-template; qwen3.5 for Qwen3.5/3.6); default: the job's, else the markers of the "
+        "tokenizer's own template",
+    )
 
 
 def view_from_args(args: argparse.Namespace, recorded: TrainerView | None = None) -> TrainerView:
@@ -79,4 +96,6 @@ def view_from_args(args: argparse.Namespace, recorded: TrainerView | None = None
         changes["max_length"] = args.train_max_length
     if getattr(args, "train_last_turn_only", None):
         changes["last_turn_only"] = True
+    if getattr(args, "train_template", None) is not None:
+        changes["template"] = args.train_template
     return replace(view, **changes) if changes else view

@@ -1,7 +1,10 @@
 """``python -m dflash_tasks.export --output URI --to PATH``: the training set for a drafter trainer.
 
-One row per sample, in input order, each sample once, in the ShareGPT-style layout that
-SpecForge-style EAGLE3/DFlash pipelines read; every generated assistant turn carries its reasoning::
+One row per sample (``--layout conversation``) or per generated assistant turn (``per-turn``,
+SpecForge's expanded layout; ``auto``, the default, picks it where the trainer's template would leave
+earlier turns untrained; :mod:`dflash_tasks.output.rows`), in input order, each sample once, in
+the ShareGPT-style layout that SpecForge-style EAGLE3/DFlash pipelines read; every generated
+assistant turn carries its reasoning::
 
     {"id": "...", "status": "success",
      "conversations": [{"role": "system", "content": ..., "reasoning_content": null},
@@ -10,13 +13,18 @@ SpecForge-style EAGLE3/DFlash pipelines read; every generated assistant turn car
                        {"role": "user", "content": ..., "reasoning_content": null},
                        {"role": "assistant", "content": ANSWER_2, "reasoning_content": REASONING_2}]}
 
-By default the file is one the trainer accepts: every row it would reject is left out (failed,
-truncated, empty answer, think markers, missing reasoning where reasoning is expected, and any
+By default (``--mode trainer``) the file is one the trainer reads: rows cut at ``max_tokens`` whose
+cut lies past the trainer's ``max_length`` are written (the horizon rule); ``--mode validator``
+leaves out every truncated row, so SpecForge's validator script accepts the file. Either way every
+other row the trainer would reject is left out (failed, truncated short of the horizon, empty
+answer, think markers, missing reasoning where reasoning is expected, and any
 row breaking SpecForge's validator rules, see :mod:`dflash_tasks.output.trainer_rules`). The
 count per reason is printed; ``--keep REASON`` keeps such rows, ``--keep-failed`` failed ones. A
 manifest (``PATH.manifest.json``) records counts, what was left out and why, filters, the job
 spec and checksums; ``PATH.dropped.jsonl`` lists every row left out, with its reason.
 
+The manifest says which layout and mode were written, and the trainable yield (generated tokens
+against the loss tokens of the rows written, and where the rest went; :mod:`dflash_tasks.core.yields`).
 With a tokenizer (``--tokenizer``, else the served model's path when readable here) the manifest
 also carries ``trainable_tokens``: the exported rows' loss tokens under the model's chat template
 and the trainer's ``--train-max-length`` (:mod:`dflash_tasks.core.trainable`), the size a drafter
@@ -27,36 +35,40 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import sys
-from collections import Counter
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError, DflashError, StoreError
-from dflash_tasks.core.loss_tokens import row_messages
-from dflash_tasks.core.quality import CHECKS, QualitySettings, check_record
-from dflash_tasks.core.record import Record
+from dflash_tasks.core.quality import CHECKS
 from dflash_tasks.core.settings import CommonSettings
-from dflash_tasks.core.trainable import TrainableTally
 from dflash_tasks.core.trainer_view import TrainerView, add_trainer_flags, view_from_args
-from dflash_tasks.output.trainer_rules import REASONS, row_problem
+from dflash_tasks.output.planner import ExportOptions, RowPlanner
+from dflash_tasks.output.rows import DEFAULT_DROPS, LAYOUTS, MODES
+from dflash_tasks.output.trainer_rules import REASONS
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
 from dflash_tasks.store.records import iter_records
 
 _PARQUET_BATCH = 10_000
 
-#: Quality checks whose rows the trainer rejects (or should never see): left out by default.
-DEFAULT_DROPS = ("think_marker", "truncated", "empty_answer", "no_reasoning", "unexpected_reasoning")
+#: What each mode's file is, for the manifest.
+MODE_MEANS = {
+    "trainer": "rows SpecForge's trainer reads; rows cut at max_tokens past its max_length are in (the "
+    "horizon rule), their answers may be blank, which SpecForge's validator script refuses",
+    "validator": "rows SpecForge's validator script accepts (--expect-reasoning --strict-think-markers): "
+    "every truncated row is left out",
+}
 
 #: Every reason a row can be left out, with what it means (the manifest repeats the ones used).
 WHY: dict[str, str] = {
     "failed": "generation failed (the record's error says why); keep with --keep-failed",
-    "truncated": "a turn hit max_tokens",
+    "truncated": "a turn hit max_tokens (in trainer mode: short of the trainer's max_length, to continue "
+    "or drop)",
     "empty_answer": "a turn has no answer after its reasoning",
     "short": "a turn is shorter than min_completion_tokens (--drop-check short)",
     "source_answers": "assistant turns copied from the input (turns: last) carry no reasoning",
@@ -67,100 +79,17 @@ WHY: dict[str, str] = {
 KEEPABLE = tuple(sorted(set(WHY) - {"failed", "duplicate"}))
 
 
-@dataclass(frozen=True, slots=True)
-class ExportOptions:
-    drop_checks: frozenset[str] = frozenset()  # checks left out on top of the default ones
-    keep_failed: bool = False
-    keep: frozenset[str] = frozenset()  # reasons whose rows are written anyway
-
-
-@dataclass(slots=True)
-class ExportCounts:
-    exported: int = 0
-    failed_kept: int = 0
-    assistant_turns: int = 0
-    multi_turn: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)
-    kept: Counter[str] = field(default_factory=Counter)  # rows written despite a reason, by --keep
-    left_out: list[dict[str, str]] = field(default_factory=list)
-
-
-def to_row(
-    record: Record, options: ExportOptions, counts: ExportCounts, thinking: bool = True
-) -> dict[str, Any] | None:
-    """The export row of one output record, or None when it is left out (counted in ``counts``)."""
-    sample_id = record.id
-    turns = row_messages(record)  # the very rows the loss-token count renders
-    if not record.ok:
-        if not options.keep_failed:
-            return _leave_out(counts, sample_id, "failed", record.error or "")
-        counts.failed_kept += 1
-        return {"id": sample_id, "status": "failed", "conversations": turns, "error": record.error}
-    row: dict[str, Any] = {"id": sample_id, "status": "success", "conversations": turns}
-    copied = _copied_answers(record)
-    generated = sum(1 for m in turns if m["role"] == "assistant") - len(copied)
-    kept: list[str] = []
-    for reason, detail in _reasons(record, row, options, thinking, copied):
-        if reason not in options.keep:
-            return _leave_out(counts, sample_id, reason, detail)
-        kept.append(reason)
-    counts.kept.update(kept)
-    counts.exported += 1
-    counts.assistant_turns += generated + len(copied)
-    counts.multi_turn += generated + len(copied) > 1
-    if options.keep_failed:
-        row["error"] = None
-    return row
-
-
-def _copied_answers(record: Record) -> frozenset[int]:
-    """Indexes (in the exported conversation) of assistant messages copied from the input."""
-    copied: set[int] = set()
-    index = 0
-    for turn in record.turns:
-        for message in turn.input:
-            if message["role"] == "assistant":
-                copied.add(index)
-            index += 1
-        index += turn.ok
-    return frozenset(copied)
-
-
-def _reasons(
-    record: Record,
-    row: dict[str, Any],
-    options: ExportOptions,
-    thinking: bool,
-    copied: frozenset[int],
-) -> Iterator[tuple[str, str]]:
-    """Why the trainer would reject ``row`` (or ``--drop-check`` leaves it out), most telling first."""
-    checks = set(record.checks or check_record(record, thinking, QualitySettings()))
-    for check in (*DEFAULT_DROPS, *sorted(options.drop_checks)):
-        if check in checks:
-            yield check, ""
-    if thinking and copied:
-        yield "source_answers", f"{len(copied)} assistant turns copied from the input"
-    # Kept source answers are kept as they are: without reasoning.
-    exempt = copied if "source_answers" in options.keep else frozenset()
-    problem = row_problem(row, expect_reasoning=thinking, exempt=exempt)
-    if problem is not None:
-        yield problem.reason, problem.detail
-
-
-def _leave_out(counts: ExportCounts, sample_id: str, reason: str, detail: str) -> dict[str, Any] | None:
-    """Count a row left out; returns None (no row)."""
-    counts.dropped[reason] += 1
-    counts.left_out.append({"id": sample_id, "reason": reason, "detail": detail})
-    return None
-
-
 def write_jsonl(rows: Iterable[dict[str, Any]], path: Path) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def write_parquet(rows: Iterable[dict[str, Any]], path: Path, with_error: bool) -> None:
+def write_parquet(
+    rows: Iterable[dict[str, Any]], path: Path, with_error: bool, per_turn: bool = False
+) -> None:
+    """Rows as Parquet; ``per_turn`` adds ``source_id`` and ``assistant_turn_index`` (null for
+    the plain rows of one-turn samples)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -168,6 +97,8 @@ def write_parquet(rows: Iterable[dict[str, Any]], path: Path, with_error: bool) 
     fields = [("id", pa.string()), ("status", pa.string()), ("conversations", pa.list_(turn))]
     if with_error:
         fields.append(("error", pa.string()))
+    if per_turn:
+        fields += [("source_id", pa.string()), ("assistant_turn_index", pa.int64())]
     schema = pa.schema(fields)
     with pq.ParquetWriter(path, schema) as writer:
         batch: list[dict[str, Any]] = []
@@ -190,30 +121,20 @@ def export(
     job, manifest = load_job(store), load_manifest(store)
     if job is None or manifest is None:
         raise StoreError(f"{output} holds no staged job")
-    counts = ExportCounts()
     missing: list[int] = []
-    seen: set[str] = set()
-    thinking = job.spec.thinking
     view = trainer or job.trainer
-    tally = TrainableTally(view, thinking, job.quality.min_loss_tokens, job.spec.keeps_history_reasoning)
-
-    def rows() -> Iterator[dict[str, Any]]:
-        for record in iter_records(store, manifest, missing):
-            if record.id in seen:  # impossible with a sound store; never export a sample twice
-                _leave_out(counts, record.id, "duplicate", "")
-                continue
-            seen.add(record.id)
-            row = to_row(record, options, counts, thinking)
-            if row is not None:
-                if row["status"] == "success":
-                    tally.add(record)
-                yield row
+    planner = RowPlanner(job, view, options)
+    counts = planner.counts
+    rows = planner.rows(iter_records(store, manifest, missing))
 
     tmp = to.with_name(f".{to.name}.tmp")
-    if fmt == "parquet":
-        write_parquet(rows(), tmp, options.keep_failed)
+    if fmt == "parquet":  # the layout is settled at the first record, before the first row
+        first = next(rows, None)
+        ahead = itertools.chain([] if first is None else [first], rows)
+        multi = options.layout == "per-turn" or (manifest.turns or 0) > manifest.samples
+        write_parquet(ahead, tmp, options.keep_failed, planner.per_turn and multi)
     else:
-        write_jsonl(rows(), tmp)
+        write_jsonl(rows, tmp)
     os.replace(tmp, to)
     dropped_path = to.with_name(to.name + ".dropped.jsonl")
     if counts.left_out:
@@ -235,14 +156,19 @@ def export(
         "dropped_why": {reason: WHY[reason] for reason in counts.dropped},
         "dropped_file": dropped_path.name if counts.left_out else None,
         "kept_despite": dict(counts.kept),
-        "trainable_tokens": None if (summary := tally.summary) is None else summary.total,
-        "trainable": None if summary is None else summary.to_dict(),
-        "trainer": {**view.to_dict(), "note": tally.note},
+        "layout": planner.layout,
+        "mode": options.mode,
+        "mode_means": MODE_MEANS[options.mode],
+        "trainable_tokens": planner.yields.trainable if planner.counted else None,
+        "trainable": planner.summary.to_dict() if planner.counted else None,
+        "yield": planner.yields.to_dict(),
+        "trainer": {**view.to_dict(), "note": planner.note},
         "filters": {
             "drop_checks": sorted({*DEFAULT_DROPS, *options.drop_checks} - options.keep),
+            "horizon_rule": options.mode == "trainer",
             "keep": sorted(options.keep),
             "keep_failed": options.keep_failed,
-            "expect_reasoning": thinking,
+            "expect_reasoning": job.spec.thinking,
             "strict_think_markers": True,
         },
         "complete": not missing,
@@ -290,7 +216,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--keep-failed", action="store_true", help="keep failed samples (status 'failed', no answer)"
     )
-    p.add_argument("--drop-truncated", action="store_true", help="(the default now; kept for old scripts)")
+    p.add_argument("--drop-truncated", action="store_true", help="(kept for old scripts; see --mode)")
+    p.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="auto",
+        help="conversation: one row per sample; per-turn: one row per assistant turn (id#turnN, "
+        "SpecForge's expanded layout, trained with train_only_last_turn); auto (default): per-turn "
+        "where the trainer's template would leave earlier turns untrained",
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="trainer",
+        help="trainer (default): rows cut at max_tokens past the trainer's max_length are written "
+        "(the horizon rule); validator: every truncated row is left out, so SpecForge's validator "
+        "script accepts the file",
+    )
     add_trainer_flags(p)
     args = p.parse_args(argv)
     to = Path(args.to)
@@ -304,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         bad_keep = set(args.keep) - set(KEEPABLE)
         if bad_keep:
             raise ConfigError(f"--keep {sorted(bad_keep)[0]!r}: not a reason (one of {', '.join(KEEPABLE)})")
-        options = ExportOptions(frozenset(args.drop_check), args.keep_failed, frozenset(args.keep))
+        options = ExportOptions(
+            frozenset(args.drop_check), args.keep_failed, frozenset(args.keep), args.layout, args.mode
+        )
         doc = export(args.output, to, fmt, options, view_from_args(args, _recorded_view(args.output)))
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -322,6 +266,14 @@ def main(argv: list[str] | None = None) -> int:
         for reason, n in sorted(doc["dropped"].items(), key=lambda kv: -kv[1]):
             print(f"  {reason:<22} {n:>8,}  {WHY[reason]}", file=sys.stderr)
         print("keep them anyway with --keep REASON (--keep-failed for failed samples)", file=sys.stderr)
+    print(f"layout {doc['layout']}, mode {doc['mode']}: {doc['mode_means']}", file=sys.stderr)
+    y = doc["yield"]
+    if y["yield"] is not None:
+        print(
+            f"yield {y['yield']:.3f}: {y['trainable_tokens']:,} trainable of {y['generated_tokens']:,} "
+            f"generated tokens; the rest: {json.dumps(y['where_the_rest_went'])}",
+            file=sys.stderr,
+        )
     if doc["trainable"] is not None:
         t = doc["trainable"]
         print(

@@ -25,7 +25,7 @@ import json
 import statistics
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +36,10 @@ from dflash_tasks.core.quality import CHECKS, evaluate_gates
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.spec_stats import accept_length, spec_counts
-from dflash_tasks.core.trainable import TRAINABLE_KEY, TrainableSummary, TrainableTally, trainable_doc
+from dflash_tasks.core.trainable import TRAINABLE_KEY, TrainableSummary, trainable_doc
 from dflash_tasks.core.trainer_view import TrainerView, add_trainer_flags, view_from_args
+from dflash_tasks.core.yields import YieldTally
+from dflash_tasks.output.planner import ExportOptions, RowPlanner
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
 from dflash_tasks.store.records import iter_records
@@ -63,8 +65,9 @@ class QualityReport:
     spec_tokens: int = 0
     spec_verify: int = 0
     gate_failures: list[str] = field(default_factory=list)
-    trainable: TrainableSummary | None = None  # None when no tokenizer was at hand
+    trainable: TrainableSummary | None = None  # the default export's rows; None without a tokenizer
     trainer_note: str = ""
+    yields: YieldTally | None = None  # None without a trainer view
 
     @property
     def overall_accept_length(self) -> float | None:
@@ -94,6 +97,7 @@ class QualityReport:
             "gate_failures": self.gate_failures,
             "trainable": None if self.trainable is None else self.trainable.to_dict(),
             "trainer_note": self.trainer_note,
+            "yield": None if self.yields is None else self.yields.to_dict(),
         }
 
 
@@ -106,39 +110,48 @@ def build_report(
 ) -> QualityReport:
     """The report; with ``trainer``, the ok samples' loss tokens too (when a tokenizer is at hand)."""
     report = QualityReport(job.job_id, job.spec.thinking, chunks_done=chunks_done, chunks=chunks)
-    tally = (
-        TrainableTally(
-            trainer, job.spec.thinking, job.quality.min_loss_tokens, job.spec.keeps_history_reasoning
-        )
-        if trainer
-        else None
-    )
-    for record in records:
-        if tally is not None:
-            tally.add(record)
-        report.samples += 1
-        report.checks.update(record.checks or ())
-        if not record.ok:
-            report.failed += 1
-            continue
-        report.ok += 1
-        for turn in record.turns:
-            report.turns += 1
-            report.finish_reasons[str(turn.finish_reason)] += 1
-            report.output_tokens.append(turn.usage.completion_tokens)
-            report.reasoning_tokens.append(turn.usage.reasoning_tokens)
-        tokens, verify = spec_counts(record)
-        if verify:
-            report.accept_lengths.append(tokens / verify)
-            report.spec_tokens += tokens
-            report.spec_verify += verify
+    planner = RowPlanner(job, trainer, ExportOptions()) if trainer else None
+    if planner is not None:  # the default export's rows, planned as the records stream by
+        for _ in planner.rows(_tallied(report, records)):
+            pass
+    else:
+        for _ in _tallied(report, records):
+            pass
     failures = evaluate_gates(report.samples, report.checks, job.quality)
-    if tally is not None:
-        report.trainable, report.trainer_note = tally.summary, tally.note
+    if planner is not None:
+        report.yields = planner.yields
+        report.trainable = planner.summary if planner.counted else None
+        report.trainer_note = planner.note
     if report.trainable is not None:
         failures += evaluate_gates(report.trainable.samples, report.trainable.gate_counts(), job.quality)
     report.gate_failures = [f.message for f in failures]
     return report
+
+
+def _tallied(report: QualityReport, records: Iterable[Record]) -> Iterator[Record]:
+    """``records``, each added to the report's distributions as it passes."""
+    for record in records:
+        _add(report, record)
+        yield record
+
+
+def _add(report: QualityReport, record: Record) -> None:
+    report.samples += 1
+    report.checks.update(record.checks or ())
+    if not record.ok:
+        report.failed += 1
+        return
+    report.ok += 1
+    for turn in record.turns:
+        report.turns += 1
+        report.finish_reasons[str(turn.finish_reason)] += 1
+        report.output_tokens.append(turn.usage.completion_tokens)
+        report.reasoning_tokens.append(turn.usage.reasoning_tokens)
+    tokens, verify = spec_counts(record)
+    if verify:
+        report.accept_lengths.append(tokens / verify)
+        report.spec_tokens += tokens
+        report.spec_verify += verify
 
 
 def render_text(report: QualityReport) -> str:
@@ -162,6 +175,8 @@ def render_text(report: QualityReport) -> str:
         lines.append(f"  {report.trainer_note}")
     if report.trainable is not None:
         lines.append(report.trainable.render())
+    if report.yields is not None:
+        lines.append(report.yields.render())
     if report.gate_failures:
         lines.append("gates FAILED:")
         lines += [f"  - {m}" for m in report.gate_failures]

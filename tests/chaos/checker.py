@@ -128,6 +128,8 @@ def verify_and_export(
         "--to",
         str(to),
         "--keep-failed",
+        "--layout",
+        "conversation",  # one row per sample: what "every sample once" counts
     ]
     res = subprocess.run(export, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     if res.returncode != 0:

@@ -45,3 +45,13 @@ def test_job_json_records_the_view_and_the_thresholds_and_reads_old_files() -> N
     del doc["trainer"], doc["quality"]["min_loss_tokens"], doc["quality"]["max_share"]["few_loss_tokens"]
     old = JobDefinition.from_json(json.dumps(doc).encode(), "job.json")  # written before this change
     assert old.trainer == TrainerView() and old.quality.max_share["few_loss_tokens"] == 0.10
+
+
+def test_the_trainers_registered_template_is_a_flag_recorded_in_job_json() -> None:
+    view = view_from_args(parse("--train-template", "qwen3.5"), TrainerView("/t", 2048))
+    assert view == TrainerView("/t", 2048, template="qwen3.5")
+    job = JobDefinition.create("sha256:x", "in", GenerationSpec(model="m"), None, view)
+    assert json.loads(job.to_json())["trainer"]["template"] == "qwen3.5"
+    assert JobDefinition.from_json(job.to_json(), "job.json").trainer == view
+    with pytest.raises(ConfigError, match="--train-template 'qwen9': not a template this project knows"):
+        TrainerView(template="qwen9")

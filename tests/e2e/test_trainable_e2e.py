@@ -84,12 +84,13 @@ def test_rows_the_trainer_cuts_stop_the_preflight_and_a_longer_max_length_runs(
     report = procs.run("dflash_tasks.report", "--output", str(out), "--json", *longer)
     assert report.returncode == 0, report.stderr
     counted = last_json(report.stdout)["trainable"]
-    assert counted["samples"] == 320 and counted["total_loss_tokens"] > trainable["total_loss_tokens"]
+    # the rows the default export writes (rows cut at max_tokens short of the horizon are not)
+    assert 0 < counted["samples"] <= 320 and counted["total_loss_tokens"] > trainable["total_loss_tokens"]
     assert "(--tokenizer)" in last_json(report.stdout)["trainer_note"]
     status = procs.run("dflash_tasks.status", "--output", str(out))
     assert (
-        f"trainable {counted['total_loss_tokens']:,} loss tokens over 320 samples (by report)"
-        in status.stdout
+        f"trainable {counted['total_loss_tokens']:,} loss tokens over {counted['samples']:,} samples "
+        "(by report)" in status.stdout
     )
 
     to = tmp_path / "train.jsonl"
@@ -97,7 +98,8 @@ def test_rows_the_trainer_cuts_stop_the_preflight_and_a_longer_max_length_runs(
     assert exported.returncode == 0, exported.stderr
     manifest = json.loads((tmp_path / "train.jsonl.manifest.json").read_text())
     assert manifest["trainable"]["samples"] == manifest["success"]  # the rows written, no more
-    assert 0 < manifest["trainable_tokens"] <= counted["total_loss_tokens"]
+    assert manifest["trainable_tokens"] == counted["total_loss_tokens"]  # report and export agree
+    assert manifest["yield"] == last_json(report.stdout)["yield"]
     assert manifest["trainer"]["max_length"] == 65536
     assert f"trainable: {manifest['trainable_tokens']:,} loss tokens in {manifest['success']:,} rows" in (
         exported.stderr

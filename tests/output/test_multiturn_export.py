@@ -99,7 +99,7 @@ def rows_of(path: Path) -> list[dict[str, Any]]:
 
 def test_default_export_holds_every_turn_and_passes_the_trainers_rules(job_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "train.jsonl"
-    doc = export(str(job_dir), out, "jsonl", ExportOptions())
+    doc = export(str(job_dir), out, "jsonl", ExportOptions(mode="validator"))
     summary = validate_file(out, expect_reasoning=True, strict_think_markers=True)
     rows = rows_of(out)
     assert [r["id"] for r in rows] == ["single", "two", "three"]
@@ -130,12 +130,15 @@ def test_default_export_holds_every_turn_and_passes_the_trainers_rules(job_dir: 
 
 def test_kept_rejects_need_an_explicit_flag(job_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
-    doc = export(str(job_dir), out, "jsonl", ExportOptions(keep=frozenset({"truncated"})))
+    doc = export(str(job_dir), out, "jsonl", ExportOptions(mode="validator", keep=frozenset({"truncated"})))
     assert [r["id"] for r in rows_of(out)] == ["single", "two", "three", "cut-answer"]
     assert doc["kept_despite"] == {"truncated": 1} and doc["dropped"]["empty_answer"] == 1  # cut-thought
     validate_file(out, expect_reasoning=True, strict_think_markers=True)  # a cut answer is still well formed
     doc = export(
-        str(job_dir), out, "jsonl", ExportOptions(keep=frozenset({"unsupported_role"}), keep_failed=True)
+        str(job_dir),
+        out,
+        "jsonl",
+        ExportOptions(mode="validator", keep=frozenset({"unsupported_role"}), keep_failed=True),
     )
     rows = {r["id"]: r for r in rows_of(out)}
     assert (
@@ -148,7 +151,9 @@ def test_kept_rejects_need_an_explicit_flag(job_dir: Path, tmp_path: Path) -> No
 
 def test_kept_source_answers_are_what_specforge_rejected_before(job_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "h.jsonl"
-    doc = export(str(job_dir), out, "jsonl", ExportOptions(keep=frozenset({"source_answers"})))
+    doc = export(
+        str(job_dir), out, "jsonl", ExportOptions(mode="validator", keep=frozenset({"source_answers"}))
+    )
     rows = {r["id"]: r for r in rows_of(out)}
     assert doc["kept_despite"] == {"source_answers": 1}
     assert [m["reasoning_content"] for m in rows["history"]["conversations"]] == [
@@ -164,7 +169,7 @@ def test_kept_source_answers_are_what_specforge_rejected_before(job_dir: Path, t
 def test_the_cli_prints_the_count_per_reason(
     job_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["--output", str(job_dir), "--to", str(tmp_path / "x.jsonl")]) == 0
+    assert main(["--output", str(job_dir), "--to", str(tmp_path / "x.jsonl"), "--mode", "validator"]) == 0
     err = capsys.readouterr().err
     assert "exported 3 rows, 2 multi-turn (6 assistant turns)" in err
     assert "left out 8 rows the trainer would reject (listed in x.jsonl.dropped.jsonl)" in err
@@ -186,7 +191,7 @@ def test_a_thinking_off_job_leaves_out_rows_with_reasoning(tmp_path: Path) -> No
     ]
     store.write(output_key(0), b"".join(json.dumps(r).encode() + b"\n" for r in records))
     out = tmp_path / "off.jsonl"
-    doc = export(str(root), out, "jsonl", ExportOptions())
+    doc = export(str(root), out, "jsonl", ExportOptions(mode="validator"))
     assert [r["id"] for r in rows_of(out)] == ["plain"] and doc["dropped"] == {"unexpected_reasoning": 1}
     validate_file(out, expect_non_reasoning=True, strict_think_markers=True)
 

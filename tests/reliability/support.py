@@ -194,7 +194,16 @@ def export_check(procs: Processes, out: str, wanted: set[str], acc: Accounting) 
     their reason, in ``PATH.dropped.jsonl``: such a sample is accounted for, not missing.
     """
     to = procs.tmp / f"export-{time.monotonic_ns()}.jsonl"
-    res = procs.run("dflash_tasks.output.export", "--output", out, "--to", str(to), "--keep-failed")
+    res = procs.run(
+        "dflash_tasks.output.export",
+        "--output",
+        out,
+        "--to",
+        str(to),
+        "--keep-failed",
+        "--layout",
+        "conversation",
+    )
     assert res.returncode == 0, res.stderr
     ids = Counter(json.loads(line)["id"] for line in to.read_text().splitlines() if line.strip())
     manifest = json.loads(to.with_name(to.name + ".manifest.json").read_text())

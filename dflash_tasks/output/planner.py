@@ -1,0 +1,222 @@
+"""Which rows the export writes, counted once: the rows, the counts per reason, the trainable yield.
+
+``export`` writes what :meth:`RowPlanner.rows` yields; ``report`` runs the same planner without
+writing, so both state the same yield. Records are taken in batches and their candidate rows
+(:mod:`dflash_tasks.output.rows`) counted together under the trainer's view.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.job import JobDefinition
+from dflash_tasks.core.loss_tokens import LossTokenCounter, row_messages
+from dflash_tasks.core.record import Record
+from dflash_tasks.core.trainable import TrainableSummary, counter_for, served_model_path
+from dflash_tasks.core.trainer_view import TrainerView
+from dflash_tasks.core.yields import YieldTally
+from dflash_tasks.output.rows import (
+    LAYOUTS,
+    MODES,
+    Candidate,
+    conversation_candidate,
+    count,
+    per_turn_candidates,
+    within_horizon,
+)
+
+_BATCH = 256
+_PROBE_REASONING = " ".join(["probe reasoning words"] * 8)
+_PROBE_ANSWER = " ".join(["probe answer words"] * 4)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportOptions:
+    drop_checks: frozenset[str] = frozenset()  # checks left out on top of the default ones
+    keep_failed: bool = False
+    keep: frozenset[str] = frozenset()  # reasons whose rows are written anyway
+    layout: str = "auto"  # conversation | per-turn | auto (per-turn where earlier turns go untrained)
+    mode: str = "trainer"  # trainer (horizon rule) | validator (SpecForge's validator accepts the file)
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"--layout {self.layout!r}: one of {', '.join(LAYOUTS)}")
+        if self.mode not in MODES:
+            raise ConfigError(f"--mode {self.mode!r}: one of {', '.join(MODES)}")
+        if self.mode == "validator" and self.layout == "per-turn":
+            raise ConfigError(
+                "--layout per-turn --mode validator: SpecForge's validator refuses expanded rows (their "
+                "earlier answers carry no reasoning); validate the conversation layout, then expand"
+            )
+
+
+@dataclass(slots=True)
+class ExportCounts:
+    exported: int = 0
+    failed_kept: int = 0
+    assistant_turns: int = 0
+    multi_turn: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    kept: Counter[str] = field(default_factory=Counter)  # rows written despite a reason, by --keep
+    left_out: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _LeftOut:
+    """A record left out whole, settled in input order with the candidates around it."""
+
+    row_id: str
+    reason: str
+    detail: str
+    generated: int
+
+
+_Planned = Candidate | _LeftOut | dict[str, Any]
+
+
+def earlier_turns_trained(counter: LossTokenCounter) -> bool:
+    """Whether the trainer learns from an earlier turn's reasoning and answer in a whole conversation."""
+    user = {"role": "user", "content": "probe question", "reasoning_content": None}
+    answer = {"role": "assistant", "content": _PROBE_ANSWER, "reasoning_content": _PROBE_REASONING}
+    alone, both = counter.count_many([[user, answer], [user, answer, user, answer]])
+    return both.loss_tokens_untruncated >= 2 * alone.loss_tokens_untruncated - 2
+
+
+class RowPlanner:
+    """Plans the export of one job's records (one per command)."""
+
+    def __init__(self, job: JobDefinition, view: TrainerView, options: ExportOptions) -> None:
+        self.thinking = job.spec.thinking
+        self.preserve = job.spec.keeps_history_reasoning
+        self.view, self.options = view, options
+        self.counts = ExportCounts()
+        self.yields = YieldTally()
+        self.summary = TrainableSummary(job.quality.min_loss_tokens, view.max_length)
+        self.layout = options.layout
+        self.note = ""  # which tokenizer counts, or why none does
+        self._counter: LossTokenCounter | None = None
+        self._resolved = False
+        self._seen: set[str] = set()
+
+    @property
+    def per_turn(self) -> bool:
+        return self.layout == "per-turn"
+
+    @property
+    def counted(self) -> bool:
+        return self._counter is not None
+
+    def _resolve(self, record: Record) -> None:
+        """Pick the tokenizer (at the first record) and, under ``auto``, the layout."""
+        self._resolved = True
+        served = served_model_path([record])
+        whole, self.note = counter_for(self.view, self.thinking, served, self.preserve)
+        if self.layout == "auto" and self.options.mode == "validator":
+            self.layout = "conversation"  # the validator reads whole conversations (expand after it)
+        elif self.layout == "auto":
+            if whole is not None:
+                trained = earlier_turns_trained(whole)
+            else:  # Qwen3's rule: earlier turns are rendered without their reasoning
+                trained = not self.thinking or self.preserve
+            self.layout = "conversation" if trained else "per-turn"
+        if whole is not None and self.per_turn and not self.view.last_turn_only:
+            self._counter, _ = counter_for(
+                replace(self.view, last_turn_only=True), self.thinking, served, self.preserve
+            )
+            self.note += " (per-turn rows: the last assistant turn of each)"
+        else:
+            self._counter = whole
+        self.yields.counted = self._counter is not None
+
+    def rows(self, records: Iterable[Record]) -> Iterator[dict[str, Any]]:
+        """The rows to write, in input order; counts and yields fill in as they go."""
+        batch: list[_Planned] = []
+        pending = 0
+        for record in records:
+            if not self._resolved:
+                self._resolve(record)
+            if record.id in self._seen:  # impossible with a sound store; never export a sample twice
+                batch.append(_LeftOut(record.id, "duplicate", "", 0))
+                continue
+            self._seen.add(record.id)
+            new = self._candidates(record)
+            batch += new
+            pending += sum(isinstance(c, Candidate) for c in new)
+            if pending >= _BATCH:
+                yield from self._settle(batch)
+                batch, pending = [], 0
+        yield from self._settle(batch)
+
+    def _candidates(self, record: Record) -> list[_Planned]:
+        self.yields.generated += sum(t.usage.completion_tokens for t in record.turns)
+        self.yields.failed_turns += sum(t.usage.completion_tokens for t in record.turns if not t.ok)
+        o = self.options
+        failed: list[_Planned] = []
+        if not record.ok and self.per_turn and not o.keep_failed:  # its ok turns still train
+            failed.append(_LeftOut(record.id, "failed", record.error or "", 0))
+        elif not record.ok:
+            ok_tokens = sum(t.usage.completion_tokens for t in record.turns if t.ok)
+            if not o.keep_failed:
+                return [_LeftOut(record.id, "failed", record.error or "", ok_tokens)]
+            self.counts.failed_kept += 1
+            self.yields.dropped["failed"] += ok_tokens
+            turns = row_messages(record)
+            return [{"id": record.id, "status": "failed", "conversations": turns, "error": record.error}]
+        if self.per_turn:
+            # auto: a sample of one generated turn keeps its own id (the row is the same either way)
+            plain = o.layout == "auto" and sum(t.ok for t in record.turns) == 1
+            return [*failed, *per_turn_candidates(record, self.thinking, o.drop_checks, plain)]
+        keep_sources = "source_answers" in o.keep
+        return [conversation_candidate(record, self.thinking, o.drop_checks, keep_sources)]
+
+    def _settle(self, batch: list[_Planned]) -> Iterator[dict[str, Any]]:
+        count(self._counter, [c for c in batch if isinstance(c, Candidate)])
+        for c in batch:
+            if isinstance(c, dict):  # a failed record kept by --keep-failed
+                yield c
+                continue
+            if isinstance(c, _LeftOut):
+                self._leave_out(c.row_id, c.reason, c.detail, c.generated)
+                continue
+            row = self._decide(c)
+            if row is not None:
+                yield row
+
+    def _decide(self, c: Candidate) -> dict[str, Any] | None:
+        """The row when the trainer gets it (counted), else None (left out, counted)."""
+        horizon = False
+        if self.options.mode == "trainer" and c.cut_at_max_tokens:
+            horizon, why = within_horizon(c, self.thinking, self.view.max_length, self.per_turn)
+            if not horizon and why and c.reasons and c.reasons[0][0] == "truncated":
+                c.reasons[0] = ("truncated", why)
+        kept: list[str] = []
+        for reason, detail in c.reasons:
+            if horizon and reason in ("truncated", "empty_answer", "empty_message"):
+                continue
+            if reason not in self.options.keep:
+                self._leave_out(c.row["id"], reason, detail, c.generated)
+                return None
+            kept.append(reason)
+        self.counts.kept.update(kept)
+        self.counts.exported += 1
+        assistants = sum(1 for m in c.row["conversations"] if m["role"] == "assistant")
+        self.counts.assistant_turns += 1 if self.per_turn else assistants
+        self.counts.multi_turn += assistants > 1
+        self.yields.horizon_rows += horizon
+        self.yields.written_generated += c.generated
+        if c.tokens is not None:
+            self.summary.add(c.tokens)
+            self.yields.trainable += c.tokens.loss_tokens
+            self.yields.lost_to_max_length += c.tokens.lost_to_max_length
+        if self.options.keep_failed:
+            c.row["error"] = None
+        return c.row
+
+    def _leave_out(self, row_id: str, reason: str, detail: str, generated: int) -> None:
+        self.counts.dropped[reason] += 1
+        self.counts.left_out.append({"id": row_id, "reason": reason, "detail": detail})
+        self.yields.dropped[reason] += generated

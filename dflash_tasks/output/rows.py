@@ -1,0 +1,165 @@
+"""The rows a record becomes in the export, in one of two layouts, and which of them the trainer gets.
+
+* ``conversation``: one row per sample, every generated assistant turn with its reasoning.
+* ``per-turn``: one row per generated assistant turn, as SpecForge's
+  ``scripts/expand_reasoning_conversations.py`` writes them (``id#turnN``, N from 0, with
+  ``source_id`` and ``assistant_turn_index``): the conversation up to that turn, earlier answers
+  without their reasoning; trained with ``train_only_last_turn``. Every generated turn is then
+  trained, also where the template renders earlier turns without reasoning or without the header
+  the trainer marks (SpecForge's ``qwen3.5``), and a sample cut at its second turn keeps its first.
+  Under ``auto`` a sample with one generated turn keeps its plain id (its row is the same).
+
+Two modes: ``trainer`` (the default) applies the horizon rule: a row whose last turn hit
+``max_tokens`` is written when the trainer's ``max_length`` cuts it inside that turn's generated
+text, so every token the trainer sees is one the model wrote (the answer may then be blank, which
+SpecForge's validator script refuses and its trainer does not read). Truncated rows short of the
+horizon are left out as ``truncated`` ("to continue or drop": a continuation round can finish
+them). ``validator`` leaves out every truncated row, so SpecForge's validator accepts the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflash_tasks.core.loss_tokens import LossTokenCounter, RowTokens, row_messages
+from dflash_tasks.core.quality import QualitySettings, check_record
+from dflash_tasks.core.record import Record, Turn
+from dflash_tasks.output.trainer_rules import row_problem
+
+LAYOUTS = ("auto", "conversation", "per-turn")
+MODES = ("trainer", "validator")
+
+#: Quality checks whose rows the trainer rejects (or should never see): left out by default.
+DEFAULT_DROPS = ("think_marker", "truncated", "empty_answer", "no_reasoning", "unexpected_reasoning")
+#: Reasons the horizon rule can lift from a row whose last turn hit max_tokens.
+_HORIZON_LIFTS = frozenset(("truncated", "empty_answer", "empty_message"))
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One row a record may become, with what it costs and why it may be left out."""
+
+    sample_id: str
+    row: dict[str, Any]
+    generated: int  # completion tokens of the turns this row trains (its own)
+    reasons: list[tuple[str, str]] = field(default_factory=list)  # (reason, detail), most telling first
+    cut_at_max_tokens: bool = False  # its last turn hit max_tokens
+    tokens: RowTokens | None = None  # the trainer's view, once counted
+
+
+def record_checks(record: Record, thinking: bool) -> set[str]:
+    return set(record.checks or check_record(record, thinking, QualitySettings()))
+
+
+def conversation_candidate(
+    record: Record, thinking: bool, drop_checks: frozenset[str], keep_sources: bool
+) -> Candidate:
+    """The one row of an ok record in the ``conversation`` layout."""
+    turns = row_messages(record)
+    row: dict[str, Any] = {"id": record.id, "status": "success", "conversations": turns}
+    copied = _copied_answers(record)
+    generated = sum(t.usage.completion_tokens for t in record.turns)
+    c = Candidate(record.id, row, generated, cut_at_max_tokens=record.turns[-1].finish_reason == "length")
+    checks = record_checks(record, thinking)
+    c.reasons += [(check, "") for check in (*DEFAULT_DROPS, *sorted(drop_checks)) if check in checks]
+    if thinking and copied:
+        c.reasons.append(("source_answers", f"{len(copied)} assistant turns copied from the input"))
+    exempt = copied if keep_sources else frozenset()
+    problem = row_problem(row, expect_reasoning=thinking, exempt=exempt)
+    if problem is not None:
+        c.reasons.append((problem.reason, problem.detail))
+    return c
+
+
+def per_turn_candidates(
+    record: Record, thinking: bool, drop_checks: frozenset[str], plain_id: bool = False
+) -> list[Candidate]:
+    """One row per generated (ok) turn of ``record`` in the ``per-turn`` layout (``plain_id``: a
+    sample of one turn keeps its id, without ``source_id`` and ``assistant_turn_index``)."""
+    out: list[Candidate] = []
+    history: list[dict[str, Any]] = []
+    for index, turn in enumerate(t for t in record.turns if t.ok):
+        history += [
+            {"role": m["role"], "content": m["content"], "reasoning_content": None} for m in turn.input
+        ]
+        answer = {"role": "assistant", "content": turn.content, "reasoning_content": turn.reasoning}
+        messages = [*history, answer]
+        row: dict[str, Any] = {"id": record.id, "status": "success", "conversations": messages}
+        if not plain_id:
+            row |= {"id": f"{record.id}#turn{index}", "source_id": record.id, "assistant_turn_index": index}
+        c = Candidate(
+            record.id, row, turn.usage.completion_tokens, cut_at_max_tokens=turn.finish_reason == "length"
+        )
+        c.reasons += _turn_reasons(turn, thinking, drop_checks)
+        earlier = frozenset(i for i, m in enumerate(messages[:-1]) if m["role"] == "assistant")
+        problem = row_problem(row, expect_reasoning=thinking, exempt=earlier)
+        if problem is not None:
+            c.reasons.append((problem.reason, problem.detail))
+        out.append(c)
+        history.append({"role": "assistant", "content": turn.content, "reasoning_content": None})
+    return out
+
+
+def _turn_reasons(turn: Turn, thinking: bool, drop_checks: frozenset[str]) -> Iterator[tuple[str, str]]:
+    checks = set(turn.checks) if turn.checks is not None else set()
+    for check in (*DEFAULT_DROPS, *sorted(drop_checks)):
+        if check in checks:
+            yield check, ""
+
+
+def _copied_answers(record: Record) -> frozenset[int]:
+    """Indexes (in the exported conversation) of assistant messages copied from the input."""
+    copied: set[int] = set()
+    index = 0
+    for turn in record.turns:
+        for message in turn.input:
+            if message["role"] == "assistant":
+                copied.add(index)
+            index += 1
+        index += turn.ok
+    return frozenset(copied)
+
+
+def within_horizon(candidate: Candidate, thinking: bool, max_length: int, per_turn: bool) -> tuple[bool, str]:
+    """Whether a row cut at max_tokens may be written by the horizon rule, and why not.
+
+    The row's only problems must be its cut (``truncated``, a blank answer), and the trainer's
+    ``max_length`` must fall inside the last turn's generated text (``candidate.tokens`` counted).
+    """
+    if not candidate.cut_at_max_tokens or candidate.tokens is None:
+        return False, "no tokenizer to place the trainer's cut" if candidate.tokens is None else ""
+    if any(reason not in _HORIZON_LIFTS for reason, _ in candidate.reasons):
+        return False, ""
+    filled = _with_answer(candidate.row)  # whatever else the row breaks, apart from its blank answer
+    earlier = frozenset(
+        i for i, m in enumerate(filled["conversations"][:-1]) if per_turn and m["role"] == "assistant"
+    )
+    problem = row_problem(filled, expect_reasoning=thinking, exempt=earlier)
+    if problem is not None:
+        return False, ""
+    if candidate.tokens.generated_end < max_length:
+        return False, (
+            f"cut at max_tokens {candidate.tokens.generated_end:,} tokens into the row, short of the "
+            f"trainer's max_length {max_length:,}: to continue or drop"
+        )
+    return True, ""
+
+
+def _with_answer(row: dict[str, Any]) -> dict[str, Any]:
+    messages: Sequence[dict[str, Any]] = row["conversations"]
+    last = dict(messages[-1])
+    if not str(last.get("content") or "").strip():
+        last["content"] = "-"
+    return {**row, "conversations": [*messages[:-1], last]}
+
+
+def count(counter: LossTokenCounter | None, candidates: Sequence[Candidate]) -> None:
+    """Fill each candidate's :attr:`Candidate.tokens` (one batch), when a counter is at hand."""
+    if counter is None or not candidates:
+        return
+    for c, tokens in zip(
+        candidates, counter.count_many([c.row["conversations"] for c in candidates]), strict=True
+    ):
+        c.tokens = tokens

@@ -1,0 +1,188 @@
+"""The horizon rule, the per-turn layout and the trainable yield, counted with a real tokenizer.
+
+Rows are rendered by the tiny Qwen3-style tokenizer the tests build and counted under SpecForge's
+registered ``qwen3.5`` template (``--train-template qwen3.5``) at a ``max_length`` of 200.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefinition, Manifest, output_key
+from dflash_tasks.core.loss_tokens import LossTokenCounter, load_tokenizer
+from dflash_tasks.core.quality import QualitySettings, with_checks
+from dflash_tasks.core.record import Record
+from dflash_tasks.core.trainer_view import TrainerView
+from dflash_tasks.output.export import export
+from dflash_tasks.output.planner import ExportOptions, earlier_turns_trained
+from dflash_tasks.store import LocalStore
+from tests.output.specforge_rules import validate_file
+from tests.tokenizer_support import PLAIN_TEMPLATE, QWEN3_TEMPLATE, build_model_dir
+
+MAX_LENGTH = 200
+VIEW = TrainerView(max_length=MAX_LENGTH, template="qwen3.5")
+
+
+def thought(pairs: int) -> str:
+    return " ".join(["beta gamma"] * pairs)  # 2 tokens a pair
+
+
+def turn(i: int, pairs: int, cut: bool = False) -> dict[str, Any]:
+    return {
+        "input": [{"role": "user", "content": f"alpha {i}"}],
+        "reasoning": thought(pairs),
+        "content": "" if cut else "gamma delta",
+        "finish_reason": "length" if cut else "stop",
+        "usage": {
+            "prompt_tokens": 5,
+            "completion_tokens": 2 * pairs + (0 if cut else 6),
+            "reasoning_tokens": 0,
+        },
+        "status": "ok",
+    }
+
+
+def rec(sid: str, turns: list[dict[str, Any]], model: str, user_turns: int | None = None) -> dict[str, Any]:
+    doc = {"id": sid, "user_turns": user_turns or len(turns), "turns": turns, "status": "ok"}
+    doc["server"] = {"model_path": model}
+    checked = with_checks(Record.from_dict(doc), True, QualitySettings())
+    for t, read in zip(turns, checked.turns, strict=True):
+        t["checks"] = list(read.checks or ())
+    return {**doc, "checks": list(checked.checks or ())}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(build_model_dir(tmp_path_factory.mktemp("models"), QWEN3_TEMPLATE))
+
+
+@pytest.fixture
+def job_dir(tmp_path: Path, model: str) -> Path:
+    records = [
+        rec("long-cut", [turn(1, 400, cut=True)], model),  # cut at max_tokens far past max_length
+        rec("short-cut", [turn(1, 10, cut=True)], model),  # cut well inside the trainer's horizon
+        rec("two", [turn(1, 20), turn(2, 30)], model),
+        rec("cut-second", [turn(1, 15), turn(2, 10, cut=True)], model, 3),
+    ]
+    root = tmp_path / "job"
+    store = LocalStore(root)
+    store.write(
+        JOB_KEY, JobDefinition.create("sha256:x", "in.jsonl", GenerationSpec("m", chunk_size=4)).to_json()
+    )
+    store.write(MANIFEST_KEY, Manifest("j", 4, 4, 0, 4, 1, turns=7, chunk_turns=[7]).to_json())
+    store.write(output_key(0), b"".join(json.dumps(r).encode() + b"\n" for r in records))
+    return root
+
+
+def rows_of(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_default_export_writes_rows_cut_past_the_horizon_one_row_per_turn(
+    job_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "train.jsonl"
+    doc = export(str(job_dir), out, "jsonl", ExportOptions(), VIEW)
+    rows = rows_of(out)
+    assert [r["id"] for r in rows] == ["long-cut", "two#turn0", "two#turn1", "cut-second#turn0"]
+    assert doc["layout"] == "per-turn" and doc["mode"] == "trainer" and doc["dropped"] == {"truncated": 2}
+    details = [line["detail"] for line in map(json.loads, (tmp_path / "train.jsonl.dropped.jsonl").open())]
+    assert all("short of the trainer's max_length 200: to continue or drop" in d for d in details)
+    two1 = rows[2]
+    assert two1["source_id"] == "two" and two1["assistant_turn_index"] == 1
+    assert two1["conversations"][1]["reasoning_content"] is None  # earlier reasoning removed
+    assert two1["conversations"][3]["reasoning_content"] == thought(30)
+    assert doc["yield"]["rows_written_by_horizon_rule"] == 1
+
+
+def test_the_trainer_sees_no_token_the_model_did_not_write(job_dir: Path, tmp_path: Path, model: str) -> None:
+    out = tmp_path / "train.jsonl"
+    export(str(job_dir), out, "jsonl", ExportOptions(), VIEW)
+    row = rows_of(out)[0]
+    tokenizer = load_tokenizer(model)
+    text = tokenizer.apply_chat_template(row["conversations"], tokenize=False, enable_thinking=True)
+    seen = tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"][:MAX_LENGTH])
+    answer = seen[seen.index("<|im_start|>assistant\n<think>\n") + len("<|im_start|>assistant\n<think>\n") :]
+    assert "</think>" not in answer and "<|im_end|>" not in answer
+    assert len(answer) > 100 and thought(400).startswith(answer)  # the model's own words, then the cut
+
+
+def test_validator_mode_leaves_out_every_truncated_row(job_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "valid.jsonl"
+    doc = export(str(job_dir), out, "jsonl", ExportOptions(mode="validator"), VIEW)
+    assert [r["id"] for r in rows_of(out)] == ["two"]
+    assert doc["layout"] == "conversation" and doc["mode"] == "validator"
+    assert doc["dropped"] == {"truncated": 3}
+    validate_file(out, expect_reasoning=True, strict_think_markers=True)
+
+
+def test_the_yield_adds_up(job_dir: Path, tmp_path: Path) -> None:
+    new = export(str(job_dir), tmp_path / "a.jsonl", "jsonl", ExportOptions(), VIEW)["yield"]
+    old = export(str(job_dir), tmp_path / "b.jsonl", "jsonl", ExportOptions(mode="validator"), VIEW)["yield"]
+    generated = 800 + 20 + (46 + 66) + (36 + 20)
+    assert new["generated_tokens"] == old["generated_tokens"] == generated
+    rest = new["where_the_rest_went"]
+    assert rest["dropped_rows"] == {"truncated": 20 + 20}  # short-cut and cut-second's second turn
+    assert new["trainable_tokens"] > 0 and new["yield"] == round(new["trainable_tokens"] / generated, 4)
+    # the old defaults lose the long thought and the earlier turns of multi-turn samples
+    assert old["where_the_rest_went"]["dropped_rows"] == {"truncated": 800 + 20 + 56}
+    assert new["trainable_tokens"] > 2 * old["trainable_tokens"]
+
+
+def test_which_templates_train_earlier_turns(tmp_path: Path, model: str) -> None:
+    plain = str(build_model_dir(tmp_path, PLAIN_TEMPLATE, "plain"))
+
+    def trained(path: str, view: TrainerView) -> bool:
+        return earlier_turns_trained(LossTokenCounter(load_tokenizer(path), view, True, path))
+
+    assert not trained(model, VIEW)  # qwen3.5: earlier turns have no think header
+    assert not trained(model, TrainerView())  # Qwen3's own markers: earlier reasoning dropped
+    assert trained(plain, TrainerView())
+    assert not trained(plain, TrainerView(last_turn_only=True))
+
+
+def test_report_states_the_exports_yield(job_dir: Path, tmp_path: Path) -> None:
+    from dflash_tasks.output.report import build_report, render_text
+    from dflash_tasks.store.jobfiles import load_job, load_manifest
+    from dflash_tasks.store.records import iter_records
+
+    doc = export(str(job_dir), tmp_path / "a.jsonl", "jsonl", ExportOptions(), VIEW)
+    store = LocalStore(job_dir)
+    job, manifest = load_job(store), load_manifest(store)
+    assert job is not None and manifest is not None
+    report = build_report(job, iter_records(store, manifest, []), 1, 1, VIEW)
+    assert report.as_dict()["yield"] == doc["yield"]
+    assert report.trainable is not None and report.trainable.total == doc["trainable_tokens"]
+    assert f"yield             {doc['yield']['yield']:.3f}" in render_text(report)
+
+
+def test_the_cli_prints_layout_mode_and_yield_and_refuses_expanded_validator_files(
+    job_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_tasks.output.export import main
+
+    out = str(tmp_path / "x.jsonl")
+    args = ["--output", str(job_dir), "--to", out, "--train-max-length", "200", "--train-template", "qwen3.5"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "layout per-turn, mode trainer" in err and "yield 0." in err
+    assert main([*args, "--layout", "per-turn", "--mode", "validator"]) == 2
+    assert "SpecForge's validator refuses expanded rows" in capsys.readouterr().err
+
+
+def test_per_turn_parquet_keeps_the_source_of_each_row(job_dir: Path, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "train.parquet"
+    export(str(job_dir), out, "parquet", ExportOptions(), VIEW)
+    table = pq.read_table(out).to_pylist()
+    assert [(r["id"], r["source_id"], r["assistant_turn_index"]) for r in table] == [
+        ("long-cut", None, None),
+        ("two#turn0", "two", 0),
+        ("two#turn1", "two", 1),
+        ("cut-second#turn0", "cut-second", 0),
+    ]
