@@ -23,14 +23,21 @@ import stat
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import pyarrow as pa
 
 from dflash_tasks.core.errors import InputError
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.producer.input_formats import check_content
-from dflash_tasks.producer.prompt_row import ColumnMap, RowIds, RowInvalid, check_encodable, parse_row, type_name
+from dflash_tasks.producer.prompt_row import (
+    ColumnMap,
+    RowIds,
+    RowInvalid,
+    check_encodable,
+    parse_row,
+    type_name,
+)
 
 __all__ = ["InvalidLine", "input_fingerprint", "read_input", "summarize_invalid"]
 
@@ -137,7 +144,7 @@ class _ArrowRaw(io.RawIOBase):
         super().close()
 
 
-def _open(name: str) -> tuple[io.BufferedIOBase | gzip.GzipFile, str | None]:
+def _open(name: str) -> tuple[BinaryIO | io.BufferedIOBase | gzip.GzipFile, str | None]:
     try:
         kind = _compression(name)
         if kind == "gzip":

@@ -58,7 +58,12 @@ class ColumnMap:
 
     def to_dict(self) -> dict[str, str]:
         """The non-default fields (what a job records of it)."""
-        pairs = (("messages", self.messages), ("prompt", self.prompt), ("id", self.id), ("system", self.system))
+        pairs = (
+            ("messages", self.messages),
+            ("prompt", self.prompt),
+            ("id", self.id),
+            ("system", self.system),
+        )
         return {k: v for k, v in pairs if v}
 
     def wanted(self, available: Iterable[str]) -> list[str]:
