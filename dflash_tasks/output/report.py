@@ -35,6 +35,7 @@ from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.quality import CHECKS, evaluate_gates
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.settings import CommonSettings
+from dflash_tasks.core.source_quality import SOURCES_KEY, SourceTally, render_sources
 from dflash_tasks.core.spec_stats import accept_length, spec_counts
 from dflash_tasks.core.trainable import TRAINABLE_KEY, TrainableSummary, TrainableTally, trainable_doc
 from dflash_tasks.core.trainer_view import TrainerView, add_trainer_flags, view_from_args
@@ -65,6 +66,8 @@ class QualityReport:
     gate_failures: list[str] = field(default_factory=list)
     trainable: TrainableSummary | None = None  # None when no tokenizer was at hand
     trainer_note: str = ""
+    sources: SourceTally = field(default_factory=SourceTally)  # a job of several input sources
+    source_gate_failures: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def overall_accept_length(self) -> float | None:
@@ -94,6 +97,8 @@ class QualityReport:
             "gate_failures": self.gate_failures,
             "trainable": None if self.trainable is None else self.trainable.to_dict(),
             "trainer_note": self.trainer_note,
+            "sources": self.sources.to_dict() or None,
+            "source_gate_failures": self.source_gate_failures or None,
         }
 
 
@@ -117,6 +122,7 @@ def build_report(
         if tally is not None:
             tally.add(record)
         report.samples += 1
+        report.sources.add(record)
         report.checks.update(record.checks or ())
         if not record.ok:
             report.failed += 1
@@ -137,7 +143,11 @@ def build_report(
         report.trainable, report.trainer_note = tally.summary, tally.note
     if report.trainable is not None:
         failures += evaluate_gates(report.trainable.samples, report.trainable.gate_counts(), job.quality)
+        report.sources.add_loss_tokens(report.trainable.loss_tokens, job.quality.min_loss_tokens)
     report.gate_failures = [f.message for f in failures]
+    report.source_gate_failures = {
+        name: [f.message for f in fails] for name, fails in report.sources.gate_failures(job.quality).items()
+    }
     return report
 
 
@@ -162,6 +172,11 @@ def render_text(report: QualityReport) -> str:
         lines.append(f"  {report.trainer_note}")
     if report.trainable is not None:
         lines.append(report.trainable.render())
+    if doc["sources"]:
+        lines.append("per source:")
+        lines += render_sources(doc["sources"])
+        for name, messages in report.source_gate_failures.items():
+            lines += [f"  source {name} fails a gate: {m}" for m in messages]
     if report.gate_failures:
         lines.append("gates FAILED:")
         lines += [f"  - {m}" for m in report.gate_failures]
@@ -267,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         if report.trainable is not None:
             doc = trainable_doc(report.trainable, "report", manifest.samples)
             store.write(TRAINABLE_KEY, (json.dumps(doc, indent=2) + "\n").encode())
+        if sources := report.sources.to_dict():
+            store.write(SOURCES_KEY, (json.dumps(sources, indent=2) + "\n").encode())
         png = render_png(report)
         if args.png:
             with open(args.png, "wb") as fh:
