@@ -41,7 +41,8 @@ from dflash_tasks.core.loss_tokens import row_messages
 from dflash_tasks.core.quality import CHECKS, QualitySettings, check_record
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.settings import CommonSettings
-from dflash_tasks.core.trainable import TrainableTally
+from dflash_tasks.core.source_quality import SourceTally
+from dflash_tasks.core.trainable import TrainableSummary, TrainableTally
 from dflash_tasks.core.trainer_view import TrainerView, add_trainer_flags, view_from_args
 from dflash_tasks.output.trainer_rules import REASONS, row_problem
 from dflash_tasks.store import open_store
@@ -196,6 +197,8 @@ def export(
     thinking = job.spec.thinking
     view = trainer or job.trainer
     tally = TrainableTally(view, thinking, job.quality.min_loss_tokens, job.spec.keeps_history_reasoning)
+    by_source, exported = SourceTally(), Counter[str]()  # a job of several input sources
+    counted: list[str] = []  # the source of each row the loss-token tally counts, in order
 
     def rows() -> Iterator[dict[str, Any]]:
         for record in iter_records(store, manifest, missing):
@@ -203,10 +206,13 @@ def export(
                 _leave_out(counts, record.id, "duplicate", "")
                 continue
             seen.add(record.id)
+            by_source.add(record)
             row = to_row(record, options, counts, thinking)
             if row is not None:
                 if row["status"] == "success":
                     tally.add(record)
+                    counted.append(record.source or "")
+                exported[record.source or ""] += 1
                 yield row
 
     tmp = to.with_name(f".{to.name}.tmp")
@@ -248,10 +254,28 @@ def export(
         "complete": not missing,
         "chunks_missing": len(missing),
         "samples_in_job": manifest.samples,
+        "sources": _per_source(by_source, exported, counted, summary),
         "spec": json.loads(job.to_json()),
     }
     manifest_path = to.with_name(to.name + ".manifest.json")
     manifest_path.write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def _per_source(
+    by_source: SourceTally, exported: Counter[str], counted: list[str], summary: TrainableSummary | None
+) -> dict[str, Any] | None:
+    """Per input source (a job of several): its records' figures, the rows exported, their loss tokens."""
+    doc = by_source.to_dict()
+    if not doc:
+        return None
+    loss: Counter[str] = Counter()
+    for name, tokens in zip(counted, summary.loss_tokens if summary is not None else (), strict=False):
+        loss[name] += tokens
+    for name, figures in doc.items():
+        figures["rows_exported"] = exported[name]
+        figures["loss_tokens"] = loss[name] if summary is not None else None
+        figures.pop("few_loss_tokens", None)
     return doc
 
 
