@@ -64,6 +64,7 @@ def test_jsonl_parquet_shards_save_to_disk_and_s3_stage_identical_records(
     tmp_path: Path, moto: MotoServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import datasets  # a dev dependency (the runtime reads the folder with pyarrow alone)
+
     items = rows()
     jsonl = write_jsonl(tmp_path / "prompts.jsonl", items)
     shards = write_shards(tmp_path / "shards", items)
@@ -168,7 +169,9 @@ def test_a_job_of_one_jsonl_file_keeps_its_identity(tmp_path: Path) -> None:
 
     a = write_jsonl(tmp_path / "a.jsonl", rows(10))
     args = parse("--input", str(a), "--output", str(tmp_path / "out"))
-    before = JobDefinition.create(input_fingerprint(a), "a.jsonl", spec_from_args(args), quality_from_args(args))
+    before = JobDefinition.create(
+        input_fingerprint(a), "a.jsonl", spec_from_args(args), quality_from_args(args)
+    )
     job = prepare(args)[0]
     assert job.job_id == before.job_id and job.inputs is None
     assert b'"inputs"' not in job.to_json()
@@ -188,9 +191,13 @@ def test_a_bad_row_names_source_file_and_row(tmp_path: Path) -> None:
 
 def test_a_missing_column_names_the_columns_there_are(tmp_path: Path) -> None:
     pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": "a"}]), tmp_path / "qa.parquet")
-    with pytest.raises(InputError, match=r"qa.parquet: none of the columns .*--prompt-column.*columns are: question, answer"):
+    with pytest.raises(
+        InputError, match=r"qa.parquet: none of the columns .*--prompt-column.*columns are: question, answer"
+    ):
         stage([str(tmp_path / "qa.parquet")], tmp_path / "o")
-    with pytest.raises(InputError, match=r"no column 'instruction' \(--prompt-column\); its columns are: question"):
+    with pytest.raises(
+        InputError, match=r"no column 'instruction' \(--prompt-column\); its columns are: question"
+    ):
         stage([str(tmp_path / "qa.parquet")], tmp_path / "o2", prompt="instruction")
 
 
@@ -236,9 +243,14 @@ def test_enqueue_of_parquet_given_as_jsonl_or_without_a_valid_sample_exits_non_z
 ) -> None:
     parquet = tmp_path / "prompts.jsonl"
     pq.write_table(pa.Table.from_pylist(rows(20)), parquet)
-    res = procs.run("dflash_tasks.producer.enqueue", *enqueue_args(parquet, tmp_path / "o1", "--no-preflight"))
+    res = procs.run(
+        "dflash_tasks.producer.enqueue", *enqueue_args(parquet, tmp_path / "o1", "--no-preflight")
+    )
     assert res.returncode == 2, res.stderr
-    assert f"{parquet}: this is a Parquet file, not jsonl: read it with --input {parquet},format=parquet" in res.stderr
+    assert (
+        f"{parquet}: this is a Parquet file, not jsonl: read it with --input {parquet},format=parquet"
+        in res.stderr
+    )
     assert not (tmp_path / "o1" / MANIFEST_KEY).exists()
 
     junk = write_jsonl(tmp_path / "junk.jsonl", [{"text": "no prompt here"}])
