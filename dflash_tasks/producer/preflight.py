@@ -52,8 +52,9 @@ def preflight_chunks(manifest: Manifest, samples: int) -> list[int]:
         chosen = set()
         for source in manifest.sources:
             if source.get("first_chunk") is not None:
-                share = max(1, round(wanted * source["samples"] / max(manifest.samples, 1)))
-                chosen |= _spread(source["first_chunk"], source["last_chunk"], share)
+                first, last = source["first_chunk"], source["last_chunk"]
+                share = round(wanted * source["samples"] / max(manifest.samples, 1))
+                chosen |= _spread(first, last, share) if share > 1 else {(first + last) // 2}
     if manifest.chunk_turns is not None:
 
         def extra_turns(c: int) -> float:

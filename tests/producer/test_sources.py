@@ -276,3 +276,29 @@ def test_input_mix_from_flags(tmp_path: Path) -> None:
     args = parse("--input", f"{a},prompt=q,id=k", "--messages-column", "m", "--output", str(tmp_path))
     (spec,) = input_mix(args).specs
     assert spec.columns == ColumnMap(messages=None, prompt="q", id="k")
+
+
+def test_the_preflight_spreads_its_chunks_over_the_sources_in_proportion() -> None:
+    from dflash_tasks.core.job import Manifest
+    from dflash_tasks.producer.preflight import preflight_chunks
+
+    sources = [
+        {"name": "big", "samples": 6000, "first_chunk": 0, "last_chunk": 93},
+        {"name": "small", "samples": 400, "first_chunk": 93, "last_chunk": 99},
+    ]
+    manifest = Manifest("j", 6400, 6400, 0, 64, 100, sources=sources)
+    chosen = preflight_chunks(manifest, 640)  # 10 chunks: 9 of big, 1 of small at least
+    assert len([c for c in chosen if c < 93]) >= 8 and any(c > 93 for c in chosen)
+
+
+def test_a_record_and_a_staged_sample_keep_their_source() -> None:
+    from dflash_tasks.core.record import Record
+    from dflash_tasks.core.sample import Sample, encode_chunk
+
+    sample = Sample("code:L3", [{"role": "user", "content": "x"}], 9, "code")
+    assert decode_chunk(encode_chunk([sample])) == [sample]
+    plain = Sample("L3", [{"role": "user", "content": "x"}], 3)
+    assert b"source" not in encode_chunk([plain])  # a job of one source stages what it always did
+    record = Record.from_dict({"id": "code:L3", "line": 9, "source": "code", "status": "ok", "content": "y"})
+    assert record.source == "code" and Record.from_json(record.to_json()) == record
+    assert '"source"' not in Record.from_dict({"id": "L3", "status": "ok", "content": "y"}).to_json()
