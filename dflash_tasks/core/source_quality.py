@@ -110,3 +110,23 @@ def render_sources(doc: Mapping[str, Mapping[str, Any]], cost_usd: float | None 
             f"{s['output_tokens']:,}{loss}, cost share {s['cost_share']:.1%}{cost}"
         )
     return lines
+
+
+def progress_sources(
+    staged: list[dict[str, Any]] | None, quality: Mapping[str, Any] | None, spent: float | None
+) -> dict[str, Any] | None:
+    """Per input source: its staged counts, and the latest report's figures with its cost share."""
+    if not staged:
+        return None
+    out: dict[str, Any] = {}
+    for source in staged:
+        name = str(source.get("name"))
+        figures = dict((quality or {}).get(name) or {})
+        share = figures.get("cost_share")
+        out[name] = {
+            "staged_samples": source.get("samples"),
+            "invalid": source.get("invalid"),
+            **figures,
+            "usd": round(spent * share, 2) if spent is not None and isinstance(share, int | float) else None,
+        }
+    return out

@@ -24,6 +24,7 @@ from typing import Any
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, WINDOW_SECONDS, window_bounds
+from dflash_tasks.core.source_quality import progress_sources
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, accept_length
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.fleet import alive, live_fleet, serving_warning
@@ -263,33 +264,13 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
             "projected_total_usd": _round(projected, 2),
         },
         "trainable_tokens": _trainable(snap.trainable),
-        "sources": _sources(snap.staged_sources, snap.source_quality, spent),
+        "sources": progress_sources(snap.staged_sources, snap.source_quality, spent),
         "spec_accept_length": spec["accept_length"],
         "spec": spec,
         "workers": workers,
         "counters": counters,
         "warnings": warnings,
     }
-
-
-def _sources(
-    staged: list[dict[str, Any]] | None, quality: Mapping[str, Any] | None, spent: float | None
-) -> dict[str, Any] | None:
-    """Per input source: its staged counts, and the latest report's figures with its cost share."""
-    if not staged:
-        return None
-    out: dict[str, Any] = {}
-    for source in staged:
-        name = str(source.get("name"))
-        figures = dict((quality or {}).get(name) or {})
-        share = figures.get("cost_share")
-        out[name] = {
-            "staged_samples": source.get("samples"),
-            "invalid": source.get("invalid"),
-            **figures,
-            "usd": _round(spent * share, 2) if spent is not None and isinstance(share, int | float) else None,
-        }
-    return out
 
 
 def _trainable(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:

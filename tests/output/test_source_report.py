@@ -9,8 +9,8 @@ import pytest
 from dflash_tasks.core.job import GenerationSpec, JobDefinition
 from dflash_tasks.core.quality import QualitySettings
 from dflash_tasks.core.record import Record
+from dflash_tasks.core.source_quality import progress_sources as _sources
 from dflash_tasks.core.trainer_view import TrainerView
-from dflash_tasks.monitoring.progress import _sources
 from dflash_tasks.output.report import build_report, render_text
 from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir
 
