@@ -302,3 +302,45 @@ def test_a_record_and_a_staged_sample_keep_their_source() -> None:
     record = Record.from_dict({"id": "code:L3", "line": 9, "source": "code", "status": "ok", "content": "y"})
     assert record.source == "code" and Record.from_json(record.to_json()) == record
     assert '"source"' not in Record.from_dict({"id": "L3", "status": "ok", "content": "y"}).to_json()
+
+
+def test_a_two_source_job_runs_verifies_and_reports_per_source(procs: Processes, tmp_path: Path) -> None:
+    chat = write_jsonl(tmp_path / "chat.jsonl", rows(120, "c"))
+    code = write_shards(tmp_path / "code", rows(80, "k"), shards=2)
+    out = tmp_path / "out"
+    inputs = ["--input", f"{chat},weight=1", "--input", f"{code},name=code,weight=1"]
+    sim = procs.simulator("--time-scale", "0.001")
+    procs.worker(sim, "gpu0")
+    res = procs.run(
+        "dflash_tasks.producer.enqueue",
+        *inputs,
+        *enqueue_args(chat, out, "--chunk-size", "16", "--wait", "--json", "--no-preflight")[2:],
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout.strip().splitlines()[-1])["samples"] == 160  # 80 + 80: code sets the size
+    verified = procs.run("dflash_tasks.output.verify", *inputs, "--output", str(out), "--json")
+    result = json.loads(verified.stdout.strip().splitlines()[-1])
+    assert verified.returncode == 0 and result["ok"] == 160 and result["lines"] == 160, verified.stdout
+    report = procs.run(
+        "dflash_tasks.output.report", "--output", str(out), "--json", "--png", str(tmp_path / "r.png")
+    )
+    doc = json.loads(report.stdout.strip().splitlines()[-1])
+    assert {name: s["samples"] for name, s in doc["sources"].items()} == {"chat": 80, "code": 80}
+    assert doc["sources"]["code"]["output_tokens"] > 0
+    assert abs(doc["sources"]["chat"]["cost_share"] + doc["sources"]["code"]["cost_share"] - 1) < 0.001
+    assert (out / "sources.json").exists()
+    status = procs.run("dflash_tasks.status", "--output", str(out), "--json")
+    progress = json.loads(status.stdout.strip().splitlines()[-1])
+    assert progress["sources"]["code"]["staged_samples"] == 80 and progress["sources"]["code"]["ok"] == 80
+    retry = procs.run(
+        "dflash_tasks.producer.enqueue",
+        "--input",
+        f"{chat},weight=1",
+        "--input",
+        f"{code},name=code,weight=2",
+        *enqueue_args(chat, out, "--no-preflight")[2:],
+    )
+    assert (
+        retry.returncode == 2
+        and "source 'code' weight: the output has 1.0, this run asks for 2.0" in retry.stderr
+    )
