@@ -91,3 +91,18 @@ def test_progress_shows_the_staged_counts_and_the_reports_figures_with_their_cos
         "code": {"staged_samples": 10, "invalid": 0, "usd": None},
     }
     assert _sources(None, quality, 81.0) is None
+
+
+def test_the_preflight_names_a_source_whose_samples_fail_a_gate(tmp_path: Any) -> None:
+    from dflash_tasks.core.job import output_key
+    from dflash_tasks.core.record import encode_records
+    from dflash_tasks.producer.preflight import judge
+    from dflash_tasks.store import LocalStore
+
+    store = LocalStore(tmp_path)
+    store.write(output_key(0), encode_records(records()))
+    report = judge(store, [0], QualitySettings(), 10.0, slots=8, workers=1, remaining=100, gpu_hour_usd=0.0)
+    assert report.passed  # the job's sample as a whole passes ...
+    assert list(report.source_failures) == ["code"]  # ... one source's does not, and is named
+    assert "source code fails a gate: 40% of samples are truncated" in report.render()
+    assert report.to_dict()["source_failures"]["code"][0].startswith("40% of samples are truncated")
