@@ -22,8 +22,7 @@ def _sentences(rng: random.Random, count: int) -> list[str]:
     return [" ".join(rng.choices(_WORDS, k=rng.randint(8, 20))).capitalize() + "." for _ in range(count)]
 
 
-def line(i: int, sentences: list[str], size: int) -> str:
-    """Prompt ``i`` as one JSONL line of about ``size`` bytes, in one of four input shapes."""
+def _prompt_text(i: int, sentences: list[str], size: int) -> str:
     parts = [f"Problem {i}:"]
     n = len(sentences)
     j = i
@@ -33,7 +32,12 @@ def line(i: int, sentences: list[str], size: int) -> str:
         parts.append(sentence)
         length += len(sentence) + 1
         j += 1
-    text = " ".join(parts)
+    return " ".join(parts)
+
+
+def line(i: int, sentences: list[str], size: int) -> str:
+    """Prompt ``i`` as one JSONL line of about ``size`` bytes, in one of four input shapes."""
+    text = _prompt_text(i, sentences, size)
     shape = i % 4
     doc: dict[str, object]
     if shape == 0:
@@ -76,3 +80,30 @@ def cached_prompts(count: int, size: int = 1024) -> Path:
         say(f"generating {count:,} synthetic prompts of ~{size} bytes into {path} (once) ...")
         write_prompts(path, count, size)
     return path
+
+
+def cached_chat_inputs(count: int, size: int = 1024, shard_rows: int = 250_000) -> tuple[Path, Path]:
+    """The same ``count`` chat prompts (``{"id", "messages"}``, the Hub's usual shape) as one JSONL
+    file and as a folder of Parquet shards, in ``benchmarks/.cache/``, generated on first use."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    jsonl = CACHE_DIR / f"chat-{count}-{size}.jsonl"
+    shards = CACHE_DIR / f"chat-{count}-{size}-parquet"
+    if jsonl.exists() and shards.exists():
+        return jsonl, shards
+    say(f"generating {count:,} chat prompts as JSONL and Parquet shards into {CACHE_DIR} (once) ...")
+    sentences = _sentences(random.Random(0), 2000)
+    tmp = shards.with_name(f".{shards.name}.tmp-{os.getpid()}")
+    tmp.mkdir(parents=True)
+    with open(jsonl.with_name(f".{jsonl.name}.tmp"), "w", buffering=1 << 20) as fh:
+        for first in range(0, count, shard_rows):
+            rows = [
+                {"id": f"s{i}", "messages": [{"role": "user", "content": _prompt_text(i, sentences, size)}]}
+                for i in range(first, min(count, first + shard_rows))
+            ]
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+            pq.write_table(pa.Table.from_pylist(rows), tmp / f"train-{first // shard_rows:05d}.parquet")
+    os.replace(jsonl.with_name(f".{jsonl.name}.tmp"), jsonl)
+    os.replace(tmp, shards)
+    return jsonl, shards

@@ -234,6 +234,7 @@ def make_record(
     return Record(
         id=sample.id,
         line=sample.line,
+        source=sample.source,
         user_turns=user_turns,
         turns=tuple(turns),
         outcome=outcome,

@@ -117,6 +117,9 @@ class JobDefinition:
     trainer: TrainerView = field(default_factory=TrainerView)
     #: Changes taken after the job was defined, oldest first; not part of its identity either.
     amendments: tuple[Amendment, ...] = ()
+    #: The input sources (``{"sources": [{name, fingerprint, weight, limit, format, columns}], "seed"}``)
+    #: whose digest is ``input_fingerprint``; None for a job of one file read as it is.
+    inputs: dict[str, Any] | None = None
 
     @property
     def repair_max_tokens(self) -> int | None:
@@ -132,6 +135,7 @@ class JobDefinition:
         spec: GenerationSpec,
         quality: QualitySettings | None = None,
         trainer: TrainerView | None = None,
+        inputs: dict[str, Any] | None = None,
     ) -> JobDefinition:
         identity = json.dumps({"input": input_fingerprint, "spec": spec.identity()}, sort_keys=True)
         job_id = hashlib.sha256(identity.encode()).hexdigest()[:16]
@@ -142,6 +146,7 @@ class JobDefinition:
             spec,
             quality or QualitySettings(),
             trainer or TrainerView(),
+            inputs=inputs,
         )
 
     def to_json(self) -> bytes:
@@ -156,6 +161,8 @@ class JobDefinition:
         }
         if self.amendments:  # a job without any writes the job.json it always did
             doc["amendments"] = [a.to_dict() for a in self.amendments]
+        if self.inputs is not None:
+            doc["inputs"] = self.inputs
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
     @classmethod
@@ -175,6 +182,7 @@ class JobDefinition:
                     Amendment(int(a["max_tokens"]), float(a["at"]), str(a.get("kind", "repair_truncated")))
                     for a in doc.get("amendments") or ()
                 ),
+                inputs=doc.get("inputs"),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"{where} is not a valid dflash job file: {exc}") from None
@@ -196,6 +204,9 @@ class Manifest:
     chunks: int
     turns: int | None = None
     chunk_turns: list[int] | None = None
+    #: Per input source of a job of several: name, rows, selected, samples, invalid, first_chunk,
+    #: last_chunk (the chunks its samples span); None for a job of one source.
+    sources: list[dict[str, Any]] | None = None
 
     def chunk_samples(self, chunk: int) -> int:
         """How many samples chunk ``chunk`` holds."""
@@ -278,7 +289,9 @@ def check_same_job(existing: JobDefinition, wanted: JobDefinition, output_uri: s
     if existing.job_id == wanted.job_id:
         return
     diffs: list[str] = []
-    if existing.input_fingerprint != wanted.input_fingerprint:
+    if existing.inputs is not None or wanted.inputs is not None:
+        diffs += source_differences(existing, wanted)
+    elif existing.input_fingerprint != wanted.input_fingerprint:
         diffs.append(
             f"input: the output holds {existing.input_name or '?'} ({existing.input_fingerprint[:19]}), "
             f"this run reads {wanted.input_name} ({wanted.input_fingerprint[:19]})"
@@ -292,3 +305,37 @@ def check_same_job(existing: JobDefinition, wanted: JobDefinition, output_uri: s
         + "\n  - ".join(diffs)
         + "\nRe-run with the original settings to resume it, or choose another --output."
     )
+
+
+def source_differences(existing: JobDefinition, wanted: JobDefinition) -> list[str]:
+    """Each way the input sources of two jobs differ, worded for a person."""
+    old = _sources_by_name(existing)
+    new = _sources_by_name(wanted)
+    diffs = [f"source {n!r}: the output has it, this run does not read it" for n in old if n not in new]
+    diffs += [f"source {n!r}: this run reads it, the output does not have it" for n in new if n not in old]
+    for name in [n for n in old if n in new]:
+        before, after = old[name], new[name]
+        for key in sorted(set(before) | set(after)):
+            if key != "name" and before.get(key) != after.get(key):
+                diffs.append(
+                    f"source {name!r} {key}: the output has {_short(before.get(key))}, "
+                    f"this run asks for {_short(after.get(key))}"
+                )
+    seeds = [(j.inputs or {}).get("seed") for j in (existing, wanted)]
+    if seeds[0] != seeds[1]:
+        diffs.append(f"sampling seed: the output has {seeds[0]!r}, this run asks for {seeds[1]!r}")
+    if not diffs and list(old) != list(new):
+        diffs.append(f"source order: the output has {', '.join(old)}, this run reads {', '.join(new)}")
+    return diffs
+
+
+def _sources_by_name(job: JobDefinition) -> dict[str, dict[str, Any]]:
+    if job.inputs is None:  # a job of one file: its one source, named after the file
+        return {job.input_name or "input": {"fingerprint": job.input_fingerprint}}
+    return {str(s["name"]): dict(s) for s in job.inputs.get("sources", ())}
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, str) and value.startswith(("sha256:", "s3:sha256:")):
+        return value[: value.rindex(":") + 13]
+    return repr(value)

@@ -2,7 +2,7 @@
 
 A :class:`Record` holds every :class:`Turn` of a sample's conversation, totals and provenance::
 
-    {"id", "line", "user_turns", "turns": [TURN, ...], "outcome", "status", "error", "failure",
+    {"id", "line", "source", "user_turns", "turns": [TURN, ...], "outcome", "status", "error", "failure",
      "failed_turn", "finish_reason", "usage", "model", "server", "sampling", "endpoint", "worker",
      "latency_s", "attempts", "repair", "checks"}
     TURN = {"input", "reasoning", "content", "finish_reason", "usage", "meta_info", "status", "error",
@@ -10,12 +10,12 @@ A :class:`Record` holds every :class:`Turn` of a sample's conversation, totals a
     PART = {"reasoning_chars", "content_chars", "finish_reason", "usage", "meta_info", "latency_s",
             "attempts"}
 
-:meth:`Record.to_json` writes exactly these keys in this order (``failure`` only on a failed turn
-and record, ``repair`` only on a record a repair round wrote, ``parts`` only on a turn a repair
-round continued, ``checks`` only once the quality checks ran), as ``json.dumps(...,
-ensure_ascii=False)`` does; :func:`encode_records` is the chunk file. :meth:`Record.from_json`
-reads a stored line back and validates it, raising :class:`~dflash_tasks.core.errors.BadRecord`
-that names the wrong field.
+:meth:`Record.to_json` writes exactly these keys in this order (``source`` only in a job of several
+input sources, ``failure`` only on a failed turn and record, ``repair`` only on a record a repair
+round wrote, ``parts`` only on a turn a repair round continued, ``checks`` only once the quality
+checks ran), as ``json.dumps(..., ensure_ascii=False)`` does; :func:`encode_records` is the chunk
+file. :meth:`Record.from_json` reads a stored line back and validates it, raising
+:class:`~dflash_tasks.core.errors.BadRecord` that names the wrong field.
 
 Reading is lenient where older writers were different, strict where a value is wrong:
 
@@ -190,7 +190,8 @@ class Record:
     """
 
     id: str
-    line: int | None = None  # the sample's line in the input file
+    line: int | None = None  # the sample's place in the job's input (its line in one JSONL file)
+    source: str | None = None  # the input source it came from, in a job of several sources
     user_turns: int  # the turns its conversation has (requests it needs when none ends early)
     turns: tuple[Turn, ...]
     outcome: Outcome
@@ -225,6 +226,10 @@ class Record:
         doc: dict[str, Any] = {
             "id": self.id,
             "line": self.line,
+        }
+        if self.source is not None:
+            doc["source"] = self.source
+        doc |= {
             "user_turns": self.user_turns,
             "turns": [t.to_dict() for t in self.turns],
             "outcome": self.outcome.value,
@@ -487,6 +492,7 @@ def _record(doc: Any) -> Record:
     return Record(
         id=sample_id,
         line=_int(doc, "line", ""),
+        source=_str(doc, "source", ""),
         user_turns=user_turns,
         turns=turns,
         outcome=outcome,

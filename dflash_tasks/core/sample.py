@@ -1,6 +1,7 @@
 """A sample (one prompt: a chat ending in a user or tool turn) and the staged chunk file format.
 
-A staged line is ``{"id", "line", "messages"}``: the source conversation up to its last user (or
+A staged line is ``{"id", "line", "messages"}`` (and ``"source"`` in a job of several input
+sources): the source conversation up to its last user (or
 tool) turn. Its assistant messages mark where each turn ends (:mod:`dflash_tasks.core.conversation`);
 a job generating every turn (``turns: all``) stages them with empty text, since the source's old
 answers are never sent, while ``turns: last`` stages them as they are. Chunk files staged before
@@ -21,7 +22,8 @@ class Sample:
 
     id: str
     messages: list[dict[str, str]]
-    line: int
+    line: int  # its place in the job's input: the line of a single JSONL file
+    source: str | None = None  # the source's name, in a job of several sources
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False)
@@ -33,7 +35,10 @@ def encode_sample(sample: Sample) -> bytes:
 
 
 def _encode(sample: Sample) -> str:
-    return _ENCODER.encode({"id": sample.id, "line": sample.line, "messages": sample.messages})
+    if sample.source is None:
+        return _ENCODER.encode({"id": sample.id, "line": sample.line, "messages": sample.messages})
+    doc = {"id": sample.id, "line": sample.line, "source": sample.source, "messages": sample.messages}
+    return _ENCODER.encode(doc)
 
 
 def encode_chunk(samples: list[Sample]) -> bytes:
@@ -49,7 +54,7 @@ def decode_chunk(data: bytes, where: str = "staged chunk") -> list[Sample]:
         if raw.strip():
             try:
                 doc = json.loads(raw)
-                out.append(Sample(id=doc["id"], messages=doc["messages"], line=doc["line"]))
+                out.append(Sample(doc["id"], doc["messages"], doc["line"], doc.get("source")))
             except (ValueError, KeyError, TypeError) as exc:
                 raise StoreError(
                     f"{where}:{number} is not a staged sample ({type(exc).__name__}: {exc})"

@@ -24,6 +24,7 @@ from typing import Any
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, WINDOW_SECONDS, window_bounds
+from dflash_tasks.core.source_quality import progress_sources
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, accept_length
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.fleet import alive, live_fleet, serving_warning
@@ -263,6 +264,7 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
             "projected_total_usd": _round(projected, 2),
         },
         "trainable_tokens": _trainable(snap.trainable),
+        "sources": progress_sources(snap.staged_sources, snap.source_quality, spent),
         "spec_accept_length": spec["accept_length"],
         "spec": spec,
         "workers": workers,

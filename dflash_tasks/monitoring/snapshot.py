@@ -26,6 +26,7 @@ from dflash_tasks.coord.progress_keys import PROGRESS_KEY, window_bounds
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import ConfigError, DflashError, RetryableError, StoreError
 from dflash_tasks.core.job import JobDefinition, Manifest
+from dflash_tasks.core.source_quality import SOURCES_KEY
 from dflash_tasks.core.trainable import TRAINABLE_KEY
 from dflash_tasks.store import Store
 from dflash_tasks.store.jobfiles import done_chunks, load_job, load_manifest
@@ -62,6 +63,8 @@ class Snapshot:
     #: A finished job whose figures are final (monitoring.settled): its time never runs on.
     settled: bool = False
     trainable: Mapping[str, Any] | None = None  # the latest trainable.json (loss-token count)
+    staged_sources: list[dict[str, Any]] | None = None  # per input source, as staged (manifest)
+    source_quality: Mapping[str, Any] | None = None  # the latest sources.json (report's figures)
 
 
 def read_snapshot(
@@ -106,6 +109,8 @@ def read_snapshot(
         redis_ok=False,
         gpu_hour_usd=gpu_hour_usd if gpu_hour_usd is not None else default_gpu_hour_usd,
         trainable=read_trainable(store),
+        staged_sources=manifest.sources,
+        source_quality=read_trainable(store, SOURCES_KEY) if manifest.sources else None,
     )
     if bookkeeping is None:
         return snap
@@ -145,10 +150,11 @@ def num(value: object) -> float:
     return x if math.isfinite(x) else 0.0
 
 
-def read_trainable(store: Store) -> dict[str, Any] | None:
-    """The latest loss-token count (``trainable.json``), or None if there is none (or unreadable)."""
+def read_trainable(store: Store, key: str = TRAINABLE_KEY) -> dict[str, Any] | None:
+    """The latest loss-token count (``trainable.json``, or another such file of ``report``'s), or
+    None if there is none (or it is unreadable)."""
     try:
-        doc = json.loads(store.read(TRAINABLE_KEY))
+        doc = json.loads(store.read(key))
     except (KeyError, ValueError, DflashError):
         return None
     return doc if isinstance(doc, dict) else None

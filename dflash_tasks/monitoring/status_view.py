@@ -136,7 +136,18 @@ def summary_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     if spec_line:
         rows.append(("spec", spec_line))
     rows.append(("cost", _cost(doc["state"], cost)))
+    for name, figures in (doc.get("sources") or {}).items():
+        rows.append((f"source {name}", _source_line(figures)))
     return rows
+
+
+def _source_line(s: dict[str, Any]) -> str:
+    """A source's staged samples, and what the latest report counted of it."""
+    line = f"{s.get('staged_samples') or 0:,} samples staged, {s.get('invalid') or 0:,} invalid"
+    if "ok" in s:
+        line += f" | report: {s['ok']:,} ok, {s['failed']:,} failed, {s['truncated_share']:.1%} truncated"
+        line += f", cost share {s['cost_share']:.1%}" + (f" (${s['usd']:,.2f})" if s.get("usd") else "")
+    return line
 
 
 def _eta(doc: dict[str, Any]) -> str:

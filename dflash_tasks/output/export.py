@@ -174,6 +174,7 @@ def export(
         "complete": not missing,
         "chunks_missing": len(missing),
         "samples_in_job": manifest.samples,
+        "sources": planner.per_source(),
         "spec": json.loads(job.to_json()),
     }
     manifest_path = to.with_name(to.name + ".manifest.json")

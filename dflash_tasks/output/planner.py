@@ -16,6 +16,7 @@ from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.loss_tokens import LossTokenCounter, row_messages
 from dflash_tasks.core.record import Record
+from dflash_tasks.core.source_quality import SourceTally
 from dflash_tasks.core.trainable import TrainableSummary, counter_for, served_model_path
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.core.yields import YieldTally
@@ -96,6 +97,8 @@ class RowPlanner:
         self.counts = ExportCounts()
         self.yields = YieldTally()
         self.summary = TrainableSummary(job.quality.min_loss_tokens, view.max_length)
+        self.sources = SourceTally()  # a job of several input sources: figures per source
+        self._min_loss_tokens = job.quality.min_loss_tokens
         self.layout = options.layout
         self.note = ""  # which tokenizer counts, or why none does
         self._counter: LossTokenCounter | None = None
@@ -143,7 +146,11 @@ class RowPlanner:
                 batch.append(_LeftOut(record.id, "duplicate", "", 0))
                 continue
             self._seen.add(record.id)
+            self.sources.add(record)
             new = self._candidates(record)
+            for c in new:
+                if isinstance(c, Candidate):
+                    c.source = record.source
             batch += new
             pending += sum(isinstance(c, Candidate) for c in new)
             if pending >= _BATCH:
@@ -210,11 +217,23 @@ class RowPlanner:
         self.yields.written_generated += c.generated
         if c.tokens is not None:
             self.summary.add(c.tokens)
+            self.sources.add_row_loss_tokens(c.source, c.tokens.loss_tokens, self._min_loss_tokens)
             self.yields.trainable += c.tokens.loss_tokens
             self.yields.lost_to_max_length += c.tokens.lost_to_max_length
         if self.options.keep_failed:
             c.row["error"] = None
         return c.row
+
+    def per_source(self) -> dict[str, Any] | None:
+        """Per input source (a job of several): its records' figures, the rows planned, their loss
+        tokens (None when no tokenizer counted); None for a job of one source."""
+        doc = self.sources.to_dict()
+        for name, figures in doc.items():
+            figures["rows_exported"] = self.sources.sources[name].rows_exported
+            if not self.counted:
+                figures["loss_tokens"] = None
+            figures.pop("few_loss_tokens", None)
+        return doc or None
 
     def _leave_out(self, row_id: str, reason: str, detail: str, generated: int) -> None:
         self.counts.dropped[reason] += 1

@@ -35,6 +35,7 @@ from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.quality import CHECKS, evaluate_gates
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.settings import CommonSettings
+from dflash_tasks.core.source_quality import SOURCES_KEY, SourceTally, render_sources
 from dflash_tasks.core.spec_stats import accept_length, spec_counts
 from dflash_tasks.core.trainable import TRAINABLE_KEY, TrainableSummary, trainable_doc
 from dflash_tasks.core.trainer_view import TrainerView, add_trainer_flags, view_from_args
@@ -68,6 +69,8 @@ class QualityReport:
     trainable: TrainableSummary | None = None  # the default export's rows; None without a tokenizer
     trainer_note: str = ""
     yields: YieldTally | None = None  # None without a trainer view
+    sources: SourceTally = field(default_factory=SourceTally)  # a job of several input sources
+    source_gate_failures: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def overall_accept_length(self) -> float | None:
@@ -98,6 +101,8 @@ class QualityReport:
             "trainable": None if self.trainable is None else self.trainable.to_dict(),
             "trainer_note": self.trainer_note,
             "yield": None if self.yields is None else self.yields.to_dict(),
+            "sources": self.sources.to_dict() or None,
+            "source_gate_failures": self.source_gate_failures or None,
         }
 
 
@@ -115,16 +120,23 @@ def build_report(
         for _ in planner.rows(_tallied(report, records)):
             pass
     else:
-        for _ in _tallied(report, records):
-            pass
+        for record in _tallied(report, records):
+            report.sources.add(record)
     failures = evaluate_gates(report.samples, report.checks, job.quality)
     if planner is not None:
         report.yields = planner.yields
         report.trainable = planner.summary if planner.counted else None
         report.trainer_note = planner.note
+        report.sources = planner.sources  # with the loss tokens of each source's planned rows
+        if not planner.counted:
+            for source in report.sources.sources.values():
+                source.loss_tokens = None
     if report.trainable is not None:
         failures += evaluate_gates(report.trainable.samples, report.trainable.gate_counts(), job.quality)
     report.gate_failures = [f.message for f in failures]
+    report.source_gate_failures = {
+        name: [f.message for f in fails] for name, fails in report.sources.gate_failures(job.quality).items()
+    }
     return report
 
 
@@ -177,6 +189,11 @@ def render_text(report: QualityReport) -> str:
         lines.append(report.trainable.render())
     if report.yields is not None:
         lines.append(report.yields.render())
+    if doc["sources"]:
+        lines.append("per source:")
+        lines += render_sources(doc["sources"])
+        for name, messages in report.source_gate_failures.items():
+            lines += [f"  source {name} fails a gate: {m}" for m in messages]
     if report.gate_failures:
         lines.append("gates FAILED:")
         lines += [f"  - {m}" for m in report.gate_failures]
@@ -282,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         if report.trainable is not None:
             doc = trainable_doc(report.trainable, "report", manifest.samples)
             store.write(TRAINABLE_KEY, (json.dumps(doc, indent=2) + "\n").encode())
+        if sources := report.sources.to_dict():
+            store.write(SOURCES_KEY, (json.dumps(sources, indent=2) + "\n").encode())
         png = render_png(report)
         if args.png:
             with open(args.png, "wb") as fh:

@@ -47,6 +47,7 @@ class Candidate:
     reasons: list[tuple[str, str]] = field(default_factory=list)  # (reason, detail), most telling first
     cut_at_max_tokens: bool = False  # its last turn hit max_tokens
     tokens: RowTokens | None = None  # the trainer's view, once counted
+    source: str | None = None  # the record's input source (a job of several)
 
 
 def record_checks(record: Record, thinking: bool) -> set[str]:

@@ -26,7 +26,10 @@ from dflash_tasks.core.errors import BadRecord, CorruptObject, DflashError
 from dflash_tasks.core.job import output_key, repair_key
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.settings import CommonSettings
+from dflash_tasks.producer.enqueue_args import add_column_flags, columns_from_args
 from dflash_tasks.producer.inputs import InvalidLine, read_input
+from dflash_tasks.producer.mix import InputMix
+from dflash_tasks.producer.sources import parse_sources
 from dflash_tasks.producer.staging import read_invalid
 from dflash_tasks.store import Store, open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
@@ -71,15 +74,16 @@ class Verification:
         return doc
 
 
-def verify(input_path: str, store: Store) -> Verification:
-    """Account for every line of ``input_path`` in ``store``."""
+def verify(input_path: str | InputMix, store: Store) -> Verification:
+    """Account for every line of ``input_path`` (a JSONL file, or the job's sources) in ``store``."""
     result = Verification()
     job, manifest = load_job(store), load_manifest(store)
     mode = job.spec.turns if job is not None else "all"
     expected: dict[str, int] = {}  # sample id -> its user turns
     lines: dict[str, int] = {}  # sample id -> its input line
-    for item in read_input(input_path):
-        result.lines = max(result.lines, item.line)
+    items = input_path.read() if isinstance(input_path, InputMix) else read_input(input_path)
+    for item in items:
+        result.lines += 1
         if isinstance(item, InvalidLine):
             result.invalid += 1
         else:
@@ -218,13 +222,19 @@ def _categories(r: Verification) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dflash_tasks.verify", description=__doc__.splitlines()[0])
-    p.add_argument("--input", required=True, help="the prompts file the job was enqueued with")
+    p.add_argument(
+        "--input",
+        required=True,
+        action="append",
+        help="the input(s) the job was enqueued with, as given to enqueue",
+    )
     p.add_argument(
         "--output", required=True, help="the job's output root (a directory or s3://bucket/prefix)"
     )
     p.add_argument(
         "--s3-endpoint-url", help="S3-compatible endpoint for s3:// outputs [DFLASH_S3_ENDPOINT_URL]"
     )
+    add_column_flags(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
         "--strict",
@@ -234,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         settings = CommonSettings.load(s3_endpoint_url=args.s3_endpoint_url)
-        result = verify(args.input, open_store(args.output, settings))
+        mix = InputMix(parse_sources(args.input, columns_from_args(args)), args.sample_seed, settings)
+        result = verify(mix, open_store(args.output, settings))
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

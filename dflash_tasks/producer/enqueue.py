@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -42,8 +41,14 @@ from dflash_tasks.core.trainable import TRAINABLE_KEY, trainable_doc
 from dflash_tasks.core.trainer_view import view_from_args
 from dflash_tasks.monitoring.fleet import capacity, live_fleet
 from dflash_tasks.monitoring.progress_writer import record_gpu_price
-from dflash_tasks.producer.enqueue_args import build_parser, quality_from_args, spec_from_args
-from dflash_tasks.producer.inputs import input_fingerprint, summarize_invalid
+from dflash_tasks.producer.enqueue_args import (
+    build_parser,
+    columns_from_args,
+    quality_from_args,
+    spec_from_args,
+)
+from dflash_tasks.producer.inputs import summarize_invalid
+from dflash_tasks.producer.mix import InputMix
 from dflash_tasks.producer.preflight import (
     PREFLIGHT_KEY,
     judge,
@@ -54,7 +59,8 @@ from dflash_tasks.producer.preflight import (
 )
 from dflash_tasks.producer.repair import RepairPlan, describe, queue_repairs, repair_after_wait
 from dflash_tasks.producer.serving import ServingWatch
-from dflash_tasks.producer.staging import stage_input
+from dflash_tasks.producer.sources import parse_sources
+from dflash_tasks.producer.staging import NoValidSample, stage_input
 from dflash_tasks.producer.waiting import wait_for_job
 from dflash_tasks.store import Store, open_store
 from dflash_tasks.store.jobfiles import done_chunks, load_job, load_manifest
@@ -107,8 +113,13 @@ def celery_app(settings: CommonSettings) -> Celery:
     return configure(app, settings)
 
 
+def input_mix(args: argparse.Namespace, settings: CommonSettings | None = None) -> InputMix:
+    """The job's input sources, from ``--input`` (repeated) and the column flags."""
+    return InputMix(parse_sources(args.input, columns_from_args(args)), args.sample_seed, settings)
+
+
 def prepare(
-    args: argparse.Namespace, settings: CommonSettings | None = None
+    args: argparse.Namespace, settings: CommonSettings | None = None, mix: InputMix | None = None
 ) -> tuple[JobDefinition, Store, JobDefinition | None, Manifest | None]:
     """Define the job and check it against what the output root already holds.
 
@@ -128,12 +139,9 @@ def prepare(
                 f"--repair-truncated --max-tokens {budget}: the job's samples were generated with "
                 f"max_tokens {existing.spec.max_tokens}; give a larger budget"
             )
+    fingerprint, name, inputs = (mix or input_mix(args, settings)).identity()
     wanted = JobDefinition.create(
-        input_fingerprint(args.input),
-        os.path.basename(args.input),
-        spec,
-        quality_from_args(args),
-        view_from_args(args),
+        fingerprint, name, spec, quality_from_args(args), view_from_args(args), inputs=inputs
     )
     if existing is not None:
         check_same_job(existing, wanted, args.output)
@@ -145,10 +153,11 @@ def prepare(
 
 def enqueue(args: argparse.Namespace, settings: ProducerSettings) -> EnqueueResult:
     """Stage (once), run the preflight (new jobs), and queue what is missing."""
-    job, store, existing, manifest = prepare(args, settings)
+    mix = input_mix(args, settings)
+    job, store, existing, manifest = prepare(args, settings, mix)
     if args.dry_run:
         if manifest is None:
-            report = stage_input(args.input, None, job.job_id, job.spec.chunk_size, job.spec.turns)
+            report = stage_input(mix, None, job.job_id, job.spec.chunk_size, job.spec.turns)
             manifest = report.manifest
             if report.invalid:
                 print(summarize_invalid(report.invalid), file=sys.stderr)
@@ -163,7 +172,12 @@ def enqueue(args: argparse.Namespace, settings: ProducerSettings) -> EnqueueResu
     if existing is None or job != existing:  # a new job, or an amendment to it
         store.write(JOB_KEY, job.to_json())
     if manifest is None:
-        report = stage_input(args.input, store, job.job_id, job.spec.chunk_size, job.spec.turns)
+        try:
+            report = stage_input(mix, store, job.job_id, job.spec.chunk_size, job.spec.turns)
+        except NoValidSample:
+            if existing is None:  # nothing was staged: a fixed input may define the job afresh
+                store.delete(JOB_KEY)
+            raise
         manifest = report.manifest
         if report.invalid:
             print(summarize_invalid(report.invalid), file=sys.stderr)

@@ -11,6 +11,7 @@ from dflash_tasks.core.job import HISTORY_REASONING, TURNS_MODES, GenerationSpec
 from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.quality import GATES, QualitySettings
 from dflash_tasks.core.trainer_view import add_trainer_flags
+from dflash_tasks.producer.prompt_row import ColumnMap
 
 DESCRIPTION = "stage a prompt file and queue one task per chunk"
 
@@ -22,11 +23,22 @@ _SPEC_DEFAULTS: dict[str, Any] = {
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dflash_tasks.enqueue", description=DESCRIPTION)
-    p.add_argument("--input", required=True, help="prompts JSONL (.jsonl or .jsonl.gz)")
+    p.add_argument(
+        "--input",
+        required=True,
+        action="append",
+        metavar="LOCATION[,key=value...]",
+        help="prompts: a JSONL file (plain, .gz, .zst), a Parquet file, folder or glob, a Hugging Face "
+        "save_to_disk folder or Hub snapshot, local or s3://; repeat for several sources. Keys: "
+        "name=, weight= (share of the mix), limit= (rows), format=jsonl|parquet|arrow, and "
+        "messages=, prompt=, id= (columns, over the flags below)",
+    )
     p.add_argument("--output", required=True, help="output root: a directory or s3://bucket/prefix")
     p.add_argument(
-        "--s3-endpoint-url", help="S3-compatible endpoint for s3:// outputs [DFLASH_S3_ENDPOINT_URL]"
+        "--s3-endpoint-url",
+        help="S3-compatible endpoint for s3:// outputs and inputs [DFLASH_S3_ENDPOINT_URL]",
     )
+    add_column_flags(p)
     p.add_argument(
         "--model", help="the model's served name or the last part of its path, e.g. Qwen3-8B (required)"
     )
@@ -104,6 +116,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_trainer_flags(p)
     return p
+
+
+def add_column_flags(p: argparse.ArgumentParser) -> None:
+    """The flags naming which columns hold a row's prompt and id (enqueue and verify)."""
+    c = p.add_argument_group("input columns (default: messages, conversations or prompt; id)")
+    c.add_argument(
+        "--messages-column", metavar="COL", help="a column of chat turns (role/content or from/value)"
+    )
+    c.add_argument("--prompt-column", metavar="COL", help="a column of user text, one turn")
+    c.add_argument(
+        "--id-column", metavar="COL", help="the column naming each sample (default: id, when present)"
+    )
+    c.add_argument("--system-prompt", metavar="TEXT", help="a system turn put first where a row has none")
+    c.add_argument(
+        "--sample-seed",
+        type=int,
+        default=0,
+        help="seed choosing the rows of sources with weight= or limit= (default 0)",
+    )
+
+
+def columns_from_args(args: argparse.Namespace) -> ColumnMap:
+    try:
+        return ColumnMap(args.messages_column, args.prompt_column, args.id_column, args.system_prompt)
+    except ValueError as exc:
+        raise ConfigError(f"--messages-column, --prompt-column: {exc}") from None
 
 
 def spec_from_args(args: argparse.Namespace) -> GenerationSpec:

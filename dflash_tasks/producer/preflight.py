@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
@@ -28,6 +28,7 @@ from dflash_tasks.core.quality import (
     evaluate_gates,
     judged,
 )
+from dflash_tasks.core.source_quality import SourceTally
 from dflash_tasks.core.trainable import TrainableSummary, TrainableTally
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.monitoring.progress_bar import format_duration
@@ -46,8 +47,14 @@ def preflight_chunks(manifest: Manifest, samples: int) -> list[int]:
     wanted = max(1, -(-samples // manifest.chunk_size))
     if wanted >= manifest.chunks:
         return list(range(manifest.chunks))
-    step = (manifest.chunks - 1) / (wanted - 1) if wanted > 1 else 0
-    chosen = {round(i * step) for i in range(wanted)}
+    chosen = _spread(0, manifest.chunks - 1, wanted)
+    if manifest.sources:  # each source in proportion to its samples, at least one chunk each
+        chosen = set()
+        for source in manifest.sources:
+            if source.get("first_chunk") is not None:
+                first, last = source["first_chunk"], source["last_chunk"]
+                share = round(wanted * source["samples"] / max(manifest.samples, 1))
+                chosen |= _spread(first, last, share) if share > 1 else {(first + last) // 2}
     if manifest.chunk_turns is not None:
 
         def extra_turns(c: int) -> float:
@@ -56,6 +63,14 @@ def preflight_chunks(manifest: Manifest, samples: int) -> list[int]:
         if all(manifest.turns_of(c) == manifest.chunk_samples(c) for c in chosen):
             chosen.add(max(range(manifest.chunks), key=extra_turns))
     return sorted(chosen)
+
+
+def _spread(first: int, last: int, count: int) -> set[int]:
+    """``count`` chunks spread evenly over ``first..last``."""
+    if count >= last - first + 1:
+        return set(range(first, last + 1))
+    step = (last - first) / (count - 1) if count > 1 else 0
+    return {first + round(i * step) for i in range(count)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +93,7 @@ class PreflightReport:
     trainable: TrainableSummary | None = None  # None when no tokenizer was at hand
     trainer_note: str = ""  # which tokenizer counted the loss tokens, or why none did
     tuned_workers: int = 0  # of ``workers``, those whose in-flight tuner moves their target
+    source_failures: dict[str, list[str]] = field(default_factory=dict)  # source -> gates its samples fail
 
     @property
     def passed(self) -> bool:
@@ -113,6 +129,7 @@ class PreflightReport:
             "tuned_workers": self.tuned_workers,
             "trainable": None if self.trainable is None else self.trainable.to_dict(),
             "trainer_note": self.trainer_note,
+            "source_failures": self.source_failures or None,
         }
 
     def render(self) -> str:
@@ -153,6 +170,8 @@ class PreflightReport:
                 f" in flight{tuned}, ETA {format_duration(eta)} for {left}"
                 + (f", ~${cost:,.0f}" if self.gpu_hour_usd > 0 else "")
             )
+        for name, messages in self.source_failures.items():
+            lines += [f"  source {name} fails a gate: {m}" for m in messages]
         if self.failures:
             lines.append("preflight FAILED:")
             lines += [f"  - {f.message}" for f in self.failures]
@@ -194,6 +213,9 @@ def judge(
         trainable, note = tally.summary, tally.note
         if trainable is not None:
             failures += evaluate_gates(trainable.samples, trainable.gate_counts(), settings)
+    by_source = SourceTally()
+    for record in judged(records):
+        by_source.add(record)
     turns = [t for r in records for t in r.turns]
     ok = [t for t in turns if t.ok]
     latencies = [t.latency_s for t in ok]
@@ -214,6 +236,9 @@ def judge(
         trainable=trainable,
         trainer_note=note,
         tuned_workers=tuned_workers,
+        source_failures={
+            name: [f.message for f in fails] for name, fails in by_source.gate_failures(settings).items()
+        },
     )
 
 

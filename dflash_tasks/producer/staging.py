@@ -13,11 +13,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from dflash_tasks.core.conversation import blank_answers, count_turns
+from dflash_tasks.core.errors import InputError
 from dflash_tasks.core.job import INVALID_KEY, MANIFEST_KEY, Manifest, input_key
 from dflash_tasks.core.sample import Sample, encode_chunk
-from dflash_tasks.producer.inputs import InvalidLine, read_input
+from dflash_tasks.producer.inputs import InvalidLine, read_input, summarize_invalid
+from dflash_tasks.producer.mix import InputMix
 from dflash_tasks.store import Store
 
 
@@ -51,30 +54,43 @@ def chunked(
         yield batch
 
 
+class NoValidSample(InputError):
+    """The input holds no usable prompt: the job is refused."""
+
+
 def stage_input(
-    path: str | Path, store: Store | None, job_id: str, chunk_size: int, turns: str = "all"
+    source: str | Path | InputMix, store: Store | None, job_id: str, chunk_size: int, turns: str = "all"
 ) -> StagingReport:
-    """Read ``path``, write chunk inputs, ``invalid.jsonl`` and the manifest to ``store``.
+    """Read ``source`` (a JSONL path, or the job's sources), write chunk inputs, ``invalid.jsonl``
+    and the manifest to ``store``.
 
     ``turns`` is the job's turns mode: with ``all`` the source's old answers are staged blank
     (they only mark where turns end), and the manifest counts each chunk's turns.
-    With ``store=None`` nothing is written (a dry run): only the counts are computed.
+    With ``store=None`` nothing is written (a dry run): only the counts are computed. An input
+    without a single valid sample raises :class:`NoValidSample` before the manifest is written.
     """
     invalid: list[InvalidLine] = []
-    samples = lines = chunks = 0
+    samples = chunks = 0
     chunk_turns: list[int] = []
+    mix = source if isinstance(source, InputMix) else None
+    items = mix.read() if mix is not None else read_input(source)  # type: ignore[arg-type]
+    spans: dict[str, list[int]] = {}  # source -> [first chunk, last chunk]
     with _Writer(store, WRITERS) as writer:
-        for index, batch in enumerate(chunked(read_input(path), chunk_size, invalid.append)):
+        for index, batch in enumerate(chunked(items, chunk_size, invalid.append)):
             if turns == "all":
-                batch = [Sample(s.id, blank_answers(s.messages), s.line) for s in batch]
+                batch = [Sample(s.id, blank_answers(s.messages), s.line, s.source) for s in batch]
             if store is not None:
                 writer.write(input_key(index), encode_chunk(batch))
             samples += len(batch)
             chunks = index + 1
-            lines = max(lines, batch[-1].line)
             chunk_turns.append(sum(count_turns(s.messages, turns) for s in batch))
+            for name in {s.source for s in batch if s.source is not None}:
+                spans.setdefault(name, [index, index])[1] = index
+    if not samples:
+        why = summarize_invalid(invalid) if invalid else "it holds no rows"
+        raise NoValidSample("no valid sample in the input: " + why)
     # Every chunk file is stored (each write is atomic and durable) before the manifest says so.
-    lines = max([lines, *(bad.line for bad in invalid[-1:])])
+    lines = samples + len(invalid)
     manifest = Manifest(
         job_id=job_id,
         lines=lines,
@@ -85,6 +101,7 @@ def stage_input(
         # Only a job with multi-turn conversations counts its turns apart from its samples.
         turns=sum(chunk_turns) if sum(chunk_turns) != samples else None,
         chunk_turns=chunk_turns if sum(chunk_turns) != samples else None,
+        sources=_source_figures(mix, spans),
     )
     if store is not None:
         store.write(INVALID_KEY, b"".join(_invalid_line(bad) for bad in invalid))
@@ -129,10 +146,19 @@ class _Writer:
                 self._pool.shutdown(wait=True)
 
 
+def _source_figures(mix: InputMix | None, spans: dict[str, list[int]]) -> list[dict[str, Any]] | None:
+    if mix is None or not mix.tagged:
+        return None
+    for figures in mix.figures:
+        figures.first_chunk, figures.last_chunk = spans.get(figures.name, [None, None])
+    return [f.to_dict() for f in mix.figures]
+
+
 def _invalid_line(bad: InvalidLine) -> bytes:
-    return (
-        json.dumps({"file": bad.file, "line": bad.line, "reason": bad.reason}, ensure_ascii=False) + "\n"
-    ).encode()
+    doc: dict[str, Any] = {"file": bad.file, "line": bad.line, "reason": bad.reason}
+    if bad.source is not None:
+        doc["source"] = bad.source
+    return (json.dumps(doc, ensure_ascii=False) + "\n").encode()
 
 
 def read_invalid(store: Store) -> list[dict[str, object]]:

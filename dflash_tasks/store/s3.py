@@ -267,6 +267,30 @@ class S3Store:
         except (BotoCoreError, ClientError, Urllib3HTTPError, OSError) as exc:
             raise self._translate(exc, doing) from None
 
+    def objects(self, prefix: str) -> Iterator[tuple[str, int, str]]:
+        """(key, size, ETag) of every object whose key starts with ``prefix`` (raw keys, recursive):
+        read-only access to input files, which need not follow this store's key rules."""
+        doing = f"listing s3://{self._bucket}/{prefix}"
+        try:
+            for page in self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self._bucket, Prefix=prefix
+            ):
+                for item in page.get("Contents", ()):
+                    yield str(item["Key"]), int(item.get("Size", 0)), str(item.get("ETag", "")).strip('"')
+        except (BotoCoreError, ClientError, Urllib3HTTPError, OSError) as exc:
+            raise self._translate(exc, doing) from None
+
+    def download(self, key: str, path: str) -> None:
+        """Stream object ``key`` (a raw key) into the file ``path``, 1 MiB at a time."""
+        doing = f"reading s3://{self._bucket}/{key}"
+        try:
+            body = self._client.get_object(Bucket=self._bucket, Key=key)["Body"]
+            with open(path, "wb") as fh:
+                for block in body.iter_chunks(1 << 20):
+                    fh.write(block)
+        except (BotoCoreError, ClientError, Urllib3HTTPError, OSError) as exc:
+            raise self._translate(exc, doing) from None
+
     def check_writable(self) -> None:
         """Fail now, naming bucket and cause, when this store cannot be listed, written or read."""
         try:

@@ -556,7 +556,10 @@ RAW_LINES = st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b""))
 def test_random_bytes_never_raise(tmp_path: Path, lines: list[bytes], gz: bool) -> None:
     data = b"".join(line + b"\n" for line in lines)
     path = tmp_path / ("r.jsonl.gz" if gz else "r.jsonl")
-    path.write_bytes(gzip.compress(data) if gz else data.replace(b"\x1f\x8b", b"\x1f"))
+    magics = (b"\x1f\x8b", b"PAR1", b"ARROW1", b"\xff\xff\xff\xff", b"PK\x03\x04", b"\x28\xb5\x2f\xfd")
+    while not gz and data.startswith(magics):  # a file of another format's magic bytes is refused whole
+        data = b"x" + data[1:]
+    path.write_bytes(gzip.compress(data) if gz else data)
     items = read(path)
     assert [i.line for i in items] == list(range(1, len(lines) + 1))
     assert all(isinstance(i, Sample | InvalidLine) for i in items)

@@ -13,7 +13,7 @@ from dflash_tasks.core.errors import InputError
 from dflash_tasks.core.job import INVALID_KEY, MANIFEST_KEY, Manifest, input_key
 from dflash_tasks.core.sample import Sample, decode_chunk, encode_sample
 from dflash_tasks.producer.inputs import InvalidLine
-from dflash_tasks.producer.staging import chunked, read_invalid, stage_input
+from dflash_tasks.producer.staging import NoValidSample, chunked, read_invalid, stage_input
 from dflash_tasks.store import LocalStore
 from dflash_tasks.store.jobfiles import load_manifest
 
@@ -118,21 +118,22 @@ def test_exact_multiple_of_chunk_size(tmp_path: Path) -> None:
     assert read_invalid(store) == []
 
 
-def test_all_invalid_input_stages_no_chunks(tmp_path: Path) -> None:
+def test_all_invalid_input_is_refused_naming_the_lines(tmp_path: Path) -> None:
     path = write_input(tmp_path / "p.jsonl", ["x", "y", ""])
     store = LocalStore(tmp_path / "out")
-    report = stage_input(path, store, JOB, chunk_size=4)
-    assert report.manifest == Manifest(JOB, lines=3, samples=0, invalid=3, chunk_size=4, chunks=0)
+    with pytest.raises(
+        NoValidSample, match=r"no valid sample in the input: 3 invalid lines\n.*p.jsonl:1: malformed"
+    ):
+        stage_input(path, store, JOB, chunk_size=4)
     assert list(store.list("inputs/")) == []
-    assert len(read_invalid(store)) == 3
-    assert store.exists(MANIFEST_KEY)
+    assert not store.exists(MANIFEST_KEY)
 
 
-def test_empty_input(tmp_path: Path) -> None:
+def test_empty_input_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "empty.jsonl"
     path.write_bytes(b"")
-    report = stage_input(path, LocalStore(tmp_path / "out"), JOB, chunk_size=4)
-    assert report.manifest == Manifest(JOB, lines=0, samples=0, invalid=0, chunk_size=4, chunks=0)
+    with pytest.raises(NoValidSample, match="no valid sample in the input: it holds no rows"):
+        stage_input(path, LocalStore(tmp_path / "out"), JOB, chunk_size=4)
 
 
 def test_gzip_input_stages_like_plain(tmp_path: Path, prompts: Path) -> None:
