@@ -3,21 +3,28 @@ assistant message; the cut record it replaces would have been left out as trunca
 
 from __future__ import annotations
 
+from dflash_tasks.core.job import GenerationSpec, JobDefinition
 from dflash_tasks.core.quality import QualitySettings, with_checks
-from dflash_tasks.output.export import ExportCounts, ExportOptions, to_row
+from dflash_tasks.core.record import Record
+from dflash_tasks.core.trainer_view import TrainerView
+from dflash_tasks.output.planner import ExportOptions, RowPlanner
 from tests.core.test_continuation import continued, cut
+
+
+def planned(record: Record) -> tuple[list[dict[str, object]], RowPlanner]:
+    job = JobDefinition.create("sha256:x", "p.jsonl", GenerationSpec(model="m"))
+    planner = RowPlanner(job, TrainerView(), ExportOptions(layout="conversation"))
+    return list(planner.rows([record])), planner
 
 
 def test_a_continued_thought_is_exported_joined_and_the_cut_one_is_left_out() -> None:
     quality = QualitySettings()
-    before, counts = with_checks(cut(), True, quality), ExportCounts()
-    assert to_row(before, ExportOptions(), counts) is None and counts.dropped["truncated"] == 1
+    rows, planner = planned(with_checks(cut(), True, quality))
+    assert rows == [] and planner.counts.dropped["truncated"] == 1
 
-    after = with_checks(continued(cut()), True, quality)
-    row = to_row(after, ExportOptions(), ExportCounts())
-
-    assert row is not None
-    answer = row["conversations"][-1]
+    rows, planner = planned(with_checks(continued(cut()), True, quality))
+    (row,) = rows
+    answer = row["conversations"][-1]  # type: ignore[index]
     assert answer == {
         "role": "assistant",
         "content": "The answer.",
