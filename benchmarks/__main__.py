@@ -20,7 +20,7 @@ from typing import Any
 
 from benchmarks.common import RESULTS_DIR, Benchmark, Figures, Options, median_figures, say
 
-NAMES = ("saturation", "scale", "overhead", "tune", "loss_tokens")
+NAMES = ("saturation", "scale", "overhead", "tune", "loss_tokens", "page")
 
 
 def load(name: str) -> Benchmark:
