@@ -5,11 +5,13 @@ The output is 1,000-sample chunk files of short records (a tenth truncated, one 
 failed), written by repeating one encoded chunk with its ids renumbered. Figures: seconds to the
 first answer of each view (the run view, the first page of samples, a rare-filter page, one sample
 by its shared address with and without the chunk hint, a random sample), and the page process's
-peak resident memory (VmHWM) after all of them.
+peak resident memory (VmHWM) after all of them. The job's final ``progress.json`` is written too, as
+a finished job leaves it: without one, ``status`` and the page recount every stored record once.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 import requests
 
 from benchmarks.common import Benchmark, Figures, Goal, Options, say, stack, workspace
+from dflash_tasks.coord.progress_keys import PROGRESS_KEY
 from dflash_tasks.core.job import GenerationSpec, JobDefinition, Manifest, output_key
 from dflash_tasks.store import LocalStore
 from tests.helpers import free_port, wait_until
@@ -27,7 +30,7 @@ AUTH = ("bench", "bench-password")
 
 
 def write_output(root: Path, samples: int) -> tuple[str, str]:
-    """A job of ``samples`` samples, every chunk stored; returns (a sample id in the last chunk, its chunk)."""
+    """A job of ``samples`` samples, every chunk stored; returns (an id in the last chunk, that chunk)."""
     store = LocalStore(str(root))
     chunks = samples // CHUNK
     definition = JobDefinition.create("bench", "bench.jsonl", GenerationSpec(model="bench/model"))
@@ -51,7 +54,27 @@ def write_output(root: Path, samples: int) -> tuple[str, str]:
     template = "\n".join(lines) + "\n"
     for chunk in range(chunks):
         store.write(output_key(chunk), template.replace("-CHUNK", f"-{chunk:06d}").encode())
+    store.write(PROGRESS_KEY, json.dumps(final_progress(definition.job_id, samples)).encode())
     return f"ID0999-{chunks - 1:06d}", str(chunks - 1)
+
+
+def final_progress(job_id: str, samples: int) -> dict[str, Any]:
+    """The final progress.json a finished job leaves (what the page reads once Redis is gone)."""
+    failed = samples // CHUNK
+    now = time.time()
+    return {
+        "version": 1,
+        "job_id": job_id,
+        "state": "done",
+        "started_at": now - 3600,
+        "finished_at": now,
+        "updated_at": now,
+        "updated_at_iso": "",
+        "samples": {"done": samples, "failed": failed},
+        "tokens": {"generated": 300 * samples, "prompt": 5 * samples, "counted_samples": samples},
+        "cost": {"gpu_hours": 8.0, "gpu_hour_usd": 2.5},
+        "counters": {"check_truncated": samples // 10},
+    }
 
 
 def timed_get(url: str) -> tuple[float, requests.Response]:

@@ -1,4 +1,4 @@
-"""``python -m dflash_tasks.page``: entry point; the code is in :mod:`dflash_tasks.monitoring.page.command`."""
+"""``python -m dflash_tasks.page``: entry point; the code is in :mod:`dflash_tasks.monitoring.page`."""
 
 import sys
 

@@ -1,25 +1,32 @@
 """Paging through a job's samples one chunk file at a time, with filters; never the whole output.
 
 A page is read from a :class:`Cursor` (chunk, position in the chunk) on: chunk files are read in
-order, each one whole (a chunk is small) and dropped before the next, until the page is full or
-:data:`MAX_CHUNKS_PER_PAGE` files were read (a rare filter then gives a short page and a cursor
-to go on from). A sample's current record (repair rounds applied) comes from
+order, each one whole (a chunk is small) and dropped before the next, until the page is full,
+:data:`MAX_CHUNKS_PER_PAGE` files were read or :data:`PAGE_SECONDS` went by (a rare filter then
+gives a short page and a cursor to go on from). A sample looked up by id is looked for as its
+JSON-encoded id in the chunk files' bytes; only a chunk holding it is decoded.
+A sample's current record (repair rounds applied) comes from
 :func:`~dflash_tasks.store.records.read_current`.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dflash_tasks.core.errors import BadRecord
+from dflash_tasks.core.job import output_key
 from dflash_tasks.core.record import Record
 from dflash_tasks.store.base import Store
 from dflash_tasks.store.records import OutputListing, list_outputs, read_current
 
 #: Chunk files one page reads at most (bounds a page's time and memory whatever the filter).
 MAX_CHUNKS_PER_PAGE = 50
+#: Reading stops at the first chunk boundary after this long (s): a page answers in about a second.
+PAGE_SECONDS = 0.5
 #: Samples on one page.
 PAGE_SIZE = 50
 OUTCOMES = ("complete", "truncated", "failed")
@@ -114,8 +121,9 @@ def read_page(
     chunks = sorted(c for c in listing.chunks if c >= start.chunk)
     rows: list[Found] = []
     read = 0
+    started = time.monotonic()
     for chunk in chunks:
-        if read >= MAX_CHUNKS_PER_PAGE:
+        if read >= MAX_CHUNKS_PER_PAGE or (read and time.monotonic() - started > PAGE_SECONDS):
             return Page(tuple(rows), Cursor(chunk, 0), read, len(listing.chunks))
         records = chunk_records(store, listing, chunk)
         read += 1
@@ -133,11 +141,27 @@ def find_sample(
 ) -> Found | None:
     """The sample with id ``sample_id``: in chunk ``chunk_hint`` when given, else chunk by chunk."""
     listing = listing or list_outputs(store)
+    needles = {json.dumps(sample_id, ensure_ascii=a).encode() for a in (False, True)}
     for chunk in _search_order(listing, chunk_hint):
+        if not _holds(store, chunk, needles):
+            continue
         for index, record in enumerate(chunk_records(store, listing, chunk)):
             if record.id == sample_id:
                 return Found(chunk, index, record)
     return None
+
+
+def _holds(store: Store, chunk: int, needles: set[bytes]) -> bool:
+    """Whether chunk ``chunk``'s file holds one of ``needles`` (an id as JSON encodes it), anywhere.
+
+    Every record a repair round writes is one of the chunk file's ids, so the chunk file decides;
+    a false match only costs decoding that chunk.
+    """
+    try:
+        data = store.read(output_key(chunk))
+    except KeyError:
+        return False
+    return any(needle in data for needle in needles)
 
 
 def _search_order(listing: OutputListing, hint: int | None) -> Iterator[int]:

@@ -42,52 +42,51 @@ def run_page(doc: Mapping[str, Any], repair_rounds: Mapping[int, int]) -> str:
     return frame(f"job {doc['job_id']}", "".join(parts))
 
 
+def fig(doc: Mapping[str, Any], path: str) -> str:
+    """:func:`~.layout.figure` of the document's value at a dotted ``path``."""
+    value: Any = doc
+    for part in path.split("."):
+        value = value[int(part)] if isinstance(value, list) else value[part]
+    return figure(path, value)
+
+
 def _progress(doc: Mapping[str, Any]) -> str:
-    s, c, r = doc["samples"], doc["chunks"], doc["rates"]
     pct = done_fraction(dict(doc))
     eta = "finished" if doc["state"] == "done" else format_duration(doc["eta_s"])
+    at = f" (at {esc(doc['eta_at_iso'])})" if doc.get("eta_at_iso") else ""
+    source = esc((doc.get("spec") or {}).get("source") or "-")
+
+    def f(path: str) -> str:
+        return fig(doc, path)
+
     return (
         f"<div class='bar'><div style='width:{pct * 100:.1f}%'></div></div>"
-        f"<p>{figure('samples.done', s['done'])} / {figure('samples.total', s['total'])} samples "
-        f"({pct:.1%})</p>"
+        f"<p>{f('samples.done')} / {f('samples.total')} samples ({pct:.1%})</p>"
         + key_values(
             [
                 (
                     "samples",
-                    f"{figure('samples.ok', s['ok'])} ok, {figure('samples.failed', s['failed'])} failed, "
-                    f"{figure('samples.repaired', s['repaired'])} repaired, {figure('samples.remaining', s['remaining'])} left",
+                    f"{f('samples.ok')} ok, {f('samples.failed')} failed, "
+                    f"{f('samples.repaired')} repaired, {f('samples.remaining')} left",
                 ),
                 (
                     "chunks",
-                    f"{figure('chunks.done', c['done'])} done, {figure('chunks.running', c['running'])} "
-                    f"running, {figure('chunks.pending', c['pending'])} pending of {figure('chunks.total', c['total'])}",
+                    f"{f('chunks.done')} done, {f('chunks.running')} running, "
+                    f"{f('chunks.pending')} pending of {f('chunks.total')}",
                 ),
                 (
                     "rate (last minute)",
-                    f"{figure('rates.samples_per_s', r['samples_per_s'])} samples/s, "
-                    f"{figure('rates.tokens_per_s', r['tokens_per_s'])} tok/s",
+                    f"{f('rates.samples_per_s')} samples/s, {f('rates.tokens_per_s')} tok/s",
                 ),
                 (
                     "rate (since start)",
-                    f"{figure('rates.since_start.samples_per_s', r['since_start']['samples_per_s'])} "
-                    f"samples/s, {figure('rates.since_start.tokens_per_s', r['since_start']['tokens_per_s'])} tok/s",
+                    f"{f('rates.since_start.samples_per_s')} samples/s, "
+                    f"{f('rates.since_start.tokens_per_s')} tok/s",
                 ),
-                (
-                    "ETA",
-                    figure("eta_s", doc["eta_s"], eta)
-                    + (f" (at {esc(doc['eta_at_iso'])})" if doc.get("eta_at_iso") else ""),
-                ),
+                ("ETA", figure("eta_s", doc["eta_s"], eta) + at),
                 ("elapsed", figure("elapsed_s", doc["elapsed_s"], format_duration(doc["elapsed_s"]))),
-                (
-                    "tokens",
-                    f"{figure('tokens.generated', doc['tokens']['generated'])} generated, "
-                    f"{figure('tokens.avg_per_sample', doc['tokens']['avg_per_sample'])} per sample",
-                ),
-                (
-                    "accept length",
-                    figure("spec_accept_length", doc.get("spec_accept_length"))
-                    + f" <span class='muted'>({esc((doc.get('spec') or {}).get('source') or '-')})</span>",
-                ),
+                ("tokens", f"{f('tokens.generated')} generated, {f('tokens.avg_per_sample')} per sample"),
+                ("accept length", f"{f('spec_accept_length')} <span class='muted'>({source})</span>"),
             ]
         )
     )
@@ -118,14 +117,17 @@ def _cost(doc: Mapping[str, Any]) -> str:
 
 
 def yield_sections(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """The document's sections about the trainable data, by name (every key naming one of :data:`YIELD_WORDS`)."""
+    """The document's sections about the trainable data: every key naming one of :data:`YIELD_WORDS`."""
     return [(k, v) for k, v in doc.items() if any(w in k for w in YIELD_WORDS) and isinstance(v, Mapping)]
 
 
 def _yield(doc: Mapping[str, Any]) -> str:
     sections = yield_sections(doc)
     if not sections:
-        return "<p class='muted'>no trainable-token count yet (the preflight or <code>report</code> writes trainable.json)</p>"
+        return (
+            "<p class='muted'>no trainable-token count yet "
+            "(the preflight or <code>report</code> writes trainable.json)</p>"
+        )
     out = []
     for name, section in sections:
         rows = [
@@ -211,7 +213,10 @@ def _gpu_row(i: int, w: Mapping[str, Any]) -> list[str]:
     phase = f"{tuner.get('phase', '?')} on {tuner.get('target', '?')}" if tuner else "fixed"
     curve = ", ".join(f"{p.get('target')}: {p.get('tokens_per_s', 0):,.0f}" for p in tuner.get("curve", []))
     seen = "-" if w.get("last_seen_s") is None else format_duration(w["last_seen_s"]) + " ago"
-    n = lambda key: f"<td class='n'>{figure(f'workers.{i}.{key}', w.get(key))}</td>"  # noqa: E731
+
+    def n(key: str) -> str:
+        return f"<td class='n'>{figure(f'workers.{i}.{key}', w.get(key))}</td>"
+
     return [
         esc(w["name"]),
         esc(w.get("endpoint") or ""),
@@ -220,7 +225,8 @@ def _gpu_row(i: int, w: Mapping[str, Any]) -> list[str]:
         n("samples_per_s"),
         n("samples"),
         n("failed"),
-        f"<td class='n'>{figure(f'workers.{i}.inflight', w.get('inflight'))} / {figure(f'workers.{i}.max_inflight', w.get('max_inflight'))}</td>",
+        f"<td class='n'>{figure(f'workers.{i}.inflight', w.get('inflight'))} / "
+        f"{figure(f'workers.{i}.max_inflight', w.get('max_inflight'))}</td>",
         n("waiting"),
         n("held_chunks"),
         esc(phase) + (f"<br><span class='muted'>{esc(curve)} tok/s</span>" if curve else ""),

@@ -42,7 +42,8 @@ def list_page(page: Page, wanted: SampleFilter, query: Mapping[str, str]) -> str
     ]
     more = ""
     if page.next is not None:
-        more = f"<p><a id='next' href='/samples?{esc(urlencode({**query, 'from': str(page.next)}))}'>next page</a></p>"
+        href = "/samples?" + urlencode({**query, "from": str(page.next)})
+        more = f"<p><a id='next' href='{esc(href)}'>next page</a></p>"
     body = (
         "<h1>samples</h1>"
         + _filters(wanted)
@@ -133,7 +134,8 @@ def _turn(i: int, turn: Any) -> str:
         for m in turn.input
     )
     return (
-        f"<h2>turn {i} <span class='muted'>({esc(turn.status.value)}, finish {esc(turn.finish_reason or '-')})</span></h2>"
+        f"<h2>turn {i} <span class='muted'>({esc(turn.status.value)}, "
+        f"finish {esc(turn.finish_reason or '-')})</span></h2>"
         + messages
         + f"<h3>reasoning</h3><pre class='reasoning'>{esc(turn.reasoning)}</pre>"
         + f"<h3>answer</h3><pre class='answer'>{esc(turn.content)}</pre>"
