@@ -381,9 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mean-output-tokens", type=int, default=2300, help="mean simulated completion length")
     p.add_argument("--out", default="demo-output", help="demo folder (default demo-output)")
     p.add_argument("--flower-port", type=int, default=5555, help="Flower's port, if free (default 5555)")
-    p.add_argument(
-        "--page-port", type=int, default=8765, help="the job page's port, if free (default 8765)"
-    )
+    p.add_argument("--page-port", type=int, default=8765, help="the job page's port, if free (default 8765)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt mix and the simulators")
     p.add_argument("--stop-timeout", type=float, default=15.0, help="seconds from SIGTERM to SIGKILL")
     p.add_argument("--keep-running", action="store_true", help="keep the services up until Ctrl-C")
