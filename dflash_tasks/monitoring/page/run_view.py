@@ -92,9 +92,13 @@ def _progress(doc: Mapping[str, Any]) -> str:
     )
 
 
+def _usd(x: float | None) -> str:
+    return "-" if x is None else f"${x:,.2f}"
+
+
 def _cost(doc: Mapping[str, Any]) -> str:
     cost = doc["cost"]
-    price = cost["gpu_hour_usd"]
+    price, projected = cost["gpu_hour_usd"], cost["projected_total_usd"]
     return key_values(
         [
             ("GPUs", figure("cost.gpus", cost["gpus"])),
@@ -111,7 +115,7 @@ def _cost(doc: Mapping[str, Any]) -> str:
                 "spent",
                 figure("cost.usd", cost["usd"], "-" if cost["usd"] is None else f"${cost['usd']:,.2f}"),
             ),
-            ("projected total", figure("cost.projected_total_usd", cost["projected_total_usd"])),
+            ("projected total", figure("cost.projected_total_usd", projected, _usd(projected))),
         ]
     )
 
