@@ -2,7 +2,8 @@
 
 Writes a prompt file in every accepted format (plus a few malformed lines), starts a node of
 simulated GPUs (``python -m workers.node --simulate``: one SGLang simulator and one worker per
-GPU, supervised as on a real node) and Flower, runs ``enqueue --wait`` (live progress bar),
+GPU, supervised as on a real node), Flower and, once the job is staged, the job's page
+(``python -m dflash_tasks.page``), runs ``enqueue --wait`` (live progress bar),
 checks the output with ``verify``, and stops everything it started, on Ctrl-C too.
 Redis must already answer at ``DFLASH_BROKER_URL`` (``make demo`` sees to it).
 """
@@ -20,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -316,6 +318,11 @@ def run_demo(args: argparse.Namespace, children: Children) -> Outcome:
     )
     _say(f"watch from another shell: python -m dflash_tasks.status --output {completions} --watch")
 
+    page_port = args.page_port if not port_in_use(args.page_port) else _free_port()
+    threading.Thread(
+        target=_start_page, args=(children, completions, page_port, settings, env), daemon=True
+    ).start()
+
     started = time.monotonic()
     files = ["--input", str(prompts), "--output", str(completions)]
     enqueue_argv = [py, "-m", "dflash_tasks.enqueue", *files, "--model", MODEL, "--wait"]
@@ -328,8 +335,30 @@ def run_demo(args: argparse.Namespace, children: Children) -> Outcome:
     _say(f"prompts {prompts} | logs {logs} | Flower {flower_url} (user {FLOWER_USER})")
     if args.keep_running:
         _say("services keep running: press Ctrl-C to stop them")
-        _watch([node, flower])
+        _watch([child for child in children.started if child.name in ("node", "flower", "page")])
     return Outcome(enqueue_status, verify_status, seconds)
+
+
+def _start_page(
+    children: Children, completions: Path, port: int, settings: MonitorSettings, env: dict[str, str]
+) -> None:
+    """Start the job's page once enqueue has staged the job (job.json exists) and print its address."""
+    deadline = time.monotonic() + 600
+    while not (completions / "job.json").exists():
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+    given = settings.page_basic_auth
+    auth = given or f"{FLOWER_USER}:{secrets.token_urlsafe(12)}"
+    page_env = {**env, "DFLASH_PAGE_BASIC_AUTH": auth}  # not on the command line
+    argv = [sys.executable, "-m", "dflash_tasks.page", "--output", str(completions), "--port", str(port)]
+    page = children.spawn("page", argv, page_env)
+    user, _, password = auth.partition(":")
+    shown = "from DFLASH_PAGE_BASIC_AUTH" if given else password
+    if _wait_port(port, page, 20.0):
+        _say(f"the job's page: http://127.0.0.1:{port}/  user {user}  password {shown}")
+    else:
+        _say(f"the job's page did not come up (see {page.log_path})")
 
 
 def _watch(children: Sequence[Child]) -> None:
@@ -352,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mean-output-tokens", type=int, default=2300, help="mean simulated completion length")
     p.add_argument("--out", default="demo-output", help="demo folder (default demo-output)")
     p.add_argument("--flower-port", type=int, default=5555, help="Flower's port, if free (default 5555)")
+    p.add_argument("--page-port", type=int, default=8765, help="the job page's port, if free (default 8765)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt mix and the simulators")
     p.add_argument("--stop-timeout", type=float, default=15.0, help="seconds from SIGTERM to SIGKILL")
     p.add_argument("--keep-running", action="store_true", help="keep the services up until Ctrl-C")

@@ -152,6 +152,20 @@ class RowTokens:
         return self.lost_to_max_length > 0
 
 
+@dataclass(frozen=True, slots=True)
+class TokenMarks:
+    """A rendered row token by token: each token's characters and whether the trainer learns it."""
+
+    text: str
+    offsets: tuple[tuple[int, int], ...]  # each token's [start, end) in ``text``
+    trained: tuple[bool, ...]  # per token, within max_length
+    max_length: int
+
+    @property
+    def trained_count(self) -> int:
+        return sum(self.trained)
+
+
 class LossTokenCounter:
     """Counts rows' loss tokens with one tokenizer and trainer view (one per command)."""
 
@@ -200,16 +214,25 @@ class LossTokenCounter:
             for messages, text, e in zip(rows, texts, encodings, strict=True)
         ]
 
-    def _row(
-        self, messages: Sequence[Mapping[str, Any]], text: str, offsets: list[tuple[int, int]]
-    ) -> RowTokens:
+    def marks(self, messages: Sequence[Mapping[str, Any]]) -> TokenMarks:
+        """The row's rendered text and tokens, each marked trained or not (what :meth:`count` sums)."""
+        text = self.render(messages)
+        (encoding,) = self._backend.encode_batch([text], add_special_tokens=False)
+        pieces = self._loss_pieces(text, encoding.offsets)
+        trained = [False] * len(encoding.offsets)
+        for a, b in pieces:
+            for i in range(a, min(b, self.view.max_length)):
+                trained[i] = True
+        return TokenMarks(text, tuple(encoding.offsets), tuple(trained), self.view.max_length)
+
+    def _loss_pieces(self, text: str, offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The token index ranges ``[a, b)`` the trainer's loss covers, before ``max_length``."""
         starts = [a for a, _ in offsets]
         ends = [b for _, b in offsets]
         spans = [m.span(1) for m in self._pattern.finditer(text)]
         if self.view.last_turn_only:
             spans = spans[-1:]
-        limit = self.view.max_length
-        kept = total = 0
+        pieces: list[tuple[int, int]] = []
         for start, end in spans:
             first, last = _tokens_within(starts, ends, start, end)
             cut = [(first, last)]
@@ -217,16 +240,24 @@ class LossTokenCounter:
                 for at in _occurrences(text, s, start, end):
                     lo, hi = _tokens_within(starts, ends, at, at + len(s))
                     cut = [piece for a, b in cut for piece in ((a, min(b, lo)), (max(a, hi), b))]
-            for a, b in cut:
-                if a < b:
-                    total += b - a
-                    kept += max(0, min(b, limit) - a)
+            pieces += [(a, b) for a, b in cut if a < b]
+        return pieces
+
+    def _row(
+        self, messages: Sequence[Mapping[str, Any]], text: str, offsets: list[tuple[int, int]]
+    ) -> RowTokens:
+        limit = self.view.max_length
+        kept = total = 0
+        for a, b in self._loss_pieces(text, offsets):
+            total += b - a
+            kept += max(0, min(b, limit) - a)
         reasoning = [
             str(m["reasoning_content"]).strip()
             for m in messages
             if m.get("role") == "assistant" and str(m.get("reasoning_content") or "").strip()
         ]
         dropped = sum(1 for r in reasoning if r not in text)
+        ends = [b for _, b in offsets]
         return RowTokens(
             len(offsets), kept, total, len(reasoning), dropped, _generated_end(messages, text, ends)
         )

@@ -41,6 +41,11 @@ DEFAULT_MAX_INFLIGHT = 48
 DEFAULT_INFLIGHT_CEILING = 256
 
 
+def _is_user_password(value: str) -> bool:
+    user, sep, password = value.partition(":")
+    return bool(user and sep and password)
+
+
 @dataclass(frozen=True, slots=True)
 class CommonSettings:
     """Every process: the broker and bookkeeping Redis, the queue, the chunk lease, the S3 endpoint.
@@ -175,11 +180,25 @@ class ProducerSettings(ProgressSettings):
 class MonitorSettings(ProgressSettings):
     """Monitoring: the status command, Flower, and the demo (which starts Flower)."""
 
-    COMMANDS: ClassVar[tuple[str, ...]] = ("dflash_tasks.status", "dflash_tasks.flower", "dflash_tasks.demo")
+    COMMANDS: ClassVar[tuple[str, ...]] = (
+        "dflash_tasks.status",
+        "dflash_tasks.flower",
+        "dflash_tasks.page",
+        "dflash_tasks.demo",
+    )
 
     # --- Flower ---
     #: Password of ``python -m dflash_tasks.flower`` (user ``admin``); empty: one is generated.
     flower_password: str = dataclasses.field(default="", repr=False)
+
+    # --- the job's page ---
+    #: ``user:password`` of ``python -m dflash_tasks.page`` (HTTP basic auth); empty: user
+    #: ``admin`` and a password generated and printed at start.
+    page_basic_auth: str = dataclasses.field(default="", repr=False)
+
+    def _check_own(self) -> None:
+        if self.page_basic_auth and not _is_user_password(self.page_basic_auth):
+            raise ConfigError("page_basic_auth must be 'user:password', both non-empty")
 
 
 @dataclass(frozen=True, slots=True)

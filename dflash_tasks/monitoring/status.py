@@ -86,7 +86,8 @@ def watch(
 # --- the command ------------------------------------------------------------------------------
 
 
-def _bookkeeping(settings: CommonSettings) -> Bookkeeping | None:
+def connect_bookkeeping(settings: CommonSettings) -> Bookkeeping | None:
+    """Redis's bookkeeping, or None (with a warning) when it does not answer: the store only."""
     bk = Bookkeeping.from_url(
         settings.broker_url, settings.redis_prefix, timeout=5, connect_timeout=3, health_check_interval=0
     )
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         definition = load_job(store)
         if definition is None:
             raise DflashError(f"{args.output} holds no job (no job.json): run enqueue first")
-        bk, job_id = _bookkeeping(settings), definition.job_id
+        bk, job_id = connect_bookkeeping(settings), definition.job_id
 
         def snapshot() -> dict[str, Any]:
             return compute_progress(

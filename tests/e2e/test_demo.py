@@ -26,7 +26,8 @@ def test_demo_runs_a_small_job_end_to_end_and_leaves_nothing_running(
     assert run.returncode == 0, run.stderr[-3000:]
     assert "PASS: 159 lines = 150 ok + 0 failed + 9 invalid" in run.stdout + run.stderr
     logs = tmp_path / "demo" / "logs"
-    wanted = {"node.log", "gpu0-server.log", "gpu1-worker.log", "flower.log"}
+    assert "the job's page: http://127.0.0.1:" in run.stderr  # started once the job was staged
+    wanted = {"node.log", "gpu0-server.log", "gpu1-worker.log", "flower.log", "page.log"}
     assert wanted <= {p.name for p in logs.iterdir()}
     assert not processes_mentioning(str(tmp_path))
 

@@ -174,7 +174,7 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[], dict[str,
     def use(serve: Callable[[], dict[str, Any]]) -> None:
         monkeypatch.setattr(status, "open_store", lambda uri, settings: object())
         monkeypatch.setattr(status, "load_job", lambda store: Job())
-        monkeypatch.setattr(status, "_bookkeeping", lambda settings: None)
+        monkeypatch.setattr(status, "connect_bookkeeping", lambda settings: None)
         monkeypatch.setattr(status, "compute_progress", lambda *args, **kwargs: serve())
 
     return use

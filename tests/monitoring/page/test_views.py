@@ -1,0 +1,108 @@
+"""The page's views: the trainer's marks equal the loss-token count, sample text is escaped, auth holds."""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dflash_tasks.core.job import GenerationSpec, JobDefinition
+from dflash_tasks.core.loss_tokens import LossTokenCounter, load_tokenizer, row_messages
+from dflash_tasks.core.trainer_view import TrainerView
+from dflash_tasks.monitoring.page.auth import Credentials
+from dflash_tasks.monitoring.page.pager import Found, Page, SampleFilter
+from dflash_tasks.monitoring.page.run_view import gate_shares, yield_sections
+from dflash_tasks.monitoring.page.samples_view import list_page, sample_page
+from dflash_tasks.monitoring.page.svg import throughput_svg
+from dflash_tasks.monitoring.page.trainer_marks import TrainerLens, TrainerSight
+from tests.monitoring.page.records_support import make_record
+from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model_dir(tmp_path_factory.mktemp("tok"), QWEN3_TEMPLATE)
+
+
+def definition(view: TrainerView) -> JobDefinition:
+    return JobDefinition.create("fp", "in.jsonl", GenerationSpec(model="m"), trainer=view)
+
+
+def test_marks_agree_with_the_loss_token_count(model_dir: Path) -> None:
+    record = make_record("a", reasoning="alpha beta " * 5, answer="beta gamma " * 5)
+    for max_length in (4096, 20):
+        view = TrainerView(tokenizer=str(model_dir), max_length=max_length)
+        counter = LossTokenCounter(load_tokenizer(str(model_dir)), view, True, "t")
+        marks = counter.marks(row_messages(record))
+        row = counter.count(row_messages(record))
+        assert marks.trained_count == row.loss_tokens > 0
+        assert len(marks.offsets) == row.tokens
+        assert not any(marks.trained[max_length:])
+
+
+def test_the_sample_view_highlights_trained_tokens_and_shows_the_cut(model_dir: Path) -> None:
+    record = make_record("a", reasoning="alpha beta " * 20, answer="beta gamma " * 20)
+    view = TrainerView(tokenizer=str(model_dir), max_length=30)
+    sight = TrainerLens(view, definition(view)).see(record)
+    html = sample_page(Found(0, 0, record), sight)
+    assert sight.marks is not None
+    trained = re.findall(r"<span class='tok t'>", html)
+    assert len(trained) == sight.marks.trained_count
+    assert f"data-figure='trained_tokens' data-value='{sight.marks.trained_count}'" in html
+    assert "✂ max_length 30" in html and "class='tok cut'" in html
+
+
+def test_without_a_tokenizer_the_page_says_what_is_missing() -> None:
+    record = make_record("a")
+    sight = TrainerLens(TrainerView(), definition(TrainerView())).see(record)
+    assert sight.marks is None and "no --tokenizer" in sight.note
+    html = sample_page(Found(0, 0, record), sight)
+    assert "start the page with --tokenizer" in html and "class='tok" not in html
+    assert "beta gamma" in html  # the text is still shown
+
+
+def test_sample_text_is_escaped_everywhere() -> None:
+    evil = "<script>alert(1)</script>&'\""
+    record = make_record("x<y", prompt=evil, reasoning=evil, answer=evil)
+    found = Found(0, 0, record)
+    page = sample_page(found, TrainerSight(None, "none"))
+    listing = list_page(Page((found,), None, 1, 1), SampleFilter(), {})
+    for html in (page, listing):
+        assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "/samples/x%3Cy?chunk=0" in listing
+
+
+def test_gate_shares_and_yield_sections_come_from_the_document() -> None:
+    doc: dict[str, Any] = {
+        "samples": {"done": 200},
+        "counters": {"check_truncated": 50, "chunk_seconds": 3.0, "check_empty_answer": 10},
+        "trainable_tokens": {"total_loss_tokens": 7},
+        "trainable_yield": {"share": 0.5},
+        "tokens": {"generated": 1},
+    }
+    assert gate_shares(doc) == [("empty_answer", 10, 0.05), ("truncated", 50, 0.25)]
+    assert [name for name, _ in yield_sections(doc)] == ["trainable_tokens", "trainable_yield"]
+
+
+def test_the_plot_is_an_svg_of_the_points() -> None:
+    svg = throughput_svg([(1000.0, 0.0), (1010.0, 500.0), (1020.0, 250.0)])
+    assert svg.startswith("<svg") and svg.count(",") >= 3 and "500" in svg
+    assert "fills in" in throughput_svg([])
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_credentials() -> None:
+    given = Credentials.from_setting("ann:pw:with:colons")
+    assert (given.user, given.password, given.generated) == ("ann", "pw:with:colons", False)
+    assert given.allows(basic("ann", "pw:with:colons"))
+    for header in (None, "", basic("ann", "wrong"), basic("bob", "pw:with:colons"), "Basic !!!", "Bearer x"):
+        assert not given.allows(header)
+    made = Credentials.from_setting("")
+    assert made.generated and made.user == "admin" and len(made.password) >= 16
+    assert made.password not in repr(made)
