@@ -398,6 +398,7 @@ def carry_over(snap: Snapshot, previous: Mapping[str, Any]) -> Snapshot:
         **{k: num(v) for k, v in (previous.get("counters") or {}).items()},
         "samples_ok": num(tokens.get("counted_samples")) - failed,
         "samples_failed": failed,
+        "samples_repaired": num(samples.get("repaired")),
         "completion_tokens": num(tokens.get("generated")),
         "prompt_tokens": num(tokens.get("prompt")),
     }

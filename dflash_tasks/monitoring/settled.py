@@ -52,6 +52,7 @@ def from_final(snap: Snapshot, previous: Mapping[str, Any]) -> Snapshot:
         **{k: num(v) for k, v in (previous.get("counters") or {}).items()},
         "samples_ok": num(tokens.get("counted_samples")) - failed,
         "samples_failed": failed,
+        "samples_repaired": num(samples.get("repaired")),
         "completion_tokens": num(tokens.get("generated")),
         "prompt_tokens": num(tokens.get("prompt")),
         "spec_tokens": num(spec.get("tokens")) if isinstance(spec, Mapping) else 0.0,
@@ -75,6 +76,7 @@ def recounted(store: Store, snap: Snapshot, previous: Mapping[str, Any] | None) 
     final) when there is one; the finish time is unknown.
     """
     stats = {"samples_ok": 0.0, "samples_failed": 0.0, "completion_tokens": 0.0, "prompt_tokens": 0.0}
+    stats["samples_repaired"] = 0.0
     stats |= {"spec_tokens": 0.0, "spec_verify_ct": 0.0}
     try:
         manifest = load_manifest(store)
@@ -82,6 +84,7 @@ def recounted(store: Store, snap: Snapshot, previous: Mapping[str, Any] | None) 
             return None
         for record in iter_records(store, manifest):
             stats["samples_ok" if record.ok else "samples_failed"] += 1
+            stats["samples_repaired"] += record.ok and record.repair is not None
             stats["completion_tokens"] += record.usage.completion_tokens
             stats["prompt_tokens"] += record.usage.prompt_tokens
             tokens, verify = spec_counts(record)

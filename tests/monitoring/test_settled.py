@@ -136,3 +136,14 @@ def test_a_progress_json_that_is_not_final_gives_its_start_but_never_now_minus_s
     assert any("recounted from its 60 stored records" in w for w in doc["warnings"])
     assert doc["started_at"] == earlier["started_at"]
     assert doc["finished_at"] is None and doc["elapsed_s"] is None  # not 45 minutes
+
+
+def test_the_repaired_count_survives_redis_losing_the_counters(bk: Bookkeeping, tmp_path: Path) -> None:
+    store, job_id = finished_job(bk, tmp_path)
+    final = json.loads(store.read(PROGRESS_KEY))
+    final["samples"]["repaired"] = 3  # as a job whose repair rounds regenerated three samples
+    store.write(PROGRESS_KEY, json.dumps(final).encode())
+    bk.client.flushall()
+
+    doc = compute_progress(store, bk, job_id, NOW + LATER)
+    assert doc["samples"]["repaired"] == 3
