@@ -183,7 +183,8 @@ class InflightTuner:
             return Reason.KV
         queued = not w.fresh and w.queued >= 2 and w.queued > cfg.queue_band * max(w.running, 1.0)
         same = self._queued_running and self._queued_running[-1][0] == w.target
-        self._queued_running = [*(self._queued_running if same else []), (w.target, w.running)] if queued else []
+        kept = self._queued_running if same else []
+        self._queued_running = [*kept, (w.target, w.running)] if queued else []
         if not queued:
             return None
         if self._server_full(w):
