@@ -316,3 +316,15 @@ def test_the_first_window_after_a_refill_is_not_judged_on_its_queue_but_on_retra
     assert tuner.target > 48  # its queue says nothing: the climb goes on, on tokens/s
     tuner = InflightTuner(TunerConfig())
     assert tuner.observe(Window(target=48, seconds=6, tokens_per_s=2000, retractions=1, fresh=True)) < 48
+
+
+def test_above_the_start_a_persistent_queue_with_the_cache_in_use_does_not_cut_once_settled() -> None:
+    # the simulated kvbound curve: about 73 fit; settled at 108, the queue keeps the server full
+    # (a cut on it to 78 made that job 0.943 of the best fixed target)
+    tuner = InflightTuner(TunerConfig(server_running_cap=256, recheck_windows=100))
+    for target, running, queued, tps in ((48, 47, 0, 1.9e5), (72, 67, 4, 2.6e5), (108, 73, 8, 2.8e5)):
+        tuner.observe(_window(target, tps, running, queued, 0.88))
+    tuner.observe(_window(162, 2.8e5, 74.0, 84.0, 0.87))
+    assert (tuner.phase, tuner.target) == (Phase.SETTLED, 108)
+    for _ in range(5):
+        assert tuner.observe(_window(108, 2.8e5, 73.0, 35.0, 0.89)) == 108

@@ -187,11 +187,14 @@ class InflightTuner:
         self._queued_running = [*kept, (w.target, w.running)] if queued else []
         if not queued:
             return None
-        if self._server_full(w):
-            return Reason.QUEUE
-        # a queue alone says "no higher" above the start, never "lower"
+        # A queue says "no higher" above the start, never "lower" there: a full server decodes
+        # as fast with a queue, and one that admits requests as it frees room keeps it full. At or
+        # below the start a full server (not lag) takes the target down to what it runs.
         going_up = self.phase in (Phase.CLIMB, Phase.PROBE_UP)
-        return Reason.QUEUE if going_up and w.target > self._clamp(cfg.start) else None
+        above_start = w.target > self._clamp(cfg.start)
+        if self._server_full(w) and (going_up or not above_start):
+            return Reason.QUEUE
+        return Reason.QUEUE if going_up and above_start else None
 
     def _server_full(self, w: Window) -> bool:
         """Does the queue say the server is full, not that it admits a burst a few per step? It
