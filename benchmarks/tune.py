@@ -319,6 +319,81 @@ def job_seconds(server: Server, quick: bool) -> float:
     return base * max(1.0, server.window_seconds / WINDOW_SECONDS)
 
 
+#: The real engine's modes, each job on a fresh server: the seed's 48, the CPU engine's best 16,
+#: the tuner. Each run rotates their order (so none is always first on a cold machine).
+MODES = (("fixed48", "48"), ("fixed16", "16"), ("auto", "auto"))
+#: Prompts per real-engine job (``--set prompts=N``): about 45 s at a fixed 48 there.
+MODE_PROMPTS = 2000
+
+
+def measure_modes(opts: Options, server: Server, work: Path, procs: Processes) -> tuple[Figures, Any]:
+    """Runs of each mode on a fresh server, their order rotated per run: per-run figures, the
+    spread, and the tuner over the better fixed target in each run (and in its worst run)."""
+    name, count = server.name, int(opts.get("prompts", MODE_PROMPTS))
+    inp = write_prompts(work / f"prompts-{name}.jsonl", count, size=server.prompt_bytes)
+    budget = () if server.max_tokens is None else ("--max-tokens", str(server.max_tokens))
+    procs.env["DFLASH_TUNE_WINDOW_SECONDS"] = str(server.window_seconds)
+    procs.env["DFLASH_TUNE_SAMPLE_SECONDS"] = str(server.sample_seconds)
+    procs.env["DFLASH_LOG_LEVEL"] = "DEBUG"  # the tuner's window lines
+    runs: list[dict[str, dict[str, Any]]] = []
+    for i in range(int(opts.get("repeats", server.repeats))):
+        run: dict[str, dict[str, Any]] = {}
+        for label, inflight in MODES[i % 3 :] + MODES[: i % 3]:
+            assert server.restart is not None
+            server.restart()
+            say(f"{name}: run {i + 1}: job with --max-inflight {inflight} ...")
+            job = run_job(procs, server, inp, work, f"{name}-{label}-{i + 1}", inflight, *budget)
+            job["windows"] = tuner_lines(procs.tmp / f"{name}-{label}-{i + 1}.log")
+            run[label] = job
+            say(f"{name}: run {i + 1}: {label}: {job['tokens_per_s']:,.0f} tok/s in {job['seconds']:.1f}s")
+            wait_idle(server.url)
+        say(f"{name}: run {i + 1}: auto / max(fixed 48, fixed 16) = {auto_over_fixed(run):.3f}")
+        runs.append(run)
+    fig: Figures = {f"{name}.prompts": float(count)}
+    ratios = []
+    for i, run in enumerate(runs, 1):
+        for label, job in run.items():
+            fig[f"{name}.run{i}.{label}_tok_s"] = job["tokens_per_s"]
+        ratios.append(auto_over_fixed(run))
+        fig[f"{name}.run{i}.auto_over_better_fixed"] = ratios[-1]
+    for label, _ in MODES:
+        rates = [run[label]["tokens_per_s"] for run in runs]
+        fig[f"{name}.{label}_spread"] = (max(rates) - min(rates)) / (sum(rates) / len(rates))
+    fig[f"{name}.worst_auto_over_better_fixed"] = min(ratios)
+    return fig, {"prompts": count, "runs": runs}
+
+
+def auto_over_fixed(run: dict[str, dict[str, Any]]) -> float:
+    """The tuner's tokens/s over the better of the fixed targets' in one run."""
+    best = max(run["fixed48"]["tokens_per_s"], run["fixed16"]["tokens_per_s"])
+    return float(run["auto"]["tokens_per_s"]) / float(best)
+
+
+def tuner_lines(log: Path) -> list[str]:
+    """The tuner's window and decision lines from a worker's log."""
+    if not log.exists():
+        return []
+    return [line for line in log.read_text(errors="replace").splitlines() if "in-flight tuner" in line]
+
+
+def modes_table(fig: Figures, name: str, runs: int) -> str:
+    rows = [
+        "| run | fixed 48 | fixed 16 | auto | auto / max(fixed) |",
+        "|---|---|---|---|---|",
+    ]
+    for i in range(1, runs + 1):
+        run = f"{name}.run{i}"
+        rows.append(
+            f"| {i} | {fig[f'{run}.fixed48_tok_s']:,.0f} | {fig[f'{run}.fixed16_tok_s']:,.0f} | "
+            f"{fig[f'{run}.auto_tok_s']:,.0f} | {fig[f'{run}.auto_over_better_fixed']:.3f} |"
+        )
+    rows.append(
+        f"| spread | {fig[f'{name}.fixed48_spread']:.1%} | {fig[f'{name}.fixed16_spread']:.1%} | "
+        f"{fig[f'{name}.auto_spread']:.1%} | worst {fig[f'{name}.worst_auto_over_better_fixed']:.3f} |"
+    )
+    return "\n".join(rows)
+
+
 def measure(opts: Options, server: Server, work: Path, procs: Processes) -> tuple[Figures, Any]:
     """Sweep, then fixed baseline, best fixed and tuned jobs on one server; its figures."""
     name = server.name
@@ -488,10 +563,16 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         for name in curves(opts):
             server_cm = real_sglang(opts, procs) if name == "sglang" else simulated(opts, name, procs)
             with server_cm as server:
-                fig, det = measure(opts, server, work, procs)
+                if server.name == "sglang-cpu":
+                    fig, det = measure_modes(opts, server, work, procs)
+                    print(modes_table(fig, server.name, len(det["runs"])))
+                else:
+                    fig, det = measure(opts, server, work, procs)
             figures.update(fig)
             details["servers"][server.name] = det
-    print(table(figures, [n for n in details["servers"]]))
+    names = [n for n in details["servers"] if n != "sglang-cpu"]
+    if names:
+        print(table(figures, names))
     return figures, details
 
 
@@ -515,6 +596,10 @@ def goals(opts: Options) -> list[Goal]:
     out = []
     for c in curves(opts):
         n = c if c != "sglang" else ("sglang-gpu" if opts.params.get("model") else "sglang-cpu")
+        if n == "sglang-cpu":  # each run, not only on average: the worst run decides
+            worst = f"{n}.worst_auto_over_better_fixed"
+            out.append(Goal(worst, ">=", 0.95, f"{n}: auto / the better fixed target, worst run"))
+            continue
         ceiling = CPU_CEILING if n == "sglang-cpu" else CEILING
         # A --quick job lasts a minute (simulated), of which the climb takes a third: the goal is 0.90
         # (a smoke test); the full run's jobs last 150 s at the best target, as the issue's 0.95 asks.

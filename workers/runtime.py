@@ -282,6 +282,7 @@ def tuner_for(settings: WorkerSettings, pool: RequestPool, client: SGLangClient)
         window_seconds=settings.tune_window_seconds,
         sample_seconds=settings.tune_sample_seconds,
         graph_ceiling=client.decode_graph_ceiling,
+        running_cap=client.max_running_requests,
     )
 
 

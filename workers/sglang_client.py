@@ -170,6 +170,13 @@ class SGLangClient:
                 return value
         return None
 
+    def max_running_requests(self, timeout: float = 10.0) -> int | None:
+        """The server's ``max_running_requests`` from ``/server_info``; None when it does not say."""
+        value = self.server_info(timeout).get("max_running_requests")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        return None
+
     def server_info(self, timeout: float = 10.0) -> dict[str, Any]:
         """``GET /server_info`` (``/get_server_info`` on releases without it).
 

@@ -15,8 +15,7 @@ with ``<Role>.load()`` and passes it down; a function takes the narrowest class 
             └── NodeSettings  python -m workers.node  (+ GPUs, model, ports, logs)
 
 A field is declared once, on the lowest class whose processes read it, so a setting shared by two
-roles has one definition and one default (one exception, tested: the node launcher redeclares
-``tune_inflight`` to tune by default). Field ``x`` is read from ``DFLASH_X``; each class checks
+roles has one definition and one default. Field ``x`` is read from ``DFLASH_X``; each class checks
 its own fields (:meth:`CommonSettings.validate` runs every class's checks, base first).
 """
 
@@ -336,10 +335,6 @@ class NodeSettings(WorkerSettings):
     log_dir: str = "logs"
     #: Extra SGLang flags, shell-quoted, appended to every server's command line (``--sglang-arg``).
     sglang_args: str = ""
-    # --- worker settings whose default differs here ---
-    #: The launcher tunes each GPU's in-flight target (``--max-inflight auto``) unless a number pins
-    #: it: the tune benchmark held on every curve (docs/performance.md).
-    tune_inflight: bool = True
 
     def _check_own(self) -> None:
         if not 1 <= self.port_base <= 65535:

@@ -11,6 +11,10 @@ throughput grows with the batch until ``--max-running-requests``. With one (``--
   is ``eager_slowdown`` times slower: the batch has left the captured graphs;
 * the accept length falls with the batch, ``1 + (a0 - 1) / (1 + B / accept_halving)``: a bigger
   batch gains less from speculative decoding (``a0``: ``--accept-length``);
+* new requests are admitted at most ``prefill_tokens`` prompt tokens per decode step (at least one
+  request a step; 0: all at once), as SGLang's chunked prefill budgets them
+  (``--chunked-prefill-size``, ``--max-prefill-tokens``): a burst of new requests (a job's start,
+  a refill) shows running under the target and a queue for a step or several, admission lag;
 * the KV cache holds ``kv_capacity`` tokens (prompt + generated tokens of every running request).
   A request is admitted when its prompt, its tokens so far and ``reserve_ratio`` of its remaining
   budget fit beside the running ones' reservations (SGLang's ``new_token_ratio``); when decoding
@@ -54,6 +58,7 @@ class BatchCurve:
     eager_slowdown: float = 1.5
     kv_capacity: int = 0  # tokens; 0: unlimited
     reserve_ratio: float = 0.3
+    prefill_tokens: int = 0  # prompt tokens admitted per decode step; 0: unlimited
 
     def __post_init__(self) -> None:
         checks = (
@@ -65,6 +70,7 @@ class BatchCurve:
             (self.eager_slowdown >= 1, "eager slowdown must be >= 1"),
             (self.kv_capacity >= 0, "kv capacity must be >= 0"),
             (0 <= self.reserve_ratio <= 1, "kv reserve ratio must be in [0, 1]"),
+            (self.prefill_tokens >= 0, "prefill tokens per step must be >= 0"),
         )
         for ok, message in checks:
             if not ok:
@@ -94,18 +100,22 @@ class BatchCurve:
         return batch * self.request_rate(batch)
 
 
+#: The named curves' prefill budget per decode step (prompt tokens): SGLang's chunked prefill size
+#: on a smaller GPU; a job's burst of new requests is admitted over several steps.
+PREFILL_TOKENS = 2048
+
 #: Named curves for ``--curve``: the knobs above, for the tune benchmark and the docs. Each one's
 #: optimum is what the benchmark expects the tuner to find; ``flat`` is the simulator without a curve.
 CURVES: dict[str, dict[str, Any]] = {
     "flat": {},
     # optimum near 48: compute-bound early, and MTP's gain halves by batch 30
-    "opt48": {"knee": 32, "accept_halving": 30},
+    "opt48": {"knee": 32, "accept_halving": 30, "prefill_tokens": PREFILL_TOKENS},
     # optimum at 128: the decode graph ceiling; above it a step is 1.5 times slower
-    "opt128": {"knee": 200, "accept_halving": 200, "graph_max_bs": 128},
+    "opt128": {"knee": 200, "accept_halving": 200, "graph_max_bs": 128, "prefill_tokens": PREFILL_TOKENS},
     # optimum near 200: a large GPU with a small model (flat top from about 180 to the ceiling)
-    "opt200": {"knee": 150, "accept_halving": 150, "graph_max_bs": 256},
+    "opt200": {"knee": 150, "accept_halving": 150, "graph_max_bs": 256, "prefill_tokens": PREFILL_TOKENS},
     # the KV cache binds first (about 90 requests of this workload fit), long before compute does
-    "kvbound": {"knee": 400, "kv_capacity": 140_000},
+    "kvbound": {"knee": 400, "kv_capacity": 140_000, "prefill_tokens": PREFILL_TOKENS},
 }
 
 
@@ -162,6 +172,7 @@ class DecodeBatch:
         self._v = 0.0
         self._t = clock()
         self._stall_until = 0.0
+        self._admit_at = 0.0  # with a prefill budget: the next decode step that may admit
         self._sum_prompt = 0  # KV: sum of (prompt + done) of the running
         self._sum_start = 0.0
         self._sum_end = 0.0  # sum of start_v + total - done: where each running request ends
@@ -248,7 +259,7 @@ class DecodeBatch:
                 now = self._clock()
                 self._advance(now)
                 self._finish_done()
-                self._admit()
+                self._admit(now)
                 self._retract_overflow(now)
                 self._cond.wait(self._next_event(now))
 
@@ -283,9 +294,18 @@ class DecodeBatch:
         need = seq.prompt + seq.done + ratio * (seq.total - seq.done)
         return self._kv_used() + reserved + need <= cap
 
-    def _admit(self) -> None:
+    def _admit(self, now: float) -> None:
+        budgeted = budget = self.curve.prefill_tokens
+        if budgeted and now < self._admit_at:
+            return  # this step's prefill budget is spent
+        admitted = 0
         while self._waiting and self._fits(self._waiting[0]):
-            seq = self._waiting.popleft()
+            seq = self._waiting[0]
+            if budgeted and admitted and seq.prompt + seq.done > budget:
+                break  # the next step admits it
+            self._waiting.popleft()
+            budget -= seq.prompt + seq.done
+            admitted += 1
             seq.start_v = self._v
             seq.area0, seq.time0 = self._accept_integral, self._time_integral
             self._running[seq] = None
@@ -294,6 +314,8 @@ class DecodeBatch:
             seq.end_v = seq.start_v + seq.total - seq.done
             self._sum_end += seq.end_v
             heapq.heappush(self._heap, (seq.end_v, next(self._ids), seq))
+        if budgeted and admitted:
+            self._admit_at = now + self.curve.step_seconds(len(self._running)) * self.time_scale
 
     def _retract_overflow(self, now: float) -> None:
         cap = self.curve.kv_capacity
@@ -312,6 +334,8 @@ class DecodeBatch:
     def _next_event(self, now: float) -> float:
         """Seconds until the next completion or the cache filling up (at most 1 s)."""
         wait = 1.0
+        if self._waiting and self.curve.prefill_tokens and now < self._admit_at:
+            wait = self._admit_at - now  # the next step's admissions
         if now < self._stall_until:
             return max(1e-4, min(wait, self._stall_until - now))
         b = len(self._running)

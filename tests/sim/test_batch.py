@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 import pytest
 
 from dflash_tasks.sim.batch import BatchCurve, BatchRun, DecodeBatch
+from dflash_tasks.sim.scheduler import Stopped
 
 
 def run_many(batch: DecodeBatch, n: int, tokens: int, prompt: int = 10) -> tuple[list[BatchRun], float]:
@@ -54,3 +56,37 @@ def test_past_the_kv_cache_requests_are_retracted_and_still_all_finish() -> None
     runs, _ = run_many(DecodeBatch(curve, 1.0), 8, 400)
     assert len(runs) == 8
     assert sum(r.retractions for r in runs) > 0
+
+
+@pytest.mark.parametrize("prefill_tokens", [0, 200])
+def test_a_burst_of_new_requests_is_admitted_a_few_per_step_under_the_prefill_budget(
+    prefill_tokens: int,
+) -> None:
+    # 10 ms steps; 48 prompts of 100 tokens under 200 a step: 2 a step, all in about 0.24 s
+    curve = BatchCurve(tokens_per_second=100, accept_length=1, prefill_tokens=prefill_tokens)
+    batch, stop = DecodeBatch(curve, 1.0), threading.Event()
+
+    def one() -> None:
+        with contextlib.suppress(Stopped):  # stopped before its 2 s of decoding end
+            batch.run(200, 100, stop)
+
+    threads = [threading.Thread(target=one) for _ in range(48)]
+    for t in threads:
+        t.start()
+    seen = []
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        g = batch.gauges()
+        seen.append((int(g["running"]), int(g["waiting"])))
+        time.sleep(0.02)
+    batch.stop()
+    for t in threads:
+        t.join(5)
+    assert seen[-1] == (48, 0)  # all admitted within the second
+    lagged = [s for s in seen if s[0] < 48 and s[1] > 0]
+    if prefill_tokens:  # running rose toward the target step by step, the rest queued meanwhile
+        assert len(lagged) >= 4, seen
+        running = [r for r, _ in seen]
+        assert running == sorted(running) and running[0] <= 8, seen
+    else:  # all at once (a sample may catch the last threads still starting)
+        assert len(lagged) <= 1, seen

@@ -129,3 +129,37 @@ def test_applying_a_window_moves_the_pool_reports_the_change_and_logs_every_wind
         "in-flight tuner: 48 -> 72 (climbing: throughput rising); "
         "48 at 1000 tok/s, running 48, queued 0, KV 0.00"
     ]
+
+
+def test_the_first_window_and_the_first_after_a_refill_are_fresh(pool: RequestPool) -> None:
+    loop = TunerLoop(
+        InflightTuner(TunerConfig()),
+        pool,
+        lambda: ServerLoad(running=17, queued=9, gen_throughput=900),
+        window_seconds=0.2,
+        sample_seconds=0.02,
+    )
+    release = hold(pool, 48)
+    try:
+        first, second = loop.measure(), loop.measure()
+    finally:
+        release.set()
+    assert first is not None and first.fresh
+    assert second is not None and not second.fresh
+    release = hold(pool, 10)  # a chunk's drain: nothing to learn, and the pool refills after it
+    try:
+        assert loop.measure() is None
+    finally:
+        release.set()
+    release = hold(pool, 48)
+    try:
+        refilled = loop.measure()
+    finally:
+        release.set()
+    assert refilled is not None and refilled.fresh
+
+
+def test_the_servers_running_cap_reaches_the_tuner(pool: RequestPool) -> None:
+    loop = TunerLoop(InflightTuner(TunerConfig()), pool, lambda: ServerLoad(), running_cap=lambda: 256)
+    loop._learn_running_cap()
+    assert loop.tuner.config.server_running_cap == 256

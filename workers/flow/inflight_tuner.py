@@ -82,6 +82,11 @@ class TunerConfig:
     probe_step: float = 0.08
     #: Standard errors a settled neighbour must beat the settled target by (besides ``gain``).
     noise_z: float = 2.5
+    #: KV use from which a persistent queue says the cache binds (SGLang stops admitting well
+    #: before the cache is full: it reserves room for the running requests' remaining tokens).
+    kv_full: float = 0.5
+    #: The server's ``max_running_requests`` (from ``/server_info``); 0: not known.
+    server_running_cap: int = 0
     #: Targets a climbing step must not jump over: the server's decode graph ceiling, above
     #: which a batch leaves the fast path (the best target is often exactly there).
     breakpoints: tuple[int, ...] = ()
@@ -108,6 +113,9 @@ class Window:
     #: The worker's own completed tokens per second (``tokens_per_s`` is this where it is the
     #: better measure: see :data:`workers.flow.tuner_loop.MANY_COMPLETIONS`).
     completed_tokens_per_s: float = 0.0
+    #: The first window after the start or after the worker refilled its pool (a job or chunk
+    #: boundary): the server admits the burst a few requests per step, so its queue is not judged.
+    fresh: bool = False
 
 
 @dataclass(slots=True)
@@ -149,6 +157,8 @@ class InflightTuner:
     #: them), and of each window at the neighbour it probes.
     _settled_reads: list[float] = field(default_factory=list)
     _probe_reads: list[float] = field(default_factory=list)
+    #: The running count of each window in a row whose queue was past the band (not fresh).
+    _queued_running: list[tuple[int, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.limit = self.config.ceiling + 1
@@ -171,10 +181,31 @@ class InflightTuner:
             return Reason.RETRACTIONS
         if w.token_usage > cfg.kv_threshold:
             return Reason.KV
-        going_up = self.phase in (Phase.CLIMB, Phase.PROBE_UP)  # a queue says "no higher", not "lower"
-        if going_up and w.queued >= 2 and w.queued > cfg.queue_band * max(w.running, 1.0):
+        queued = not w.fresh and w.queued >= 2 and w.queued > cfg.queue_band * max(w.running, 1.0)
+        same = self._queued_running and self._queued_running[-1][0] == w.target
+        kept = self._queued_running if same else []
+        self._queued_running = [*kept, (w.target, w.running)] if queued else []
+        if not queued:
+            return None
+        # A queue says "no higher" above the start, never "lower" there: a full server decodes
+        # as fast with a queue, and one that admits requests as it frees room keeps it full. At or
+        # below the start a full server (not lag) takes the target down to what it runs.
+        going_up = self.phase in (Phase.CLIMB, Phase.PROBE_UP)
+        above_start = w.target > self._clamp(cfg.start)
+        if self._server_full(w) and (going_up or not above_start):
             return Reason.QUEUE
-        return None
+        return Reason.QUEUE if going_up and above_start else None
+
+    def _server_full(self, w: Window) -> bool:
+        """Does the queue say the server is full, not that it admits a burst a few per step? It
+        persisted over two windows or more at this target, the running count stopped rising, and
+        it sits at what the server can hold: its ``max_running_requests`` when known, else (or)
+        a cache in real use."""
+        runs = [running for _, running in self._queued_running]
+        if len(runs) < 2 or runs[-1] > runs[-2] * 1.05:
+            return False
+        cap = self.config.server_running_cap
+        return not cap or w.running >= 0.9 * cap or w.token_usage >= self.config.kv_full
 
     def _record(self, w: Window) -> None:
         point = self.curve.get(w.target)
@@ -246,11 +277,18 @@ class InflightTuner:
 
     def _on_guard(self, w: Window, guard: Reason) -> int:
         self.limit = min(self.limit, w.target)
-        if guard is Reason.QUEUE and self.phase is Phase.CLIMB:
+        if guard is Reason.QUEUE:
             # The server runs only so many (its cache or its cap binds): keep it that full, with
-            # half the band queued so a finishing request is replaced at once.
+            # half the band queued so a finishing request is replaced at once. Below the start
+            # only when the queue says the server is full (else it is admission lag).
             admitted = round(w.running * (1 + self.config.queue_band / 2))
-            return self._settle(max(self.best, min(w.target - 1, admitted)), guard)
+            full = self._server_full(w)
+            floor = self.best if self.best < w.target else 0
+            if not full:
+                floor = max(floor, self._clamp(self.config.start))
+            if self.phase is Phase.PROBE_UP and not full:
+                return self._settle(self.best, guard)
+            return self._settle(max(floor, min(w.target - 1, admitted)), guard)
         if self.phase is Phase.CLIMB and self.best and self.best < w.target:
             return self._settle(self.best, guard)
         if self.phase in (Phase.PROBE_UP, Phase.PROBE_DOWN) and self.best < w.target:

@@ -57,6 +57,7 @@ class TunerLoop:
         on_change: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         graph_ceiling: Callable[[], int | None] | None = None,
+        running_cap: Callable[[], int | None] | None = None,
     ) -> None:
         self.tuner = tuner
         self.pool = pool
@@ -66,6 +67,9 @@ class TunerLoop:
         self._on_change = on_change
         self._clock = clock
         self._graph_ceiling = graph_ceiling
+        self._running_cap = running_cap
+        #: The next window follows the start or a refill of the pool: its queue is not judged.
+        self._fresh = True
         self._lock = threading.Lock()
         self._finished = 0
         self._tokens = 0
@@ -87,7 +91,8 @@ class TunerLoop:
         pass
 
     def chunk_started(self, job_id: str) -> None:
-        pass
+        if self.pool.running < SATURATED * self.pool.max_inflight:  # the pool refills
+            self._fresh = True
 
     def chunk_stored(self, job_id: str, seconds: float) -> None:
         pass
@@ -131,9 +136,22 @@ class TunerLoop:
                 self.tuner.config, breakpoints=(*self.tuner.config.breakpoints, ceiling)
             )
 
+    def _learn_running_cap(self) -> None:
+        """Tell the tuner the server's ``max_running_requests``, once it is known."""
+        if self._running_cap is None:
+            return
+        try:
+            cap = self._running_cap()
+        except DflashError:
+            return
+        self._running_cap = None
+        if cap:
+            self.tuner.config = replace(self.tuner.config, server_running_cap=cap)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._learn_graph_ceiling()
+            self._learn_running_cap()
             try:
                 window = self.measure()
             except DflashError as exc:
@@ -149,7 +167,7 @@ class TunerLoop:
         before = self.tuner.target, self.tuner.phase, self.tuner.reason
         log.debug(
             "in-flight tuner window: %d at %.0f tok/s (completed: %.0f) over %.1fs, running %.1f, "
-            "queued %.1f, KV %.2f",
+            "queued %.1f, KV %.2f%s",
             window.target,
             window.tokens_per_s,
             window.completed_tokens_per_s,
@@ -157,6 +175,7 @@ class TunerLoop:
             window.running,
             window.queued,
             window.token_usage,
+            " (fresh: queue not judged)" if window.fresh else "",
         )
         target = self.pool.set_target(self.tuner.observe(window))
         self.windows += 1
@@ -203,7 +222,9 @@ class TunerLoop:
         n = len(loads)
         running = sum(x.running for x in loads) / n
         if ours / n < SATURATED * target or self.pool.max_inflight != target:
+            self._fresh = True  # the pool refills after this: the next window's queue is a burst
             return None  # short of work (idle, a job's drain) or moved meanwhile: nothing to learn
+        fresh, self._fresh = self._fresh, False
         gauge = sum(x.gen_throughput for x in loads) / n
         own = (tokens - tokens0) / seconds
         self._observe_request_time(running, (finished - finished0) / seconds)
@@ -218,6 +239,7 @@ class TunerLoop:
             retractions=(retract - retract0) + int(max(x.retracted for x in loads)),
             accept_length=sum(x.accept_length for x in loads) / n,
             completed_tokens_per_s=own,
+            fresh=fresh,
         )
 
     def _observe_request_time(self, running: float, finished_per_s: float) -> None:

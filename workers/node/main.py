@@ -69,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-inflight",
         type=inflight_type,
         metavar="N|auto",
-        help="auto (the default): each worker tunes its own target, from DFLASH_MAX_INFLIGHT "
-        f"({DEFAULT_MAX_INFLIGHT}) up to --inflight-ceiling, and the servers are capped there "
-        "[DFLASH_TUNE_INFLIGHT]; N: a fixed N requests per GPU, and SGLang's caps at N",
+        help=f"N: a fixed N requests per GPU (default {DEFAULT_MAX_INFLIGHT}), and SGLang's caps at N "
+        "[DFLASH_MAX_INFLIGHT]; auto: each worker tunes its own target, from DFLASH_MAX_INFLIGHT up "
+        "to --inflight-ceiling, and the servers are capped there [DFLASH_TUNE_INFLIGHT=1]",
     )
     p.add_argument(
         "--inflight-ceiling",
