@@ -85,6 +85,8 @@ def changed_value(field: dataclasses.Field[Any]) -> Any:
         return default + 1
     if isinstance(default, float):
         return default + 1.5
+    if field.name == "page_basic_auth":
+        return "watcher:s3cret"  # user:password
     return f"{default}9"  # keeps redis:// URLs valid
 
 
@@ -322,9 +324,9 @@ def test_each_role_has_the_fields_its_processes_read() -> None:
     assert names(CommonSettings) == common
     assert names(ProducerSettings) == progress | {"repair_rounds", "repair_spacing_seconds"}
     assert not names(WorkerSettings) & {"repair_rounds", "repair_spacing_seconds"}
-    assert names(MonitorSettings) == progress | {"flower_password"}
+    assert names(MonitorSettings) == progress | {"flower_password", "page_basic_auth"}
     worker = names(WorkerSettings)
-    assert progress < worker and "flower_password" not in worker
+    assert progress < worker and not worker & {"flower_password", "page_basic_auth"}
     assert {"endpoint", "max_inflight", "heartbeat_seconds", "metrics_port"} <= worker
     assert not worker & {"gpus", "model_path", "port_base", "log_dir", "sglang_args"}
     assert names(NodeSettings) == worker | {"gpus", "model_path", "port_base", "log_dir", "sglang_args"}
