@@ -27,6 +27,7 @@ from typing import Any, Final
 from dflash_tasks.core.errors import ConfigError, InputError
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.producer.input_formats import FORMATS, InputFiles, list_local
+from dflash_tasks.producer.inputs import input_fingerprint
 from dflash_tasks.producer.prompt_row import ColumnMap
 
 _KEYS: Final = ("name", "weight", "limit", "format", "messages", "prompt", "id")
@@ -159,10 +160,10 @@ class Located:
             return "s3:sha256:" + digest.hexdigest()
         files = self.local_files().files
         if len(files) == 1:  # one file: the SHA-256 of its bytes, as jobs of one JSONL file always had
-            return file_sha256(files[0])
+            return input_fingerprint(files[0])
         root = os.path.commonpath(files)
         for name in files:
-            digest.update(f"{os.path.relpath(name, root)}\0{file_sha256(name)}\n".encode())
+            digest.update(f"{os.path.relpath(name, root)}\0{input_fingerprint(name)}\n".encode())
         return "sha256:" + digest.hexdigest()
 
     def local_files(self) -> InputFiles:
@@ -220,19 +221,6 @@ class Located:
         endpoint = self._settings.s3_endpoint_url if self._settings is not None else ""
         return S3Store(f"s3://{bucket}", endpoint_url=endpoint or None)
 
-
-def file_sha256(name: str) -> str:
-    """``sha256:<hex>`` of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    buf = bytearray(_BLOCK)
-    view = memoryview(buf)
-    try:
-        with open(name, "rb", buffering=0) as fh:
-            while n := fh.readinto(buf):
-                digest.update(view[:n])
-    except OSError as exc:
-        raise InputError(f"{name}: cannot read input file: {exc}") from exc
-    return "sha256:" + digest.hexdigest()
 
 
 def _split_s3(location: str) -> tuple[str, str]:
