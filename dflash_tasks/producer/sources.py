@@ -33,7 +33,6 @@ from dflash_tasks.producer.prompt_row import ColumnMap
 _KEYS: Final = ("name", "weight", "limit", "format", "messages", "prompt", "id")
 _OPTION: Final = re.compile(r",(" + "|".join(_KEYS) + r")=([^,]*)$")
 _NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_BLOCK: Final = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +219,6 @@ class Located:
         bucket, _ = _split_s3(self.spec.location)
         endpoint = self._settings.s3_endpoint_url if self._settings is not None else ""
         return S3Store(f"s3://{bucket}", endpoint_url=endpoint or None)
-
 
 
 def _split_s3(location: str) -> tuple[str, str]:
