@@ -2,7 +2,7 @@
 
 ``export`` writes what :meth:`RowPlanner.rows` yields; ``report`` runs the same planner without
 writing, so both state the same yield. Records are taken in batches and their candidate rows
-(:mod:`dflash_tasks.output.rows`) counted together under the trainer's view.
+(:mod:`dflash_tasks.core.export_rows`) counted together under the trainer's view.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dflash_tasks.core.record import Record
 from dflash_tasks.core.trainable import TrainableSummary, counter_for, served_model_path
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.core.yields import YieldTally
-from dflash_tasks.output.rows import (
+from dflash_tasks.core.export_rows import (
     LAYOUTS,
     MODES,
     Candidate,
