@@ -13,12 +13,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError
-from dflash_tasks.core.job import JobDefinition
-from dflash_tasks.core.loss_tokens import LossTokenCounter, row_messages
-from dflash_tasks.core.record import Record
-from dflash_tasks.core.trainable import TrainableSummary, counter_for, served_model_path
-from dflash_tasks.core.trainer_view import TrainerView
-from dflash_tasks.core.yields import YieldTally
 from dflash_tasks.core.export_rows import (
     LAYOUTS,
     MODES,
@@ -28,6 +22,12 @@ from dflash_tasks.core.export_rows import (
     per_turn_candidates,
     within_horizon,
 )
+from dflash_tasks.core.job import JobDefinition
+from dflash_tasks.core.loss_tokens import LossTokenCounter, row_messages
+from dflash_tasks.core.record import Record
+from dflash_tasks.core.trainable import TrainableSummary, counter_for, served_model_path
+from dflash_tasks.core.trainer_view import TrainerView
+from dflash_tasks.core.yields import YieldTally
 
 _BATCH = 256
 _PROBE_REASONING = " ".join(["probe reasoning words"] * 8)

@@ -16,9 +16,9 @@ from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefi
 from dflash_tasks.core.loss_tokens import LossTokenCounter, load_tokenizer
 from dflash_tasks.core.quality import QualitySettings, with_checks
 from dflash_tasks.core.record import Record
+from dflash_tasks.core.row_planner import ExportOptions, earlier_turns_trained
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.output.export import export
-from dflash_tasks.core.row_planner import ExportOptions, earlier_turns_trained
 from dflash_tasks.store import LocalStore
 from tests.output.specforge_rules import validate_file
 from tests.tokenizer_support import PLAIN_TEMPLATE, QWEN3_TEMPLATE, build_model_dir
