@@ -34,9 +34,9 @@ from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefi
 from dflash_tasks.core.loss_tokens import load_tokenizer
 from dflash_tasks.core.quality import QualitySettings, with_checks
 from dflash_tasks.core.record import Record, encode_records
+from dflash_tasks.core.row_planner import ExportOptions
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.output.export import export
-from dflash_tasks.output.planner import ExportOptions
 from dflash_tasks.sim.textgen import _ANSWER_TEXT, _REASONING_TEXT
 from dflash_tasks.store import LocalStore
 from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir

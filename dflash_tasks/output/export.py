@@ -2,7 +2,7 @@
 
 One row per sample (``--layout conversation``) or per generated assistant turn (``per-turn``,
 SpecForge's expanded layout; ``auto``, the default, picks it where the trainer's template would leave
-earlier turns untrained; :mod:`dflash_tasks.output.rows`), in input order, each sample once, in
+earlier turns untrained; :mod:`dflash_tasks.core.export_rows`), in input order, each sample once, in
 the ShareGPT-style layout that SpecForge-style EAGLE3/DFlash pipelines read; every generated
 assistant turn carries its reasoning::
 
@@ -18,7 +18,7 @@ cut lies past the trainer's ``max_length`` are written (the horizon rule); ``--m
 leaves out every truncated row, so SpecForge's validator script accepts the file. Either way every
 other row the trainer would reject is left out (failed, truncated short of the horizon, empty
 answer, think markers, missing reasoning where reasoning is expected, and any
-row breaking SpecForge's validator rules, see :mod:`dflash_tasks.output.trainer_rules`). The
+row breaking SpecForge's validator rules, see :mod:`dflash_tasks.core.trainer_rules`). The
 count per reason is printed; ``--keep REASON`` keeps such rows, ``--keep-failed`` failed ones. A
 manifest (``PATH.manifest.json``) records counts, what was left out and why, filters, the job
 spec and checksums; ``PATH.dropped.jsonl`` lists every row left out, with its reason.
@@ -44,12 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError, DflashError, StoreError
+from dflash_tasks.core.export_rows import DEFAULT_DROPS, LAYOUTS, MODES
 from dflash_tasks.core.quality import CHECKS
+from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
 from dflash_tasks.core.settings import CommonSettings
+from dflash_tasks.core.trainer_rules import REASONS
 from dflash_tasks.core.trainer_view import TrainerView, add_trainer_flags, view_from_args
-from dflash_tasks.output.planner import ExportOptions, RowPlanner
-from dflash_tasks.output.rows import DEFAULT_DROPS, LAYOUTS, MODES
-from dflash_tasks.output.trainer_rules import REASONS
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
 from dflash_tasks.store.records import iter_records

@@ -34,13 +34,13 @@ from dflash_tasks.core.errors import DflashError, StoreError
 from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.quality import CHECKS, evaluate_gates
 from dflash_tasks.core.record import Record
+from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.source_quality import SOURCES_KEY, SourceTally, render_sources
 from dflash_tasks.core.spec_stats import accept_length, spec_counts
 from dflash_tasks.core.trainable import TRAINABLE_KEY, TrainableSummary, trainable_doc
 from dflash_tasks.core.trainer_view import TrainerView, add_trainer_flags, view_from_args
 from dflash_tasks.core.yields import YieldTally
-from dflash_tasks.output.planner import ExportOptions, RowPlanner
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
 from dflash_tasks.store.records import iter_records

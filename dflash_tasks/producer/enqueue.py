@@ -251,6 +251,7 @@ def run_preflight(
         trainer=view_from_args(args, job.trainer),
         thinking=job.spec.thinking,
         preserve_thinking=job.spec.keeps_history_reasoning,
+        job=job,
     )
     print(report.render(), file=sys.stderr)
     if report.passed:

@@ -19,7 +19,7 @@ from typing import Any
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.core.distribution import describe
-from dflash_tasks.core.job import Manifest, output_key
+from dflash_tasks.core.job import JobDefinition, Manifest, output_key
 from dflash_tasks.core.quality import (
     CHECKS,
     GateFailure,
@@ -31,7 +31,9 @@ from dflash_tasks.core.quality import (
 from dflash_tasks.core.source_quality import SourceTally
 from dflash_tasks.core.trainable import TrainableSummary, TrainableTally
 from dflash_tasks.core.trainer_view import TrainerView
+from dflash_tasks.core.yields import YieldTally
 from dflash_tasks.monitoring.progress_bar import format_duration
+from dflash_tasks.producer.preflight_yield import planned_yield, usd_per_million_trainable, what_would_raise
 from dflash_tasks.store import Store
 from dflash_tasks.store.records import read_current
 
@@ -94,6 +96,23 @@ class PreflightReport:
     trainer_note: str = ""  # which tokenizer counted the loss tokens, or why none did
     tuned_workers: int = 0  # of ``workers``, those whose in-flight tuner moves their target
     source_failures: dict[str, list[str]] = field(default_factory=dict)  # source -> gates its samples fail
+    yields: YieldTally | None = None  # the default export's yield on the sample (None without a job)
+    layout: str = ""  # the layout that export would write
+
+    def generated_tokens_per_s(self) -> float:
+        """Completion tokens/s of the full run at the projected rate."""
+        mean = statistics.fmean(self.output_tokens) if self.output_tokens else 0.0
+        return self.projected_rate() * mean
+
+    def usd_per_million_trainable(self) -> float | None:
+        if self.yields is None:
+            return None
+        usd_per_hour = self.workers * self.gpu_hour_usd
+        return usd_per_million_trainable(self.yields, usd_per_hour, self.generated_tokens_per_s())
+
+    def low_yield(self) -> list[str]:
+        """What would raise a projected yield under the target (empty when it is met or unknown)."""
+        return [] if self.yields is None else what_would_raise(self.yields, self.layout)
 
     @property
     def passed(self) -> bool:
@@ -130,6 +149,10 @@ class PreflightReport:
             "trainable": None if self.trainable is None else self.trainable.to_dict(),
             "trainer_note": self.trainer_note,
             "source_failures": self.source_failures or None,
+            "yield": None if self.yields is None else self.yields.to_dict(),
+            "layout": self.layout or None,
+            "usd_per_million_trainable": _rounded(self.usd_per_million_trainable()),
+            "raise_yield": self.low_yield(),
         }
 
     def render(self) -> str:
@@ -151,6 +174,14 @@ class PreflightReport:
             lines.append(f"  {self.trainer_note}")
         if self.trainable is not None:
             lines.append(self.trainable.render())
+        if self.yields is not None:
+            lines.append(self.yields.render())
+            per_m = self.usd_per_million_trainable()
+            if per_m is not None:
+                lines.append(f"  cost              ~${per_m:,.2f} per million trainable tokens")
+            if raise_it := self.low_yield():
+                lines.append(f"  low yield: what would raise it ({self.layout} layout)")
+                lines += [f"    - {line}" for line in raise_it]
         rate = self.projected_rate()
         if rate > 0:
             eta = self.remaining / rate
@@ -194,13 +225,15 @@ def judge(
     thinking: bool = True,
     preserve_thinking: bool = False,
     tuned_workers: int = 0,
+    job: JobDefinition | None = None,
 ) -> PreflightReport:
     """Read the preflight chunks' records (their current ones: repairs included) and apply the
     gates to all but transient failures, which repair rounds regenerate; ``remaining`` counts turns.
 
     With ``trainer``, the ok records' loss tokens are counted under the model's chat template
     (when a tokenizer is at hand) and judged by the ``few_loss_tokens`` and
-    ``truncated_by_trainer`` gates.
+    ``truncated_by_trainer`` gates. With ``job`` too, the records are planned as the default
+    export plans them, for the yield ``report`` and ``export`` would state on them.
     """
     records = [r for chunk in chunks for r in read_current(store, chunk)]
     total, counts = count_checks(judged(records))
@@ -216,6 +249,7 @@ def judge(
     by_source = SourceTally()
     for record in judged(records):
         by_source.add(record)
+    plan = planned_yield(job, trainer, records) if job is not None and trainer is not None else None
     turns = [t for r in records for t in r.turns]
     ok = [t for t in turns if t.ok]
     latencies = [t.latency_s for t in ok]
@@ -239,7 +273,13 @@ def judge(
         source_failures={
             name: [f.message for f in fails] for name, fails in by_source.gate_failures(settings).items()
         },
+        yields=None if plan is None else plan.yields,
+        layout="" if plan is None else plan.layout,
     )
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def wait_for_chunks(

@@ -3,7 +3,7 @@
 SpecForge validates regenerated data before training with ``scripts/validate_regenerated_data.py``
 and ``scripts/conversation_validation.py`` (sgl-project/SpecForge, commit 69e18e6). Those scripts
 are not in SpecForge's PyPI package and CI cannot fetch them, so this module restates their rules
-(written from their source, independently of ``dflash_tasks.output.trainer_rules``, which the
+(written from their source, independently of ``dflash_tasks.core.trainer_rules``, which the
 export itself uses) with the same error messages. It is the oracle the tests hold the export to.
 
 Rules, in the order SpecForge checks them (a failure raises ``ValueError("line N: ...")``):

@@ -16,9 +16,9 @@ from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefi
 from dflash_tasks.core.loss_tokens import LossTokenCounter, load_tokenizer
 from dflash_tasks.core.quality import QualitySettings, with_checks
 from dflash_tasks.core.record import Record
+from dflash_tasks.core.row_planner import ExportOptions, earlier_turns_trained
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.output.export import export
-from dflash_tasks.output.planner import ExportOptions, earlier_turns_trained
 from dflash_tasks.store import LocalStore
 from tests.output.specforge_rules import validate_file
 from tests.tokenizer_support import PLAIN_TEMPLATE, QWEN3_TEMPLATE, build_model_dir
@@ -43,6 +43,7 @@ def turn(i: int, pairs: int, cut: bool = False) -> dict[str, Any]:
             "reasoning_tokens": 0,
         },
         "status": "ok",
+        "latency_s": 2.0,
     }
 
 
@@ -186,3 +187,38 @@ def test_per_turn_parquet_keeps_the_source_of_each_row(job_dir: Path, tmp_path: 
         ("two#turn1", "two", 1),
         ("cut-second#turn0", "cut-second", 0),
     ]
+
+
+def test_the_preflight_states_the_exports_yield_and_what_would_raise_it(
+    job_dir: Path, tmp_path: Path
+) -> None:
+    from dflash_tasks.producer.preflight import judge
+    from dflash_tasks.store.jobfiles import load_job
+
+    doc = export(str(job_dir), tmp_path / "a.jsonl", "jsonl", ExportOptions(), VIEW)
+    store = LocalStore(job_dir)
+    job = load_job(store)
+    assert job is not None
+    report = judge(
+        store,
+        [0],
+        job.quality,
+        10.0,
+        slots=8,
+        workers=2,
+        remaining=100,
+        gpu_hour_usd=3.0,
+        trainer=VIEW,
+        job=job,
+    )
+    stated = report.to_dict()
+    assert stated["yield"] == doc["yield"] and stated["layout"] == "per-turn"
+    ratio = doc["yield"]["yield"]
+    assert ratio < 0.95  # the short cut thought is left out: the preflight names continuation and the budget
+    assert any("continues them" in line and "horizon" in line for line in stated["raise_yield"])
+    per_m = report.usd_per_million_trainable()
+    assert report.yields is not None and report.yields.ratio is not None
+    expected = 2 * 3.0 / 3600 / report.generated_tokens_per_s() * 1e6 / report.yields.ratio
+    assert per_m is not None and per_m == pytest.approx(expected)
+    text = report.render()
+    assert f"yield             {ratio:.3f}" in text and "low yield: what would raise it" in text

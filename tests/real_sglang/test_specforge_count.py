@@ -23,9 +23,9 @@ from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefi
 from dflash_tasks.core.loss_tokens import LossTokenCounter, load_tokenizer
 from dflash_tasks.core.quality import QualitySettings, with_checks
 from dflash_tasks.core.record import Record
+from dflash_tasks.core.row_planner import ExportOptions
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.output.export import export
-from dflash_tasks.output.planner import ExportOptions
 from dflash_tasks.store import LocalStore
 from tests.real_sglang.env import EnvUnavailable
 from tests.real_sglang.specforge_env import ensure_specforge

@@ -2,7 +2,7 @@
 
 ``export`` writes what :meth:`RowPlanner.rows` yields; ``report`` runs the same planner without
 writing, so both state the same yield. Records are taken in batches and their candidate rows
-(:mod:`dflash_tasks.output.rows`) counted together under the trainer's view.
+(:mod:`dflash_tasks.core.export_rows`) counted together under the trainer's view.
 """
 
 from __future__ import annotations
@@ -13,14 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError
-from dflash_tasks.core.job import JobDefinition
-from dflash_tasks.core.loss_tokens import LossTokenCounter, row_messages
-from dflash_tasks.core.record import Record
-from dflash_tasks.core.source_quality import SourceTally
-from dflash_tasks.core.trainable import TrainableSummary, counter_for, served_model_path
-from dflash_tasks.core.trainer_view import TrainerView
-from dflash_tasks.core.yields import YieldTally
-from dflash_tasks.output.rows import (
+from dflash_tasks.core.export_rows import (
     LAYOUTS,
     MODES,
     Candidate,
@@ -29,6 +22,13 @@ from dflash_tasks.output.rows import (
     per_turn_candidates,
     within_horizon,
 )
+from dflash_tasks.core.job import JobDefinition
+from dflash_tasks.core.loss_tokens import LossTokenCounter, row_messages
+from dflash_tasks.core.record import Record
+from dflash_tasks.core.source_quality import SourceTally
+from dflash_tasks.core.trainable import TrainableSummary, counter_for, served_model_path
+from dflash_tasks.core.trainer_view import TrainerView
+from dflash_tasks.core.yields import YieldTally
 
 _BATCH = 256
 _PROBE_REASONING = " ".join(["probe reasoning words"] * 8)

@@ -26,7 +26,7 @@ from typing import Any
 from dflash_tasks.core.loss_tokens import LossTokenCounter, RowTokens, row_messages
 from dflash_tasks.core.quality import QualitySettings, check_record
 from dflash_tasks.core.record import Record, Turn
-from dflash_tasks.output.trainer_rules import row_problem
+from dflash_tasks.core.trainer_rules import row_problem
 
 LAYOUTS = ("auto", "conversation", "per-turn")
 MODES = ("trainer", "validator")

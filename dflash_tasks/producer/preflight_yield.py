@@ -1,0 +1,74 @@
+"""The preflight's projected trainable yield: the default export's rows planned on its sample.
+
+The sample's records go through the same :class:`RowPlanner` as ``export`` and ``report``, so the
+figure is the one they would state on those records. A yield under :data:`YIELD_TARGET` is named
+with what would raise it, read from where the rest of the generated tokens went.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from dflash_tasks.core.job import JobDefinition
+from dflash_tasks.core.record import Record
+from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
+from dflash_tasks.core.trainer_view import TrainerView
+from dflash_tasks.core.yields import YieldTally, cost_per_million_trainable
+
+YIELD_TARGET = 0.95  # below this share of generated tokens trained on, the preflight says why
+
+
+def planned_yield(job: JobDefinition, view: TrainerView, records: Iterable[Record]) -> RowPlanner:
+    """The default export's plan of ``records`` (``report`` plans the same): its ``yields``, ``layout``."""
+    planner = RowPlanner(job, view, ExportOptions())
+    for _ in planner.rows(records):
+        pass
+    return planner
+
+
+def what_would_raise(tally: YieldTally, layout: str) -> list[str]:
+    """What raises a yield under the target, largest loss first; empty at or above it."""
+    ratio = tally.ratio
+    if ratio is None or ratio >= YIELD_TARGET or not tally.generated:
+        return []
+    losses: list[tuple[int, str]] = []
+    cut = tally.dropped.get("truncated", 0)
+    if cut:
+        losses.append(
+            (
+                cut,
+                "thoughts cut at max_tokens short of the trainer's horizon: `enqueue --wait` continues "
+                "them in its repair rounds (continuation); a budget at the horizon (--max-tokens at "
+                "least --train-max-length) cuts none short of it",
+            )
+        )
+    if tally.counted and tally.untrained > 0:
+        fix = (
+            "earlier assistant turns the trainer's template leaves untrained: export --layout per-turn"
+            if layout != "per-turn"
+            else "turns the trainer's template leaves untrained"
+        )
+        losses.append((tally.untrained, fix))
+    if tally.lost_to_max_length:
+        losses.append(
+            (
+                tally.lost_to_max_length,
+                "tokens past the trainer's max_length: a --max-tokens budget at the trainer's horizon "
+                "stops paying for them",
+            )
+        )
+    other = {k: v for k, v in tally.dropped.items() if k != "truncated" and v}
+    for reason, n in sorted(other.items(), key=lambda kv: -kv[1]):
+        losses.append((n, f"rows left out as {reason}"))
+    ranked = sorted(losses, reverse=True)
+    return [f"{n / tally.generated:.1%} of generated tokens: {fix}" for n, fix in ranked]
+
+
+def usd_per_million_trainable(
+    tally: YieldTally, usd_per_hour: float, generated_tokens_per_s: float
+) -> float | None:
+    """A million trainable tokens' cost at the projected rate; None without a price, a rate or a yield."""
+    if usd_per_hour <= 0 or generated_tokens_per_s <= 0:
+        return None
+    per_million_generated = usd_per_hour / 3600 / generated_tokens_per_s * 1e6
+    return cost_per_million_trainable(tally.ratio, per_million_generated)
