@@ -106,3 +106,8 @@ def test_credentials() -> None:
     made = Credentials.from_setting("")
     assert made.generated and made.user == "admin" and len(made.password) >= 16
     assert made.password not in repr(made)
+
+
+def test_the_samples_form_keeps_the_source_filter() -> None:
+    html = list_page(Page((), None, 0, 0), SampleFilter(source="math<"), {"source": "math<"})
+    assert "name='source' value='math&lt;'" in html
