@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 from dflash_tasks.monitoring.page.layout import esc, figure, frame, key_values, table
 from dflash_tasks.monitoring.progress_bar import format_duration
@@ -180,12 +181,40 @@ def _failures(doc: Mapping[str, Any], repair_rounds: Mapping[int, int]) -> str:
             ),
             ("repaired samples", figure("samples.repaired", s["repaired"])),
             ("repair rounds", esc(rounds or "none")),
-            (
-                "by cause and kind",
-                "<a href='/samples?outcome=failed'>the failed samples</a>, each with its error and kind",
-            ),
         ]
-    )
+    ) + failure_breakdown(doc)
+
+
+def failure_breakdown(doc: Mapping[str, Any]) -> str:
+    """Failed samples by kind (permanent, transient), per input source: the figures ``report``
+    counted (``sources.NAME.failures``), the only breakdown the document carries."""
+    sources = doc.get("sources") or {}
+    if not sources:
+        return (
+            "<p class='muted'>failures by kind are counted per input source by <code>report</code> "
+            "(a job of several sources); <a href='/samples?outcome=failed'>the failed samples</a> "
+            "each show their error and kind</p>"
+        )
+    rows = []
+    for name, figures in sources.items():
+        failures = figures.get("failures")
+        href = esc("/samples?" + urlencode({"outcome": "failed", "source": name}))
+        if failures is None:
+            rows.append([esc(name), "<span class='muted'>not counted yet (run report)</span>", ""])
+            continue
+        kinds = ", ".join(
+            f"{esc(kind)} {figure(f'sources.{name}.failures.{kind}', n, f'{n:,}')}"
+            for kind, n in sorted(failures.items())
+        )
+        failed = figures.get("failed")
+        rows.append(
+            [
+                f"<a href='{href}'>{esc(name)}</a>",
+                figure(f"sources.{name}.failed", failed),
+                esc("none") if not kinds else kinds,
+            ]
+        )
+    return "<h3>failures by kind, per input source</h3>" + table(["source", "failed", "by kind"], rows)
 
 
 def gpu_table(workers: list[dict[str, Any]]) -> str:

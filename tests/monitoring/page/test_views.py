@@ -14,7 +14,7 @@ from dflash_tasks.core.loss_tokens import LossTokenCounter, load_tokenizer, row_
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.monitoring.page.auth import Credentials
 from dflash_tasks.monitoring.page.pager import Found, Page, SampleFilter
-from dflash_tasks.monitoring.page.run_view import gate_shares, yield_sections
+from dflash_tasks.monitoring.page.run_view import failure_breakdown, gate_shares, yield_sections
 from dflash_tasks.monitoring.page.samples_view import list_page, sample_page
 from dflash_tasks.monitoring.page.svg import throughput_svg
 from dflash_tasks.monitoring.page.trainer_marks import TrainerLens, TrainerSight
@@ -111,3 +111,19 @@ def test_credentials() -> None:
 def test_the_samples_form_keeps_the_source_filter() -> None:
     html = list_page(Page((), None, 0, 0), SampleFilter(source="math<"), {"source": "math<"})
     assert "name='source' value='math&lt;'" in html
+
+
+def test_failures_by_kind_come_from_each_sources_counted_failures() -> None:
+    doc: dict[str, Any] = {
+        "sources": {
+            "code": {"staged_samples": 10, "failed": 4, "failures": {"permanent": 1, "transient": 3}},
+            "math": {"staged_samples": 5},  # not counted by report yet
+        }
+    }
+    html = failure_breakdown(doc)
+    assert "data-figure='sources.code.failures.transient' data-value='3'" in html
+    assert "data-figure='sources.code.failures.permanent' data-value='1'" in html
+    assert "/samples?outcome=failed&amp;source=code" in html
+    assert "math" in html and "not counted yet" in html
+    none = failure_breakdown({"sources": None})
+    assert "data-figure" not in none and "report" in none
