@@ -134,7 +134,7 @@ def cost_per_million_trainable(doc: Mapping[str, Any]) -> float | None:
     if usd is None or not total:
         return None
     done = (doc.get("samples") or {}).get("done")
-    trainable = total * done / samples if samples and done else total
+    trainable = float(total) * done / samples if samples and done else float(total)
     return float(usd) / trainable * 1e6
 
 
@@ -235,7 +235,7 @@ def failure_breakdown(doc: Mapping[str, Any]) -> str:
             [
                 f"<a href='{href}'>{esc(name)}</a>",
                 figure(f"sources.{name}.failed", failed),
-                esc("none") if not kinds else kinds,
+                kinds or "none",
             ]
         )
     return "<h3>failures by kind, per input source</h3>" + table(["source", "failed", "by kind"], rows)
