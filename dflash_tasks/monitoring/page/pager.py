@@ -64,6 +64,7 @@ class SampleFilter:
     min_tokens: int | None = None  # completion tokens, summed over the turns
     max_tokens: int | None = None
     id_contains: str = ""
+    source: str = ""  # the input source, in a job of several sources
 
     def __post_init__(self) -> None:
         if self.outcome and self.outcome not in OUTCOMES:
@@ -77,6 +78,7 @@ class SampleFilter:
             and (self.min_tokens is None or tokens >= self.min_tokens)
             and (self.max_tokens is None or tokens <= self.max_tokens)
             and (not self.id_contains or self.id_contains in record.id)
+            and (not self.source or record.source == self.source)
         )
 
 

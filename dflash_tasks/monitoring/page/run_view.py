@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 from dflash_tasks.monitoring.page.layout import esc, figure, frame, key_values, table
 from dflash_tasks.monitoring.progress_bar import format_duration
@@ -27,7 +28,7 @@ def run_page(doc: Mapping[str, Any], repair_rounds: Mapping[int, int]) -> str:
         f"{figure('updated_at_iso', doc['updated_at_iso'])} by {esc(doc.get('writer') or '?')}</p>",
         _progress(doc),
         "<h2>cost</h2>",
-        _cost(doc),
+        cost_section(doc),
         "<h2>what the trainer gets</h2>",
         _yield(doc),
         "<h2>quality gates</h2>",
@@ -96,7 +97,7 @@ def _usd(x: float | None) -> str:
     return "-" if x is None else f"${x:,.2f}"
 
 
-def _cost(doc: Mapping[str, Any]) -> str:
+def cost_section(doc: Mapping[str, Any]) -> str:
     cost = doc["cost"]
     price, projected = cost["gpu_hour_usd"], cost["projected_total_usd"]
     return key_values(
@@ -116,8 +117,32 @@ def _cost(doc: Mapping[str, Any]) -> str:
                 figure("cost.usd", cost["usd"], "-" if cost["usd"] is None else f"${cost['usd']:,.2f}"),
             ),
             ("projected total", figure("cost.projected_total_usd", projected, _usd(projected))),
+            ("per million trainable tokens", _per_million(doc)),
         ]
     )
+
+
+def cost_per_million_trainable(doc: Mapping[str, Any]) -> float | None:
+    """USD spent per million trainable (loss) tokens, or None without a spend or a count.
+
+    The spend covers the done samples and ``trainable_tokens`` its ``counted_samples``; a count
+    of fewer samples is scaled to the done ones by its mean.
+    """
+    usd = (doc.get("cost") or {}).get("usd")
+    counted = doc.get("trainable_tokens") or {}
+    total, samples = counted.get("total_loss_tokens"), counted.get("counted_samples")
+    if usd is None or not total:
+        return None
+    done = (doc.get("samples") or {}).get("done")
+    trainable = float(total) * done / samples if samples and done else float(total)
+    return float(usd) / trainable * 1e6
+
+
+def _per_million(doc: Mapping[str, Any]) -> str:
+    value = cost_per_million_trainable(doc)
+    if value is None:
+        return "<span class='muted'>not counted yet (a price and a trainable-token count)</span>"
+    return figure("cost_per_million_trainable_usd", round(value, 4), f"${value:,.2f}")
 
 
 def yield_sections(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -180,12 +205,40 @@ def _failures(doc: Mapping[str, Any], repair_rounds: Mapping[int, int]) -> str:
             ),
             ("repaired samples", figure("samples.repaired", s["repaired"])),
             ("repair rounds", esc(rounds or "none")),
-            (
-                "by cause and kind",
-                "<a href='/samples?outcome=failed'>the failed samples</a>, each with its error and kind",
-            ),
         ]
-    )
+    ) + failure_breakdown(doc)
+
+
+def failure_breakdown(doc: Mapping[str, Any]) -> str:
+    """Failed samples by kind (permanent, transient), per input source: the figures ``report``
+    counted (``sources.NAME.failures``), the only breakdown the document carries."""
+    sources = doc.get("sources") or {}
+    if not sources:
+        return (
+            "<p class='muted'>failures by kind are counted per input source by <code>report</code> "
+            "(a job of several sources); <a href='/samples?outcome=failed'>the failed samples</a> "
+            "each show their error and kind</p>"
+        )
+    rows = []
+    for name, figures in sources.items():
+        failures = figures.get("failures")
+        href = esc("/samples?" + urlencode({"outcome": "failed", "source": name}))
+        if failures is None:
+            rows.append([esc(name), "<span class='muted'>not counted yet (run report)</span>", ""])
+            continue
+        kinds = ", ".join(
+            f"{esc(kind)} {figure(f'sources.{name}.failures.{kind}', n, f'{n:,}')}"
+            for kind, n in sorted(failures.items())
+        )
+        failed = figures.get("failed")
+        rows.append(
+            [
+                f"<a href='{href}'>{esc(name)}</a>",
+                figure(f"sources.{name}.failed", failed),
+                kinds or "none",
+            ]
+        )
+    return "<h3>failures by kind, per input source</h3>" + table(["source", "failed", "by kind"], rows)
 
 
 def gpu_table(workers: list[dict[str, Any]]) -> str:

@@ -72,6 +72,7 @@ def _filters(wanted: SampleFilter) -> str:
         + box("min_tokens", wanted.min_tokens, "min tokens")
         + box("max_tokens", wanted.max_tokens, "max tokens")
         + box("id", wanted.id_contains, "id contains")
+        + box("source", wanted.source, "input source")
         + "<button type='submit'>filter</button> <a href='/samples/random'>a random one</a></form>"
     )
 

@@ -98,6 +98,7 @@ class SamplesHandler(PageHandler):
                 min_tokens=_int_arg(self, "min_tokens"),
                 max_tokens=_int_arg(self, "max_tokens"),
                 id_contains=self.get_argument("id", ""),
+                source=self.get_argument("source", ""),
             )
             start = Cursor.parse(self.get_argument("from", "0.0"))
         except ValueError as exc:
@@ -105,7 +106,7 @@ class SamplesHandler(PageHandler):
         page = read_page(self.source.store, wanted, start)
         query = {
             k: self.get_argument(k)
-            for k in ("outcome", "check", "min_tokens", "max_tokens", "id")
+            for k in ("outcome", "check", "min_tokens", "max_tokens", "id", "source")
             if self.get_argument(k, "")
         }
         self.html(list_page(page, wanted, query))

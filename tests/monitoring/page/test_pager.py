@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,11 @@ def test_cursors_and_filters_reject_bad_input() -> None:
             Cursor.parse(bad)
     with pytest.raises(ValueError, match="outcome must be one of"):
         SampleFilter(outcome="weird")
+
+
+def test_the_source_filter_selects_the_samples_of_one_input_source(tmp_path: Path) -> None:
+    records = [replace(make_record(f"s{i}"), source="math" if i % 2 else "code") for i in range(4)]
+    store = store_with(tmp_path, {0: [*records, make_record("plain")]})
+    assert [f.record.id for f in read_page(store, SampleFilter(source="math")).rows] == ["s1", "s3"]
+    assert [f.record.id for f in read_page(store, SampleFilter(source="code")).rows] == ["s0", "s2"]
+    assert len(read_page(store, SampleFilter()).rows) == 5

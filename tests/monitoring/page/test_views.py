@@ -14,7 +14,13 @@ from dflash_tasks.core.loss_tokens import LossTokenCounter, load_tokenizer, row_
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.monitoring.page.auth import Credentials
 from dflash_tasks.monitoring.page.pager import Found, Page, SampleFilter
-from dflash_tasks.monitoring.page.run_view import gate_shares, yield_sections
+from dflash_tasks.monitoring.page.run_view import (
+    cost_per_million_trainable,
+    cost_section,
+    failure_breakdown,
+    gate_shares,
+    yield_sections,
+)
 from dflash_tasks.monitoring.page.samples_view import list_page, sample_page
 from dflash_tasks.monitoring.page.svg import throughput_svg
 from dflash_tasks.monitoring.page.trainer_marks import TrainerLens, TrainerSight
@@ -106,3 +112,41 @@ def test_credentials() -> None:
     made = Credentials.from_setting("")
     assert made.generated and made.user == "admin" and len(made.password) >= 16
     assert made.password not in repr(made)
+
+
+def test_the_samples_form_keeps_the_source_filter() -> None:
+    html = list_page(Page((), None, 0, 0), SampleFilter(source="math<"), {"source": "math<"})
+    assert "name='source' value='math&lt;'" in html
+
+
+def test_failures_by_kind_come_from_each_sources_counted_failures() -> None:
+    doc: dict[str, Any] = {
+        "sources": {
+            "code": {"staged_samples": 10, "failed": 4, "failures": {"permanent": 1, "transient": 3}},
+            "math": {"staged_samples": 5},  # not counted by report yet
+        }
+    }
+    html = failure_breakdown(doc)
+    assert "data-figure='sources.code.failures.transient' data-value='3'" in html
+    assert "data-figure='sources.code.failures.permanent' data-value='1'" in html
+    assert "/samples?outcome=failed&amp;source=code" in html
+    assert "math" in html and "not counted yet" in html
+    none = failure_breakdown({"sources": None})
+    assert "data-figure" not in none and "report" in none
+
+
+def test_cost_per_million_trainable_tokens_needs_both_the_spend_and_the_count() -> None:
+    counted = {"counted_samples": 100, "total_loss_tokens": 2_000_000}
+    doc: dict[str, Any] = {"samples": {"done": 100}, "cost": {"usd": 5.0}, "trainable_tokens": counted}
+    assert cost_per_million_trainable(doc) == pytest.approx(2.5)
+    # spend covers 200 done samples, the count 100 of them: the count is scaled to the done ones
+    doc["samples"]["done"] = 200
+    assert cost_per_million_trainable(doc) == pytest.approx(1.25)
+    assert cost_per_million_trainable({**doc, "cost": {"usd": None}}) is None
+    assert cost_per_million_trainable({**doc, "trainable_tokens": None}) is None
+    zero = {**counted, "total_loss_tokens": 0}
+    assert cost_per_million_trainable({**doc, "trainable_tokens": zero}) is None
+    cost = {"gpus": 1, "gpu_hours": 1.0, "gpu_hour_usd": 5.0, "usd": 5.0, "projected_total_usd": 9.0}
+    shown = cost_section({**doc, "cost": cost})
+    assert "data-figure='cost_per_million_trainable_usd' data-value='1.25'" in shown
+    assert "not counted yet" in cost_section({**doc, "cost": cost, "trainable_tokens": None})
