@@ -6,8 +6,8 @@ from __future__ import annotations
 from dflash_tasks.core.job import GenerationSpec, JobDefinition
 from dflash_tasks.core.quality import QualitySettings, with_checks
 from dflash_tasks.core.record import Record
-from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
+from dflash_tasks.core.trainer_view import TrainerView
 from tests.core.test_continuation import continued, cut
 
 
