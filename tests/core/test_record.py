@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from dflash_tasks.core.errors import BadRecord, StoreError
+from dflash_tasks.core.loss_counts import LossCounts
 from dflash_tasks.core.record import Record, Turn, Usage, decode_records, encode_records, outcome_of
 from dflash_tasks.core.states import FailureKind, Outcome, RecordStatus
 
