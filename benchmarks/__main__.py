@@ -20,7 +20,7 @@ from typing import Any
 
 from benchmarks.common import RESULTS_DIR, Benchmark, Figures, Options, median_figures, say
 
-NAMES = ("saturation", "scale", "overhead", "tune", "loss_tokens", "yield", "continuation")
+NAMES = ("saturation", "scale", "overhead", "tune", "loss_tokens", "yield", "continuation", "stored_counts")
 #: Benchmarks whose module is not named after them (``yield`` is a keyword).
 MODULES = {"yield": "trainable_yield"}
 

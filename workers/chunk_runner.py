@@ -24,8 +24,8 @@ from workers.flow.request_pool import RequestPool
 from workers.generation import RetryPolicy, WorkerIdentity
 from workers.identity import ServerModel
 from workers.listener import NO_LISTENER, WorkerListener
-from workers.loss_counting import LossCountCache
 from workers.live_gate import record_chunk_and_judge
+from workers.loss_counting import LossCountCache
 from workers.recovery.leases import LeaseKeeper
 from workers.recovery.retrying import retry_transient
 from workers.sglang_client import SGLangClient

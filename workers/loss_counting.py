@@ -26,12 +26,20 @@ class LossCountCache:
     def __init__(self) -> None:
         self._counters: dict[tuple[str, str], RecordCounter | None] = {}
 
-    def counted(self, job_id: str, job: JobDefinition, model_path: str | None, records: list[Record]) -> list[Record]:
+    def counted(
+        self, job_id: str, job: JobDefinition, model_path: str | None, records: list[Record]
+    ) -> list[Record]:
         """``records`` with their loss counts, or unchanged when no tokenizer is at hand."""
         if not model_path:
             return records
         counter = self._counter(job_id, job, model_path)
-        return records if counter is None else counter.counted(records)
+        if counter is None:
+            return records
+        try:
+            return counter.counted(records)
+        except Exception as exc:  # the count is optional: the chunk is stored without it
+            log.warning("loss tokens not counted for a chunk of job %s: %s", job_id, type(exc).__name__)
+            return records
 
     def _counter(self, job_id: str, job: JobDefinition, model_path: str) -> RecordCounter | None:
         key = (job_id, model_path)

@@ -54,7 +54,11 @@ class LossCounts:
         """Read a stored value; ValueError names what is wrong (the record's reader adds where)."""
         if not isinstance(doc, Mapping) or not isinstance(doc.get("view"), str):
             raise ValueError("an object with a string 'view'")
-        return cls(doc["view"], _rows(doc.get("conversation"), "conversation"), _rows(doc.get("per_turn"), "per_turn"))
+        return cls(
+            doc["view"],
+            _rows(doc.get("conversation"), "conversation"),
+            _rows(doc.get("per_turn"), "per_turn"),
+        )
 
 
 def _rows(value: Any, name: str) -> tuple[tuple[int, ...], ...]:
