@@ -10,6 +10,7 @@ directory here, or the job names a tokenizer of its own, nothing is stored and `
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from dflash_tasks.core.errors import ConfigError
@@ -25,6 +26,7 @@ class LossCountCache:
 
     def __init__(self) -> None:
         self._counters: dict[tuple[str, str], RecordCounter | None] = {}
+        self._lock = threading.Lock()  # chunks run in threads; transformers' lazy imports are not safe
 
     def counted(
         self, job_id: str, job: JobDefinition, model_path: str | None, records: list[Record]
@@ -43,9 +45,10 @@ class LossCountCache:
 
     def _counter(self, job_id: str, job: JobDefinition, model_path: str) -> RecordCounter | None:
         key = (job_id, model_path)
-        if key not in self._counters:
-            self._counters[key] = _load(job, model_path)
-        return self._counters[key]
+        with self._lock:
+            if key not in self._counters:
+                self._counters[key] = _load(job, model_path)
+            return self._counters[key]
 
 
 def _load(job: JobDefinition, model_path: str) -> RecordCounter | None:

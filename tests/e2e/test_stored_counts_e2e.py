@@ -52,7 +52,7 @@ def test_stored_counts_equal_the_recount_and_need_no_tokenizer(procs: Processes,
     counts = [r["loss_counts"] for r in records]
     assert all(f"tokenizer={model_dir};" in c["view"] and "max_length=4096" in c["view"] for c in counts)
     assert all(
-        len(c["per_turn"]) == sum(t["status"] == "success" for t in r["turns"])
+        len(c["per_turn"]) == sum(t["status"] == "ok" for t in r["turns"])
         for r, c in zip(records, counts, strict=True)
     )
     assert sum(c["conversation"][0][1] for c in counts if c["conversation"]) > 0
