@@ -7,15 +7,15 @@ tokens on the tests' tiny Qwen3-style tokenizer, ``benchmarks/trainable_yield.py
 counted once as the worker counts them (``count_ms_per_record``: the worker's cost per record),
 then repeated under fresh ids up to ``samples`` (default 1,000,000; ``--quick`` 100,000) in chunks
 of 500. Then, each in its own process: ``python -m dflash_tasks.export`` (jsonl) and
-``python -m dflash_tasks.report --json``: wall time and peak memory (``ru_maxrss``) of each, and
-the export's yield against a recount of the ``distinct`` samples without stored counts.
+``python -m dflash_tasks.report --json``: wall time and peak memory (``VmHWM``, sampled every
+0.2 s) of each, and the export's yield against a recount of the ``distinct`` samples without
+stored counts.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -53,17 +53,25 @@ def _write(root: Path, job: JobDefinition, distinct: list[Record], samples: int)
 
 
 def _timed(*argv: str) -> tuple[float, float, str]:
-    """Seconds, peak RSS in MiB and stdout of one command in its own process."""
+    """Seconds, peak RSS in MiB (``VmHWM``, read while it runs) and stdout of one command."""
     started = time.monotonic()
+    peak_kib = 0
     with tempfile.TemporaryFile() as out:
         proc = subprocess.Popen([sys.executable, *argv], stdout=out, stderr=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        status = Path(f"/proc/{proc.pid}/status")
+        while proc.poll() is None:
+            try:
+                lines = status.read_text().splitlines()
+            except OSError:
+                break
+            peak_kib = max([peak_kib, *(int(x.split()[1]) for x in lines if x.startswith("VmHWM:"))])
+            time.sleep(0.2)
+        proc.wait()
         seconds = time.monotonic() - started
         out.seek(0)
         text = out.read().decode()
     check(proc.returncode == 0, f"{' '.join(argv)} exited {proc.returncode}")
-    return seconds, usage.ru_maxrss / 1024, text
+    return seconds, peak_kib / 1024, text
 
 
 def _export_yield(root: Path, to: Path) -> tuple[float, float, dict[str, Any]]:
