@@ -20,7 +20,17 @@ from typing import Any
 
 from benchmarks.common import RESULTS_DIR, Benchmark, Figures, Options, median_figures, say
 
-NAMES = ("saturation", "scale", "overhead", "tune", "loss_tokens", "yield", "continuation", "page")
+NAMES = (
+    "saturation",
+    "scale",
+    "overhead",
+    "tune",
+    "loss_tokens",
+    "yield",
+    "continuation",
+    "page",
+    "stored_counts",
+)
 #: Benchmarks whose module is not named after them (``yield`` is a keyword).
 MODULES = {"yield": "trainable_yield"}
 

@@ -25,6 +25,7 @@ from workers.generation import RetryPolicy, WorkerIdentity
 from workers.identity import ServerModel
 from workers.listener import NO_LISTENER, WorkerListener
 from workers.live_gate import record_chunk_and_judge
+from workers.loss_counting import LossCountCache
 from workers.recovery.leases import LeaseKeeper
 from workers.recovery.retrying import retry_transient
 from workers.sglang_client import SGLangClient
@@ -71,6 +72,7 @@ class ChunkContext:
     store_retry_seconds: float  # how long the chunk's store write, then its completion, are retried
     server: ServerModel  # what the server serves: a chunk of another model is never generated
     listener: WorkerListener = NO_LISTENER  # metrics and live progress (workers.listener)
+    loss_counts: LossCountCache = dataclasses.field(default_factory=LossCountCache)
 
 
 def job_of_chunk(ctx: ChunkContext, job_id: str, chunk: int) -> JobHandle:
@@ -153,6 +155,9 @@ def _store_chunk(
     quality = job.definition.quality
     thinking = job.definition.spec.thinking
     records = [with_checks(r, thinking, quality) for r in generated]
+    served = ctx.server.current
+    model_path = served.model_path if served is not None else None
+    records = ctx.loss_counts.counted(job_id, job.definition, model_path, records)
     gated = judged(records)  # the live gate leaves transient failures to the repair rounds
     checks: Counter[str] = Counter()
     for record in gated:

@@ -146,6 +146,9 @@ def _store_round(
     job = ctx.jobs.get(job_id)
     quality, thinking = job.definition.quality, job.definition.spec.thinking
     records = [with_checks(r, thinking, quality) for r in generated]
+    served = ctx.server.current
+    model_path = served.model_path if served is not None else None
+    records = ctx.loss_counts.counted(job_id, job.definition, model_path, records)
     key = repair_key(unit.chunk, unit.round)
     where = f"repair round {unit.round} of chunk {unit.chunk} of job {job_id}"
     data = encode_records(records)

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dflash_tasks.core.errors import BadRecord
+from dflash_tasks.core.loss_counts import LossCounts
 from dflash_tasks.core.states import FailureKind, Outcome, RecordStatus
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False)
@@ -210,6 +211,8 @@ class Record:
     attempts: int = 0  # summed over the turns
     repair: int | None = None  # the repair round that wrote it; None: the chunk's first pass
     checks: tuple[str, ...] | None = None  # the union of the turns' checks; None before they ran
+    #: The trainer's view of its rows, counted by the worker (:mod:`dflash_tasks.core.loss_counts`).
+    loss_counts: LossCounts | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this code does not know, as read
 
     @property
@@ -252,7 +255,11 @@ class Record:
         }
         if self.repair is not None:
             doc["repair"] = self.repair
-        return _with_checks_and_extra(doc, self.checks, self.extra)
+        if self.checks is not None:
+            doc["checks"] = list(self.checks)
+        if self.loss_counts is not None:
+            doc["loss_counts"] = self.loss_counts.to_dict()
+        return _with_checks_and_extra(doc, None, self.extra)
 
     def to_json(self) -> str:
         """The record's line (without the newline): the one encoding of an output record."""
@@ -511,5 +518,16 @@ def _record(doc: Any) -> Record:
         attempts=_int(doc, "attempts", "") or 0,
         repair=_int(doc, "repair", ""),
         checks=_checks(doc, ""),
+        loss_counts=_loss_counts(doc),
         extra=_extra(doc, known),
     )
+
+
+def _loss_counts(doc: Mapping[str, Any]) -> LossCounts | None:
+    value = doc.get("loss_counts")
+    if value is None:
+        return None
+    try:
+        return LossCounts.from_dict(value)
+    except ValueError as exc:
+        raise _Invalid("loss_counts", f"loss_counts: expected {exc}") from None

@@ -23,9 +23,11 @@ from dflash_tasks.core.export_rows import (
     within_horizon,
 )
 from dflash_tasks.core.job import JobDefinition
+from dflash_tasks.core.loss_counts import view_key
 from dflash_tasks.core.loss_tokens import LossTokenCounter, row_messages
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.source_quality import SourceTally
+from dflash_tasks.core.stored_counts import stored_tokens
 from dflash_tasks.core.trainable import TrainableSummary, counter_for, served_model_path
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.core.yields import YieldTally
@@ -102,6 +104,8 @@ class RowPlanner:
         self.layout = options.layout
         self.note = ""  # which tokenizer counts, or why none does
         self._counter: LossTokenCounter | None = None
+        self._stored_key: str | None = None  # the view under which a worker's stored count applies
+        self.stored_rows = 0  # rows whose count the workers stored (not re-tokenized)
         self._resolved = False
         self._seen: set[str] = set()
 
@@ -111,12 +115,17 @@ class RowPlanner:
 
     @property
     def counted(self) -> bool:
-        return self._counter is not None
+        """Whether loss tokens were counted (here, or by the workers and stored with the records)."""
+        return self._resolved and self.yields.counted
 
     def _resolve(self, record: Record) -> None:
         """Pick the tokenizer (at the first record) and, under ``auto``, the layout."""
         self._resolved = True
         served = served_model_path([record])
+        tokenizer = self.view.tokenizer or served
+        if tokenizer is not None:
+            self._stored_key = view_key(self.view, tokenizer, self.thinking, self.preserve)
+        stored = stored_tokens(record, self._stored_key, False) is not None
         whole, self.note = counter_for(self.view, self.thinking, served, self.preserve)
         if self.layout == "auto" and self.options.mode == "validator":
             self.layout = "conversation"  # the validator reads whole conversations (expand after it)
@@ -133,7 +142,9 @@ class RowPlanner:
             self.note += " (per-turn rows: the last assistant turn of each)"
         else:
             self._counter = whole
-        self.yields.counted = self._counter is not None
+        self.yields.counted = self._counter is not None or stored
+        if stored and whole is None:
+            self.note = f"loss tokens counted by the workers with the tokenizer at {tokenizer} (stored)"
 
     def rows(self, records: Iterable[Record]) -> Iterator[dict[str, Any]]:
         """The rows to write, in input order; counts and yields fill in as they go."""
@@ -176,12 +187,27 @@ class RowPlanner:
         if self.per_turn:
             # auto: a sample of one generated turn keeps its own id (the row is the same either way)
             plain = o.layout == "auto" and sum(t.ok for t in record.turns) == 1
-            return [*failed, *per_turn_candidates(record, self.thinking, o.drop_checks, plain)]
-        keep_sources = "source_answers" in o.keep
-        return [conversation_candidate(record, self.thinking, o.drop_checks, keep_sources)]
+            rows = per_turn_candidates(record, self.thinking, o.drop_checks, plain)
+        else:
+            keep_sources = "source_answers" in o.keep
+            rows = [conversation_candidate(record, self.thinking, o.drop_checks, keep_sources)]
+        self._attach_stored(record, rows)
+        return [*failed, *rows]
+
+    def _attach_stored(self, record: Record, rows: list[Candidate]) -> None:
+        """Give each row the count the worker stored with the record, under this view."""
+        stored = stored_tokens(record, self._stored_key, self.per_turn)
+        if stored is None or len(stored) != len(rows):
+            return
+        for c, tokens in zip(rows, stored, strict=True):
+            c.tokens = tokens
+        self.stored_rows += len(rows)
 
     def _settle(self, batch: list[_Planned]) -> Iterator[dict[str, Any]]:
-        count(self._counter, [c for c in batch if isinstance(c, Candidate)])
+        uncounted = [c for c in batch if isinstance(c, Candidate) and c.tokens is None]
+        count(self._counter, uncounted)
+        if self._counter is None and uncounted:
+            self.yields.counted = False  # a record without a stored count, and no tokenizer here
         for c in batch:
             if isinstance(c, dict):  # a failed record kept by --keep-failed
                 yield c

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from dflash_tasks.core.errors import BadRecord, StoreError
+from dflash_tasks.core.loss_counts import LossCounts
 from dflash_tasks.core.record import Record, Turn, Usage, decode_records, encode_records, outcome_of
 from dflash_tasks.core.states import FailureKind, Outcome, RecordStatus
 
@@ -202,6 +203,32 @@ def test_a_malformed_line_raises_an_error_naming_the_field(line: str, field: str
     assert (caught.value.field, caught.value.cause) == (field, cause)
     assert str(caught.value) == f"outputs/chunk-000001.jsonl:4: not a valid output record ({cause})"
     assert isinstance(caught.value, StoreError)  # a damaged store: permanent, never retried
+
+
+def test_loss_counts_are_written_only_when_counted_and_read_back() -> None:
+    r = replace(record(), checks=())
+    assert "loss_counts" not in r.to_dict()
+    row = (90, 40, 40, 1, 0, 88)
+    counted = replace(r, loss_counts=LossCounts("tokenizer=/m;max_length=4096", (row,), (row,)))
+    assert list(counted.to_dict())[-2:] == ["checks", "loss_counts"]
+    assert counted.to_dict()["loss_counts"]["conversation"] == [[90, 40, 40, 1, 0, 88]]
+    assert Record.from_json(counted.to_json()) == counted
+    assert Record.from_json(counted.to_json()).to_json() == counted.to_json()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        '"x"',
+        '{"view": 3}',
+        '{"view": "v", "conversation": [[1, 2]], "per_turn": []}',
+        '{"view": "v", "conversation": [], "per_turn": [[1, 2, 3, 4, 5, -1]]}',
+    ],
+)
+def test_malformed_loss_counts_name_the_field(value: str) -> None:
+    with pytest.raises(BadRecord) as caught:
+        Record.from_json('{"id": "a", "loss_counts": ' + value + "}", "outputs/chunk-000001.jsonl:4")
+    assert caught.value.field == "loss_counts" and caught.value.cause.startswith("loss_counts: expected ")
 
 
 def test_decoding_a_chunk_names_the_damaged_line() -> None:
