@@ -147,9 +147,11 @@ def test_conversations_of_one_two_and_three_turns_are_regenerated_turn_by_turn(
     assert doc["turns"]["total"] == 120 and doc["turns"]["done"] == 120 and doc["eta_unit"] == "turns"
     assert doc["turns"]["generated"] == report["turns_generated"]
 
-    # The default export is one SpecForge's validator accepts; the rejects are counted.
+    # The validator mode's export is one SpecForge's validator accepts; the rejects are counted.
     train = tmp_path / "train.jsonl"
-    exp = procs.run("dflash_tasks.output.export", "--output", str(out), "--to", str(train))
+    exp = procs.run(
+        "dflash_tasks.output.export", "--output", str(out), "--to", str(train), "--mode", "validator"
+    )
     assert exp.returncode == 0, exp.stderr
     manifest = json.loads((tmp_path / "train.jsonl.manifest.json").read_text())
     checked = validate_file(train, expect_reasoning=True, strict_think_markers=True)

@@ -68,7 +68,10 @@ def test_worker_sigkill_mid_chunk_three_times(
     wait_done(out, chunks, 120)
     moved = sum(len(w.args_[3]) for w in watches)
     by = recovered_by(procs.tmp, job_id)
-    assert all("lease_expired" in by.get(c, set()) for c in lost), (sorted(lost), by)
+    # A killed worker's chunk comes back by its lease expiring, or, when the reconciler finds the
+    # delivery unacknowledged after the lease is gone, as an unleased delivery: either, never none.
+    back = {"lease_expired", "unleased_delivery", "replan"}
+    assert all(by.get(c) and by[c] <= back for c in lost), (sorted(lost), by)
     acc = settle(
         reliability,
         procs,
