@@ -196,8 +196,13 @@ def test_worker_sigkill_mid_chunk_then_resume_to_s3(
     for chunk in held:
         first = json.loads(blobs[f"{prefix}/outputs/chunk-{chunk:06d}.jsonl"].splitlines()[0])
         assert first["worker"].startswith("survivor@"), (chunk, first["worker"])
-    by = recovered_by(tmp_path, job_id)  # the survivor's account: its reconciler saw the leases expire
-    assert all("lease_expired" in by.get(c, set()) for c in lost), (sorted(lost), by)
+    # A lost chunk comes back by the survivor's reconciler (its lease expired) or, when the resume's
+    # planner finds the lease expired first, by the resume itself, which claims it and queues it
+    # again (no worker logs that): every lost chunk without a worker's event is one the resume queued.
+    by = recovered_by(tmp_path, job_id)
+    assert all(by[c] <= {"lease_expired", "unleased_delivery", "replan"} for c in lost if c in by), by
+    by_resume = {c for c in lost if c not in by}
+    assert len(by_resume) <= last_json(resumed.stdout)["chunks_enqueued"], (sorted(lost), by)
     gen = generation(inp, [sim])
     assert gen.ungenerated == 0 and gen.wasted <= 20 * len(held), gen
 
