@@ -72,7 +72,8 @@ def flower_command(
     return argv, env, password, not settings.flower_password
 
 
-def _is_loopback(address: str) -> bool:
+def is_loopback(address: str) -> bool:
+    """Whether binding ``address`` keeps a server on this machine."""
     try:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             f"generated password (shown once; set DFLASH_FLOWER_PASSWORD to choose one): {password}",
             file=sys.stderr,
         )
-    if not _is_loopback(args.address):
+    if not is_loopback(args.address):
         print(
             f"warning: binding {args.address}: Flower's /metrics and /healthcheck need no password",
             file=sys.stderr,

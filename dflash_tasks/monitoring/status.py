@@ -27,9 +27,20 @@ from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job
 
 
+def add_job_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that find a job and its live figures: ``--output``, the price, Redis and the queue
+    (``status`` and the job's page read the same sources)."""
+    p.add_argument("--output", required=True, help="the job's output root (as given to enqueue)")
+    p.add_argument(
+        "--gpu-hour-usd", type=float, help="price of one GPU-hour (overrides the job's) [DFLASH_GPU_HOUR_USD]"
+    )
+    p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
+    p.add_argument("--queue", help="base queue name, for the depth of the job's model queue [DFLASH_QUEUE]")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dflash_tasks.status", description=__doc__.splitlines()[0])
-    p.add_argument("--output", required=True, help="the job's output root (as given to enqueue)")
+    add_job_flags(p)
     p.add_argument("--json", action="store_true", help="print the progress document (progress.json's format)")
     p.add_argument(
         "--watch",
@@ -39,11 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="refresh every SECONDS (default 5) until the job is done",
     )
-    p.add_argument(
-        "--gpu-hour-usd", type=float, help="price of one GPU-hour (overrides the job's) [DFLASH_GPU_HOUR_USD]"
-    )
-    p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
-    p.add_argument("--queue", help="base queue name, for the depth of the job's model queue [DFLASH_QUEUE]")
     return p
 
 

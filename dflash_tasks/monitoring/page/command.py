@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import logging
 import sys
 
@@ -20,11 +19,12 @@ import tornado.ioloop
 from dflash_tasks.core.errors import ConfigError, DflashError
 from dflash_tasks.core.settings import MonitorSettings
 from dflash_tasks.core.trainer_view import add_trainer_flags, view_from_args
+from dflash_tasks.monitoring.flower import is_loopback
 from dflash_tasks.monitoring.page.auth import Credentials
 from dflash_tasks.monitoring.page.server import make_app
 from dflash_tasks.monitoring.page.source import JobSource
 from dflash_tasks.monitoring.page.trainer_marks import TrainerLens
-from dflash_tasks.monitoring.status import connect_bookkeeping
+from dflash_tasks.monitoring.status import add_job_flags, connect_bookkeeping
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job
 
@@ -33,7 +33,7 @@ DEFAULT_PORT = 8765
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dflash_tasks.page", description=__doc__.splitlines()[0])
-    p.add_argument("--output", required=True, help="the job's output root (as given to enqueue)")
+    add_job_flags(p)
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     p.add_argument(
@@ -43,20 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="compute progress this often for the throughput plot (default 10)",
     )
-    p.add_argument(
-        "--gpu-hour-usd", type=float, help="price of one GPU-hour (overrides the job's) [DFLASH_GPU_HOUR_USD]"
-    )
-    p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
-    p.add_argument("--queue", help="base queue name [DFLASH_QUEUE]")
     add_trainer_flags(p)
     return p
-
-
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
 
 
 def build_source(args: argparse.Namespace, settings: MonitorSettings) -> JobSource:
