@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 
+from dflash_tasks.core.continuation import prefix_message
+from dflash_tasks.core.record import Turn
+from dflash_tasks.core.states import RecordStatus
 from tests.real_sglang.checkpoint import ANSWER, THINKING_COMPLETION_TOKENS, THOUGHT
 from tests.real_sglang.conftest import SETUP_TIMEOUT, Target
 from tests.real_sglang.test_contract import QUESTION, body, chat, client, post, spec
@@ -85,7 +88,8 @@ def test_the_continuation_generates_only_the_new_tokens_token_for_token(target: 
 
 
 def prefix_message_of(reasoning: str, opener: str) -> dict[str, str]:
-    return {"role": "assistant", "content": opener + reasoning}
+    """The worker's own prefix message (``core.continuation.prefix_message``) for a cut thought."""
+    return prefix_message(Turn(reasoning=reasoning, status=RecordStatus.OK), opener)
 
 
 def test_without_the_flag_a_final_assistant_message_is_not_continued(target: Target) -> None:
