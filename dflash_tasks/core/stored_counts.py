@@ -51,14 +51,20 @@ class RecordCounter:
 
     def counted(self, records: Sequence[Record]) -> list[Record]:
         """``records`` with their ``loss_counts`` (failed records: their ok turns' per-turn rows)."""
-        whole = [conversation_candidate(r, self.thinking, frozenset(), False) for r in records if r.ok]
+        whole = [
+            conversation_candidate(r, self.thinking, frozenset(), False) if r.ok else None for r in records
+        ]
         turns = [per_turn_candidates(r, self.thinking, frozenset()) for r in records]
-        whole_rows = iter(self._count(self._whole, whole))
-        turn_rows = iter(self._count(self._last, [c for cs in turns for c in cs]))
+        # A row of one assistant turn is the same text in both layouts (its last turn is its only
+        # one): counted once, as the conversation row, not tokenized a second time.
+        shared = [_same(cs, w) for cs, w in zip(turns, whole, strict=True)]
+        whole_rows = iter(self._count(self._whole, [w for w in whole if w is not None]))
+        again = [c for cs, same in zip(turns, shared, strict=True) if not same for c in cs]
+        turn_rows = iter(self._count(self._last, again))
         out: list[Record] = []
-        for record, candidates in zip(records, turns, strict=True):
-            conversation = (next(whole_rows),) if record.ok else ()
-            per_turn = tuple(next(turn_rows) for _ in candidates)
+        for record, candidates, same in zip(records, turns, shared, strict=True):
+            conversation: tuple[tuple[int, ...], ...] = (next(whole_rows),) if record.ok else ()
+            per_turn = conversation if same else tuple(next(turn_rows) for _ in candidates)
             out.append(replace(record, loss_counts=LossCounts(self.key, conversation, per_turn)))
         return out
 
@@ -67,6 +73,17 @@ class RecordCounter:
         if not candidates:
             return []
         return [_row(t) for t in counter.count_many([c.row["conversations"] for c in candidates])]
+
+
+def _same(candidates: Sequence[Candidate], whole: Candidate | None) -> bool:
+    """One per-turn row whose messages are the conversation row's, with one assistant message in
+    them: the trainer's last-turn-only view then marks what the whole view marks."""
+    if whole is None or len(candidates) != 1:
+        return False
+    messages = whole.row["conversations"]
+    return bool(candidates[0].row["conversations"] == messages) and (
+        sum(m["role"] == "assistant" for m in messages) == 1
+    )
 
 
 def stored_tokens(record: Record, key: str | None, per_turn: bool) -> list[RowTokens] | None:
