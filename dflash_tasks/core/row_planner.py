@@ -105,7 +105,6 @@ class RowPlanner:
         self.note = ""  # which tokenizer counts, or why none does
         self._counter: LossTokenCounter | None = None
         self._stored_key: str | None = None  # the view under which a worker's stored count applies
-        self.stored_rows = 0  # rows whose count the workers stored (not re-tokenized)
         self._resolved = False
         self._seen: set[str] = set()
 
@@ -201,7 +200,6 @@ class RowPlanner:
             return
         for c, tokens in zip(rows, stored, strict=True):
             c.tokens = tokens
-        self.stored_rows += len(rows)
 
     def _settle(self, batch: list[_Planned]) -> Iterator[dict[str, Any]]:
         uncounted = [c for c in batch if isinstance(c, Candidate) and c.tokens is None]
@@ -236,6 +234,7 @@ class RowPlanner:
             kept.append(reason)
         self.counts.kept.update(kept)
         self.counts.exported += 1
+        self.sources.add_row(c.source, c.tokens.loss_tokens if c.tokens else None, self._min_loss_tokens)
         assistants = sum(1 for m in c.row["conversations"] if m["role"] == "assistant")
         self.counts.assistant_turns += 1 if self.per_turn else assistants
         self.counts.multi_turn += assistants > 1
@@ -243,7 +242,6 @@ class RowPlanner:
         self.yields.written_generated += c.generated
         if c.tokens is not None:
             self.summary.add(c.tokens)
-            self.sources.add_row_loss_tokens(c.source, c.tokens.loss_tokens, self._min_loss_tokens)
             self.yields.trainable += c.tokens.loss_tokens
             self.yields.lost_to_max_length += c.tokens.lost_to_max_length
         if self.options.keep_failed:

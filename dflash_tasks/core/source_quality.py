@@ -9,7 +9,7 @@ output root; ``status`` and ``progress.json`` show the latest one beside the sta
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,30 +72,21 @@ class SourceTally:
 
     def __init__(self) -> None:
         self.sources: dict[str, SourceQuality] = {}
-        self._ok_order: list[str] = []  # the source of each ok record, in order
 
     def add(self, record: Record) -> None:
         if record.source is None:
             return
         self.sources.setdefault(record.source, SourceQuality()).add(record)
-        if record.ok:
-            self._ok_order.append(record.source)
 
-    def add_loss_tokens(self, per_ok_record: Iterable[int], min_loss_tokens: int) -> None:
-        """The loss tokens of every ok record, in the order they were added (a TrainableSummary's)."""
-        for name, tokens in zip(self._ok_order, per_ok_record, strict=False):
-            source = self.sources[name]
-            source.loss_tokens = (source.loss_tokens or 0) + tokens
-            source.few_loss_tokens += tokens < min_loss_tokens
-
-    def add_row_loss_tokens(self, name: str | None, tokens: int, min_loss_tokens: int) -> None:
-        """One exported row's loss tokens, to the source of its record (a row of the export's plan)."""
+    def add_row(self, name: str | None, loss_tokens: int | None, min_loss_tokens: int) -> None:
+        """One row of the export's plan, to the source of its record, with its loss tokens when counted."""
         source = self.sources.get(name) if name is not None else None
         if source is None:
             return
-        source.loss_tokens = (source.loss_tokens or 0) + tokens
-        source.few_loss_tokens += tokens < min_loss_tokens
         source.rows_exported += 1
+        if loss_tokens is not None:
+            source.loss_tokens = (source.loss_tokens or 0) + loss_tokens
+            source.few_loss_tokens += loss_tokens < min_loss_tokens
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         total = sum(s.output_tokens for s in self.sources.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from dflash_tasks.core.job import GenerationSpec, JobDefinition
 from dflash_tasks.core.quality import QualitySettings
 from dflash_tasks.core.record import Record
+from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
 from dflash_tasks.core.source_quality import progress_sources as _sources
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.output.report import build_report, render_text
@@ -106,3 +108,21 @@ def test_the_preflight_names_a_source_whose_samples_fail_a_gate(tmp_path: Any) -
     assert list(report.source_failures) == ["code"]  # ... one source's does not, and is named
     assert "source code fails a gate: 40% of samples are truncated" in report.render()
     assert report.to_dict()["source_failures"]["code"][0].startswith("40% of samples are truncated")
+
+
+def test_the_export_plan_counts_each_sources_rows_without_a_tokenizer() -> None:
+    usage = {"prompt_tokens": 10, "completion_tokens": 500, "reasoning_tokens": 450}
+    turn = {"status": "ok", "reasoning": "think it through", "content": "the answer", "usage": usage}
+    turn |= {"finish_reason": "stop", "input": [{"role": "user", "content": "q"}]}
+    records = [
+        Record.from_json(json.dumps({"id": f"{src}:{i}", "source": src, "status": "ok", "turns": [turn]}))
+        for src, n in (("code", 3), ("chat", 2))
+        for i in range(n)
+    ]
+    job = JobDefinition.create("sha256:x", "p.jsonl", GenerationSpec(model="m"))
+    planner = RowPlanner(job, TrainerView(), ExportOptions(layout="conversation"))
+    assert len(list(planner.rows(records))) == 5 and not planner.counted
+    doc = planner.per_source()
+    assert doc is not None
+    assert {name: f["rows_exported"] for name, f in doc.items()} == {"code": 3, "chat": 2}
+    assert all(f["loss_tokens"] is None for f in doc.values())
