@@ -12,6 +12,7 @@ from urllib.parse import quote, urlencode
 
 from dflash_tasks.core.loss_tokens import TokenMarks
 from dflash_tasks.core.record import Record
+from dflash_tasks.core.spec_stats import sample_accept_length
 from dflash_tasks.monitoring.page.layout import esc, figure, frame, key_values, table
 from dflash_tasks.monitoring.page.pager import OUTCOMES, Found, Page, SampleFilter
 from dflash_tasks.monitoring.page.trainer_marks import TrainerSight
@@ -91,7 +92,7 @@ def sample_page(found: Found, sight: TrainerSight) -> str:
 
 def _metadata(found: Found) -> list[tuple[str, str]]:
     r = found.record
-    accept = _accept_length(r)
+    accept = sample_accept_length(r)
     return [
         ("outcome", figure("outcome", r.outcome.value)),
         ("finish reason", figure("finish_reason", r.finish_reason)),
@@ -116,17 +117,6 @@ def _server(r: Record) -> str:
     server: Mapping[str, Any] = r.server or {}
     name = server.get("model_path") or server.get("model") or r.model or "?"
     return f"{name} at {r.endpoint or '?'}"
-
-
-def _accept_length(r: Record) -> float | None:
-    tokens = verify = 0
-    for t in r.turns:
-        meta = t.meta_info or {}
-        passes = meta.get("spec_verify_ct")
-        if isinstance(passes, int) and passes > 0:
-            tokens += t.usage.completion_tokens
-            verify += passes
-    return tokens / verify if verify else None
 
 
 def _turn(i: int, turn: Any) -> str:
