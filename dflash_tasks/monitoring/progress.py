@@ -28,7 +28,7 @@ from dflash_tasks.core.source_quality import progress_sources
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, accept_length
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.fleet import alive, live_fleet, serving_warning
-from dflash_tasks.monitoring.settled import settle
+from dflash_tasks.monitoring.settled import settle, stats_of
 from dflash_tasks.monitoring.snapshot import Snapshot, num, read_progress, read_snapshot
 from dflash_tasks.store import Store
 
@@ -388,20 +388,12 @@ def carry_over(snap: Snapshot, previous: Mapping[str, Any]) -> Snapshot:
         job["started_at"] = str(previous["started_at"])
     if snap.redis_ok:
         return replace(snap, job=job)
-    samples, tokens, cost_doc = (previous.get(k) or {} for k in ("samples", "tokens", "cost"))
+    cost_doc = previous.get("cost") or {}
     if previous.get("finished_at"):
         job["finished_at"] = str(previous["finished_at"])
     job.update(gpu_seconds=str(num(cost_doc.get("gpu_hours")) * 3600.0), gpu_tick=str(previous["updated_at"]))
-    failed = num(samples.get("failed"))
     spec = previous.get("spec") or {}
-    stats = {
-        **{k: num(v) for k, v in (previous.get("counters") or {}).items()},
-        "samples_ok": num(tokens.get("counted_samples")) - failed,
-        "samples_failed": failed,
-        "samples_repaired": num(samples.get("repaired")),
-        "completion_tokens": num(tokens.get("generated")),
-        "prompt_tokens": num(tokens.get("prompt")),
-    }
+    stats = stats_of(previous)
     if isinstance(spec, Mapping) and spec.get("source") == SOURCE_PER_REQUEST:
         stats |= {"spec_tokens": num(spec.get("tokens")), "spec_verify_ct": num(spec.get("verify_passes"))}
     note = f"counts other than done chunks are from progress.json of {previous.get('updated_at_iso')}"

@@ -43,21 +43,27 @@ def is_final(previous: Mapping[str, Any] | None, snap: Snapshot) -> bool:
     )
 
 
-def from_final(snap: Snapshot, previous: Mapping[str, Any]) -> Snapshot:
-    """``snap`` with the counters, start, finish and GPU time of the final ``previous`` document."""
-    samples, tokens, cost_doc = (previous.get(k) or {} for k in ("samples", "tokens", "cost"))
-    spec = previous.get("spec") or {}
+def stats_of(previous: Mapping[str, Any]) -> dict[str, float]:
+    """The counters a progress document carries, as Redis holds them (speculative stats aside)."""
+    samples, tokens = (previous.get(k) or {} for k in ("samples", "tokens"))
     failed = num(samples.get("failed"))
-    stats = {
+    return {
         **{k: num(v) for k, v in (previous.get("counters") or {}).items()},
         "samples_ok": num(tokens.get("counted_samples")) - failed,
         "samples_failed": failed,
         "samples_repaired": num(samples.get("repaired")),
         "completion_tokens": num(tokens.get("generated")),
         "prompt_tokens": num(tokens.get("prompt")),
-        "spec_tokens": num(spec.get("tokens")) if isinstance(spec, Mapping) else 0.0,
-        "spec_verify_ct": num(spec.get("verify_passes")) if isinstance(spec, Mapping) else 0.0,
     }
+
+
+def from_final(snap: Snapshot, previous: Mapping[str, Any]) -> Snapshot:
+    """``snap`` with the counters, start, finish and GPU time of the final ``previous`` document."""
+    cost_doc = previous.get("cost") or {}
+    spec = previous.get("spec") or {}
+    stats = stats_of(previous)
+    stats["spec_tokens"] = num(spec.get("tokens")) if isinstance(spec, Mapping) else 0.0
+    stats["spec_verify_ct"] = num(spec.get("verify_passes")) if isinstance(spec, Mapping) else 0.0
     job = {
         **snap.job,
         "started_at": str(previous.get("started_at") or ""),
