@@ -230,26 +230,28 @@ def judge(
     """Read the preflight chunks' records (their current ones: repairs included) and apply the
     gates to all but transient failures, which repair rounds regenerate; ``remaining`` counts turns.
 
-    With ``trainer``, the ok records' loss tokens are counted under the model's chat template
-    (when a tokenizer is at hand) and judged by the ``few_loss_tokens`` and
-    ``truncated_by_trainer`` gates. With ``job`` too, the records are planned as the default
-    export plans them, for the yield ``report`` and ``export`` would state on them.
+    With ``trainer`` and ``job``, the records are planned as the default export plans them (the
+    rows ``report`` judges, and the yield it and ``export`` would state), and those rows' loss
+    tokens are judged by the ``few_loss_tokens`` and ``truncated_by_trainer`` gates; with
+    ``trainer`` alone, each ok record is counted as one conversation.
     """
     records = [r for chunk in chunks for r in read_current(store, chunk)]
     total, counts = count_checks(judged(records))
     failures = evaluate_gates(total, counts, settings)
     trainable, note = None, ""
-    if trainer is not None:
+    plan = planned_yield(job, trainer, records) if job is not None and trainer is not None else None
+    if plan is not None:  # the rows report would judge, counted once (stored counts where they are)
+        trainable, note = (plan.summary if plan.counted else None), plan.note
+    elif trainer is not None:
         tally = TrainableTally(trainer, thinking, settings.min_loss_tokens, preserve_thinking)
         for record in records:
             tally.add(record)
         trainable, note = tally.summary, tally.note
-        if trainable is not None:
-            failures += evaluate_gates(trainable.samples, trainable.gate_counts(), settings)
+    if trainable is not None:
+        failures += evaluate_gates(trainable.samples, trainable.gate_counts(), settings)
     by_source = SourceTally()
     for record in judged(records):
         by_source.add(record)
-    plan = planned_yield(job, trainer, records) if job is not None and trainer is not None else None
     turns = [t for r in records for t in r.turns]
     ok = [t for t in turns if t.ok]
     latencies = [t.latency_s for t in ok]
