@@ -183,24 +183,22 @@ class InflightTuner:
             return Reason.KV
         queued = not w.fresh and w.queued >= 2 and w.queued > cfg.queue_band * max(w.running, 1.0)
         same = self._queued_running and self._queued_running[-1][0] == w.target
-        kept = self._queued_running if same else []
+        kept = self._queued_running[-1:] if same else []  # the last window is all _server_full reads
         self._queued_running = [*kept, (w.target, w.running)] if queued else []
         if not queued:
             return None
         # A queue says "no higher" above the start, never "lower" there: a full server decodes
         # as fast with a queue, and one that admits requests as it frees room keeps it full. At or
         # below the start a full server (not lag) takes the target down to what it runs.
-        going_up = self.phase in (Phase.CLIMB, Phase.PROBE_UP)
-        above_start = w.target > self._clamp(cfg.start)
-        if self._server_full(w) and (going_up or not above_start):
-            return Reason.QUEUE
-        return Reason.QUEUE if going_up and above_start else None
+        if w.target > self._clamp(cfg.start):
+            return Reason.QUEUE if self.phase in (Phase.CLIMB, Phase.PROBE_UP) else None
+        return Reason.QUEUE if self._server_full(w) else None
 
     def _server_full(self, w: Window) -> bool:
         """Does the queue say the server is full, not that it admits a burst a few per step? It
         persisted over two windows or more at this target, the running count stopped rising, and
-        it sits at what the server can hold: its ``max_running_requests`` when known, else (or)
-        a cache in real use."""
+        it sits at what the server can hold (90% of its ``max_running_requests``, or a cache in real
+        use); with the cap unknown, the flat running count alone says so."""
         runs = [running for _, running in self._queued_running]
         if len(runs) < 2 or runs[-1] > runs[-2] * 1.05:
             return False
