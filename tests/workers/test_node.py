@@ -110,7 +110,11 @@ def test_node_runs_a_job_while_gpus_join_leave_and_die(procs: Processes, tmp_pat
     # GPU 0's server dies (its worker pauses, then resumes); GPU 1's worker dies (restarted).
     server_pid = int(wait_for_line(procs, "node-a.log", r"gpu0: server started \(pid (\d+)", 5).group(1))
     worker_pid = int(wait_for_line(procs, "node-a.log", r"gpu1: worker started \(pid (\d+)", 5).group(1))
+    # The server dies with requests in flight: the worker sees it down (an idle worker whose server
+    # is back within the restart delay would never notice, and has nothing to pause).
+    wait_until(lambda: any(o.startswith("gpu0@") for o in owners(r, procs, job_id)), 30, "gpu0 lease")
     done_at_kill = sum(workers_done(out).values())
+    assert done_at_kill < PROMPTS // CHUNK, "the job finished before the kill: nothing left to pause"
     os.kill(server_pid, signal.SIGKILL)
     os.kill(worker_pid, signal.SIGKILL)
     wait_for_line(procs, "node-a.log", r"gpu0: server exited with signal SIGKILL", 10)
