@@ -30,8 +30,8 @@ from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefi
 from dflash_tasks.core.record import Record, encode_records
 from dflash_tasks.core.stored_counts import RecordCounter
 from dflash_tasks.core.trainer_view import TrainerView
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from dflash_tasks.store import LocalStore
-from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir
 
 
 def _job(samples: int) -> JobDefinition:

@@ -24,8 +24,8 @@ from dflash_tasks.monitoring.page.run_view import (
 from dflash_tasks.monitoring.page.samples_view import list_page, sample_page
 from dflash_tasks.monitoring.page.svg import throughput_svg
 from dflash_tasks.monitoring.page.trainer_marks import TrainerLens, TrainerSight
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from tests.monitoring.page.records_support import make_record
-from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir
 
 
 @pytest.fixture(scope="module")
