@@ -4,8 +4,9 @@ In-process, no services: ``rows`` records (default 2,000; ``--quick`` 400) whose
 simulator's own output plans and filler text (lognormal lengths, mean 2,300 tokens, a tenth of
 them three-turn conversations) are counted by :class:`~dflash_tasks.core.trainable.TrainableTally`
 (batches tokenized on every core) with the tiny Qwen3-style tokenizer the tests build
-(``tests/tokenizer_support.py``: a 400-token byte-level BPE, so a row has more tokens than under
-Qwen3's 151k vocabulary). Figures: milliseconds per sample (wall and CPU), with one row at a time
+(``dflash_tasks/sim/tokenizer.py``: one token per word the simulator writes, as the simulator counts
+them; the figures in docs/performance.md were taken with its earlier 400-token BPE, whose rows had
+about 2.3 times the tokens). Figures: milliseconds per sample (wall and CPU), with one row at a time
 (:meth:`LossTokenCounter.count`) for comparison, and the tokens per row.
 """
 
@@ -23,7 +24,7 @@ from dflash_tasks.core.record import Record
 from dflash_tasks.core.trainable import TrainableTally
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.sim.textgen import plan_output, render_raw, split_reasoning, truncate
-from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 
 
 def sim_record(i: int, model_path: str) -> Record:

@@ -4,12 +4,13 @@ The workers store each record's loss counts (``loss_counts``, counted beside the
 ``export`` and ``report`` add up instead of re-tokenizing. In-process generation, no services:
 ``distinct`` samples (default 2,000; a quarter multi-turn, thoughts of mean ``mean_tokens`` 300
 tokens on the tests' tiny Qwen3-style tokenizer, ``benchmarks/trainable_yield.py``'s generator) are
-counted once as the worker counts them (``count_ms_per_record``: the worker's cost per record),
-then repeated under fresh ids up to ``samples`` (default 1,000,000; ``--quick`` 100,000) in chunks
-of 500. Then, each in its own process: ``python -m dflash_tasks.export`` (jsonl) and
-``python -m dflash_tasks.report --json``: wall time and peak memory (``VmHWM``, sampled every
-0.2 s) of each, and the export's yield against a recount of the ``distinct`` samples without
-stored counts.
+counted once as the worker counts them (``count_ms_per_record``: the worker's cost per record)
+and planned as the worker plans a stored chunk's live yield from those counts
+(``live_yield_ms_per_record``: no row tokenized again), then repeated under fresh ids up to
+``samples`` (default 1,000,000; ``--quick`` 100,000) in chunks of 500. Then, each in its own
+process: ``python -m dflash_tasks.export`` (jsonl) and ``python -m dflash_tasks.report --json``:
+wall time and peak memory (``VmHWM``, sampled every 0.2 s) of each, and the export's yield against
+a recount of the ``distinct`` samples without stored counts.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefi
 from dflash_tasks.core.record import Record, encode_records
 from dflash_tasks.core.stored_counts import RecordCounter
 from dflash_tasks.core.trainer_view import TrainerView
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from dflash_tasks.store import LocalStore
-from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir
+from workers.chunk_yield import yield_counters
+from workers.loss_counting import LossCountCache
 
 
 def _job(samples: int) -> JobDefinition:
@@ -50,6 +53,17 @@ def _write(root: Path, job: JobDefinition, distinct: list[Record], samples: int)
         ids = range(c * CHUNK, min(samples, (c + 1) * CHUNK))
         batch = [replace(distinct[i % len(distinct)], id=f"s{i}") for i in ids]
         store.write(output_key(c), encode_records(batch))
+
+
+def _live_yield_ms(job: JobDefinition, model: str, counted: list[Record]) -> float:
+    """Milliseconds per record of the worker's live yield (:func:`workers.chunk_yield.yield_counters`),
+    a chunk at a time, from the stored counts (the counter is loaded before the clock starts)."""
+    cache = LossCountCache()
+    check(cache.counter("bench", job, model) is not None, "the worker cannot count here")
+    started = time.monotonic()
+    for at in range(0, len(counted), CHUNK):
+        check(bool(yield_counters(cache, "bench", job, model, counted[at : at + CHUNK])), "not counted")
+    return (time.monotonic() - started) * 1000 / len(counted)
 
 
 def _timed(*argv: str) -> tuple[float, float, str]:
@@ -96,6 +110,8 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         say(
             f"counted {distinct_n:,} records as the worker does: {figures['count_ms_per_record']:.2f} ms each"
         )
+        figures["live_yield_ms_per_record"] = _live_yield_ms(job, model, distinct)
+        say(f"their live yield, chunk by chunk: {figures['live_yield_ms_per_record']:.3f} ms a record")
 
         # The recount: the distinct samples without stored counts, against the same samples with them.
         small_plain, small_stored = tmp / "plain", tmp / "stored"

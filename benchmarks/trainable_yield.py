@@ -2,7 +2,7 @@
 
 In-process, no services. A demo-sized mixed job (``samples``, default 3,000; ``--quick`` 600; a
 quarter of them conversations of two or three turns) is generated against the tiny Qwen3-style
-tokenizer the tests build (``tests/tokenizer_support.py``): each turn's output is the simulator's
+tokenizer the tests build (``dflash_tasks/sim/tokenizer.py``): each turn's output is the simulator's
 words, a lognormal thought (mean ``mean_tokens`` 2,000 tokens, so about a tenth of the samples
 runs past ``max_tokens`` 4,096) and a short answer, cut at the request's budget. The output is exported
 three ways and counted under SpecForge's ``qwen3.5`` template at ``max_length`` 4,096:
@@ -38,8 +38,8 @@ from dflash_tasks.core.row_planner import ExportOptions
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.output.export import export
 from dflash_tasks.sim.textgen import _ANSWER_TEXT, _REASONING_TEXT
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from dflash_tasks.store import LocalStore
-from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir
 
 MAX_LENGTH = 4096
 TEMPLATE = "qwen3.5"

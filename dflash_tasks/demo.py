@@ -1,10 +1,13 @@
 """``python -m dflash_tasks.demo``: the whole pipeline on one machine, with simulated GPUs.
 
-Writes a prompt file in every accepted format (plus a few malformed lines), starts a node of
-simulated GPUs (``python -m workers.node --simulate``: one SGLang simulator and one worker per
-GPU, supervised as on a real node), Flower and, once the job is staged, the job's page
-(``python -m dflash_tasks.page``), runs ``enqueue --wait`` (live progress bar),
-checks the output with ``verify``, and stops everything it started, on Ctrl-C too.
+Writes a prompt file in every accepted format (plus a few malformed lines), builds a tiny
+tokenizer that fits the simulator's words (:mod:`dflash_tasks.sim.tokenizer`, no download),
+starts a node of simulated GPUs (``python -m workers.node --simulate``: one SGLang simulator
+serving that model directory and one worker per GPU, which counts each sample's loss tokens with
+it, supervised as on a real node), Flower and, once the job is staged, the job's page
+(``python -m dflash_tasks.page``), runs ``enqueue --wait`` (live progress bar), checks the
+output with ``verify``, prints the trainable yield and the cost per million trainable tokens,
+and stops everything it started, on Ctrl-C too.
 Redis must already answer at ``DFLASH_BROKER_URL`` (``make demo`` sees to it).
 """
 
@@ -16,6 +19,7 @@ import os
 import random
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -31,7 +35,9 @@ from typing import Any
 
 from dflash_tasks.core.errors import DflashError, RetryableError
 from dflash_tasks.core.settings import MonitorSettings, redact_url
+from dflash_tasks.monitoring.live_yield import describe_yield
 from dflash_tasks.producer.inputs import InvalidLine, read_input
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from workers.node.main import port_in_use
 from workers.node.procs import Child, stop_all
 
@@ -274,11 +280,14 @@ def run_demo(args: argparse.Namespace, children: Children) -> Outcome:
     _say(f"wrote {prompts}: {valid:,} prompts + {invalid} malformed lines")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
+    model_dir = build_model_dir(out / "model", QWEN3_TEMPLATE, MODEL.rsplit("/", 1)[-1])
+    _say(f"built a tokenizer that fits the simulator's words in {model_dir} (the workers count with it)")
+
     port_base = _free_port_range(args.gpus)
     metrics_base = _free_port_range(args.gpus)
     sim_args = (
-        f"--model {MODEL} --time-scale {args.time_scale} --mean-output-tokens {args.mean_output_tokens} "
-        f"--seed {args.seed}"
+        f"--model-path {shlex.quote(str(model_dir))} --served-model-name {MODEL} "
+        f"--time-scale {args.time_scale} --mean-output-tokens {args.mean_output_tokens} --seed {args.seed}"
     )
     node_argv = [
         py, "-m", "workers.node", "--simulate", "--gpus", f"0-{args.gpus - 1}",
@@ -326,17 +335,38 @@ def run_demo(args: argparse.Namespace, children: Children) -> Outcome:
     started = time.monotonic()
     files = ["--input", str(prompts), "--output", str(completions)]
     enqueue_argv = [py, "-m", "dflash_tasks.enqueue", *files, "--model", MODEL, "--wait"]
+    enqueue_argv += ["--gpu-hour-usd", str(args.gpu_hour_usd)]
     enqueue_status = children.foreground(enqueue_argv)
     seconds = time.monotonic() - started
     if enqueue_status != 0:
         _say(f"enqueue exited with status {enqueue_status}; worker logs are in {logs}")
     verify_status = children.foreground([py, "-m", "dflash_tasks.verify", *files])
     _say(f"job took {seconds:.0f}s; completions in {completions / 'outputs'}")
+    _say(yield_summary(completions, args.gpu_hour_usd, args.time_scale))
     _say(f"prompts {prompts} | logs {logs} | Flower {flower_url} (user {FLOWER_USER})")
     if args.keep_running:
         _say("services keep running: press Ctrl-C to stop them")
         _watch([child for child in children.started if child.name in ("node", "flower", "page")])
     return Outcome(enqueue_status, verify_status, seconds)
+
+
+def yield_summary(completions: Path, gpu_hour_usd: float, time_scale: float) -> str:
+    """The job's trainable yield and cost per million trainable tokens, from its final progress.json."""
+    try:
+        doc = json.loads((completions / "progress.json").read_text())
+    except (OSError, ValueError) as exc:
+        return f"yield unknown: no progress.json ({type(exc).__name__})"
+    section = doc.get("yield")
+    if not section:
+        return "yield not counted: no worker could read the served model's tokenizer"
+    line = f"yield {describe_yield(section, int(doc['chunks']['done']))}"
+    usd = section.get("usd_per_million_trainable")
+    if usd is not None and time_scale > 0:
+        line += (
+            f" (at ${gpu_hour_usd:,.2f} per GPU-hour of the simulators, which run {1 / time_scale:,.0f}x "
+            f"faster than the GPUs they model: ~${usd / time_scale:,.2f} per million at their speed)"
+        )
+    return line
 
 
 def _start_page(
@@ -383,6 +413,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flower-port", type=int, default=5555, help="Flower's port, if free (default 5555)")
     p.add_argument("--page-port", type=int, default=8765, help="the job page's port, if free (default 8765)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt mix and the simulators")
+    p.add_argument(
+        "--gpu-hour-usd",
+        type=float,
+        default=2.0,
+        help="price of a simulated GPU-hour, for the cost figures (default 2.0)",
+    )
     p.add_argument("--stop-timeout", type=float, default=15.0, help="seconds from SIGTERM to SIGKILL")
     p.add_argument("--keep-running", action="store_true", help="keep the services up until Ctrl-C")
     return p
@@ -390,8 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.prompts < 1 or args.gpus < 1 or args.time_scale < 0:
-        print("error: --prompts and --gpus must be >= 1, --time-scale >= 0", file=sys.stderr)
+    if args.prompts < 1 or args.gpus < 1 or args.time_scale < 0 or args.gpu_hour_usd < 0:
+        print(
+            "error: --prompts and --gpus must be >= 1, --time-scale and --gpu-hour-usd >= 0", file=sys.stderr
+        )
         return 2
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)

@@ -19,6 +19,7 @@ from dflash_tasks.core.record import Record, encode_records
 from dflash_tasks.core.sample import decode_chunk
 from dflash_tasks.core.spec_stats import sample_counts
 from dflash_tasks.core.states import Cause, Delivery, JobState
+from workers.chunk_yield import yield_counters
 from workers.conversation import start_conversation
 from workers.flow.request_pool import RequestPool
 from workers.generation import RetryPolicy, WorkerIdentity
@@ -196,6 +197,7 @@ def _store_chunk(
         "generations": sum(c.generations for c in each),
         "chunk_seconds": time.monotonic() - started,
         **{f"check_{name}": n for name, n in _all_checks(records).items()},
+        **yield_counters(ctx.loss_counts, job_id, job.definition, model_path, records),
     }
     if retried(lambda: ctx.bookkeeping.complete(job_id, chunk, counters), "recording as done"):
         record_chunk_and_judge(ctx.bookkeeping, job_id, len(gated), checks, quality)

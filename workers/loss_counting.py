@@ -32,9 +32,7 @@ class LossCountCache:
         self, job_id: str, job: JobDefinition, model_path: str | None, records: list[Record]
     ) -> list[Record]:
         """``records`` with their loss counts, or unchanged when no tokenizer is at hand."""
-        if not model_path:
-            return records
-        counter = self._counter(job_id, job, model_path)
+        counter = self.counter(job_id, job, model_path)
         if counter is None:
             return records
         try:
@@ -43,7 +41,10 @@ class LossCountCache:
             log.warning("loss tokens not counted for a chunk of job %s: %s", job_id, type(exc).__name__)
             return records
 
-    def _counter(self, job_id: str, job: JobDefinition, model_path: str) -> RecordCounter | None:
+    def counter(self, job_id: str, job: JobDefinition, model_path: str | None) -> RecordCounter | None:
+        """The job's counter for the served model at ``model_path``; None where this worker cannot count."""
+        if not model_path:
+            return None
         key = (job_id, model_path)
         with self._lock:
             if key not in self._counters:

@@ -27,6 +27,7 @@ from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.core.states import Cause, Delivery, JobState
 from dflash_tasks.store.records import read_current
 from workers.chunk_runner import ChunkContext, ChunkOutcome, collect_records, job_of_chunk
+from workers.chunk_yield import yield_counters
 from workers.conversation import start_conversation
 from workers.generation import Continuation
 from workers.recovery.retrying import retry_transient
@@ -180,6 +181,7 @@ def _store_round(
         "spec_tokens": sum(t for t, _ in spec),
         "spec_verify_ct": sum(v for _, v in spec),
         "generations": sum(len(turns) for turns in sent),
+        **yield_counters(ctx.loss_counts, job_id, job.definition, model_path, records, old),
     }
     retry_transient(
         lambda: ctx.bookkeeping.complete_repair(job_id, unit.chunk, unit.round, counters) or True,

@@ -85,17 +85,7 @@ def joined(
     ``reasoning`` keeps the whitespace it starts with (it joins the thought where it stopped);
     ``usage`` is the continuation's own (its completion tokens are only the new ones).
     """
-    first = cut.parts or (
-        Part(
-            reasoning_chars=len(cut.reasoning),
-            content_chars=len(cut.content),
-            finish_reason=cut.finish_reason,
-            usage=cut.usage,
-            meta_info=cut.meta_info,
-            latency_s=cut.latency_s,
-            attempts=cut.attempts,
-        ),
-    )
+    first = parts_of(cut)
     part = Part(
         reasoning_chars=len(reasoning),
         content_chars=len(content),
@@ -120,6 +110,30 @@ def joined(
         parts=(*first, part),
         checks=None,
     )
+
+
+def parts_of(turn: Turn) -> tuple[Part, ...]:
+    """The requests ``turn`` was made of: its parts, or one part for a turn of one request."""
+    return turn.parts or (
+        Part(
+            reasoning_chars=len(turn.reasoning),
+            content_chars=len(turn.content),
+            finish_reason=turn.finish_reason,
+            usage=turn.usage,
+            meta_info=turn.meta_info,
+            latency_s=turn.latency_s,
+            attempts=turn.attempts,
+        ),
+    )
+
+
+def carries(later: Turn, turn: Turn) -> bool:
+    """Whether ``later`` (the same place in a newer record) holds ``turn``'s generated tokens: it is
+    ``turn`` as it was (kept, or a continuation that failed), or ``turn`` continued."""
+    if dataclasses.replace(later, checks=None) == dataclasses.replace(turn, checks=None):
+        return True
+    earlier = parts_of(turn)
+    return len(later.parts) > len(earlier) and later.parts[: len(earlier)] == earlier
 
 
 def new_parts(old: Turn, new: Turn) -> tuple[Part, ...]:

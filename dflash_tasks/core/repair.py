@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dflash_tasks.core.continuation import is_cut_thought, record_budget
+from dflash_tasks.core.continuation import carries, is_cut_thought, record_budget
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.states import Outcome
 
@@ -85,3 +85,27 @@ def to_repair(
 ) -> list[Record]:
     """The records a repair round regenerates or continues, in order."""
     return [r for r in records if needs_repair(r, permanent, max_tokens, horizon)]
+
+
+def superseded_tokens(old: Record, new: Record) -> int:
+    """The completion tokens of ``old`` that its repaired record ``new`` no longer holds: the turns
+    a round generated again (paid for twice). A kept turn, and a continued one (its first part is
+    the old turn), carry theirs."""
+    later = new.turns
+    return sum(
+        turn.usage.completion_tokens
+        for i, turn in enumerate(old.turns)
+        if i >= len(later) or not carries(later[i], turn)
+    )
+
+
+@dataclass(slots=True)
+class Superseded:
+    """Adds up :func:`superseded_tokens` as the store's reader replaces records (its ``on_replaced``)."""
+
+    tokens: int = 0
+    records: int = 0  # records replaced
+
+    def __call__(self, old: Record, new: Record) -> None:
+        self.tokens += superseded_tokens(old, new)
+        self.records += 1

@@ -28,13 +28,16 @@ from dflash_tasks.core.loss_tokens import LossTokenCounter, row_messages
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.source_quality import SourceTally
 from dflash_tasks.core.stored_counts import stored_tokens
-from dflash_tasks.core.trainable import TrainableSummary, counter_for, served_model_path
+from dflash_tasks.core.trainable import (
+    TrainableSummary,
+    counter_for,
+    earlier_turns_trained,
+    served_model_path,
+)
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.core.yields import YieldTally
 
 _BATCH = 256
-_PROBE_REASONING = " ".join(["probe reasoning words"] * 8)
-_PROBE_ANSWER = " ".join(["probe answer words"] * 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,14 +84,6 @@ class _LeftOut:
 _Planned = Candidate | _LeftOut | dict[str, Any]
 
 
-def earlier_turns_trained(counter: LossTokenCounter) -> bool:
-    """Whether the trainer learns from an earlier turn's reasoning and answer in a whole conversation."""
-    user = {"role": "user", "content": "probe question", "reasoning_content": None}
-    answer = {"role": "assistant", "content": _PROBE_ANSWER, "reasoning_content": _PROBE_REASONING}
-    alone, both = counter.count_many([[user, answer], [user, answer, user, answer]])
-    return both.loss_tokens_untruncated >= 2 * alone.loss_tokens_untruncated - 2
-
-
 class RowPlanner:
     """Plans the export of one job's records (one per command)."""
 
@@ -126,14 +121,10 @@ class RowPlanner:
             self._stored_key = view_key(self.view, tokenizer, self.thinking, self.preserve)
         stored = stored_tokens(record, self._stored_key, False) is not None
         whole, self.note = counter_for(self.view, self.thinking, served, self.preserve)
-        if self.layout == "auto" and self.options.mode == "validator":
-            self.layout = "conversation"  # the validator reads whole conversations (expand after it)
-        elif self.layout == "auto":
-            if whole is not None:
-                trained = earlier_turns_trained(whole)
-            else:  # Qwen3's rule: earlier turns are rendered without their reasoning
-                trained = not self.thinking or self.preserve
-            self.layout = "conversation" if trained else "per-turn"
+        trained = not self.thinking or self.preserve  # Qwen3's rule: earlier turns lose their reasoning
+        if self.layout == "auto" and self.options.mode != "validator" and whole is not None:
+            trained = earlier_turns_trained(whole)
+        self._pick_layout(trained)
         if whole is not None and self.per_turn and not self.view.last_turn_only:
             self._counter, _ = counter_for(
                 replace(self.view, last_turn_only=True), self.thinking, served, self.preserve
@@ -144,6 +135,21 @@ class RowPlanner:
         self.yields.counted = self._counter is not None or stored
         if stored and whole is None:
             self.note = f"loss tokens counted by the workers with the tokenizer at {tokenizer} (stored)"
+
+    def _pick_layout(self, earlier_trained: bool) -> None:
+        """Under ``auto``: per-turn rows where the trainer would not learn from earlier turns."""
+        if self.layout == "auto" and self.options.mode == "validator":
+            self.layout = "conversation"  # the validator reads whole conversations (expand after it)
+        elif self.layout == "auto":
+            self.layout = "conversation" if earlier_trained else "per-turn"
+
+    def use_stored(self, key: str, earlier_trained: bool) -> None:
+        """Plan from the counts stored under ``key`` alone, no tokenizer loaded (the worker's live
+        yield; ``earlier_trained``: :func:`earlier_turns_trained` of the counter that stored them)."""
+        self._resolved = True
+        self._stored_key = key
+        self._pick_layout(earlier_trained)
+        self.note = "loss tokens counted by the workers (stored)"
 
     def rows(self, records: Iterable[Record]) -> Iterator[dict[str, Any]]:
         """The rows to write, in input order; counts and yields fill in as they go."""

@@ -16,7 +16,7 @@ from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.loss_counts import LossCounts, view_key
 from dflash_tasks.core.loss_tokens import LossTokenCounter, RowTokens
 from dflash_tasks.core.record import Record
-from dflash_tasks.core.trainable import counter_for
+from dflash_tasks.core.trainable import counter_for, earlier_turns_trained
 
 
 def _row(tokens: RowTokens) -> tuple[int, ...]:
@@ -48,6 +48,8 @@ class RecordCounter:
         assert whole is not None and last is not None  # an explicit tokenizer loads or raises
         self._whole: LossTokenCounter = whole
         self._last: LossTokenCounter = last
+        # what `auto` picks under this view (the live yield plans the default export's layout)
+        self.earlier_trained = earlier_turns_trained(whole)
 
     def counted(self, records: Sequence[Record]) -> list[Record]:
         """``records`` with their ``loss_counts`` (failed records: their ok turns' per-turn rows)."""

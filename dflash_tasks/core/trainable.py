@@ -27,6 +27,8 @@ FEW_LOSS_TOKENS = "few_loss_tokens"
 TRUNCATED_BY_TRAINER = "truncated_by_trainer"
 #: The latest count over a job's rows (written by the preflight and ``report``; read by ``status``).
 TRAINABLE_KEY = "trainable.json"
+_PROBE_REASONING = " ".join(["probe reasoning words"] * 8)
+_PROBE_ANSWER = " ".join(["probe answer words"] * 4)
 
 
 def served_model_path(records: Iterable[Record]) -> str | None:
@@ -65,6 +67,14 @@ def counter_for(
         f"loss tokens counted with the tokenizer and chat template at {path} ({source}), "
         f"max_length {view.max_length:,}, {turns}"
     )
+
+
+def earlier_turns_trained(counter: LossTokenCounter) -> bool:
+    """Whether the trainer learns from an earlier turn's reasoning and answer in a whole conversation."""
+    user = {"role": "user", "content": "probe question", "reasoning_content": None}
+    answer = {"role": "assistant", "content": _PROBE_ANSWER, "reasoning_content": _PROBE_REASONING}
+    alone, both = counter.count_many([[user, answer], [user, answer, user, answer]])
+    return both.loss_tokens_untruncated >= 2 * alone.loss_tokens_untruncated - 2
 
 
 class TrainableTally:

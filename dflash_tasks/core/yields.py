@@ -1,28 +1,50 @@
 """The trainable yield: the loss tokens the trainer gets per token the servers generated.
 
 Generated tokens are the completion tokens of every turn of every current record (ok, truncated and
-failed turns alike); trainable tokens are the loss tokens of the rows the export writes, under the
+failed turns alike) and of every turn a repair round generated again (``superseded``: paid for,
+then replaced); trainable tokens are the loss tokens of the rows the export writes, under the
 trainer's template and ``max_length``. The rest is accounted for: the generated tokens of rows left
-out (by reason), of failed turns, the loss tokens ``max_length`` cuts, and what is left (turns the
-template leaves untrained, less the template's own tokens counted as loss).
+out (by reason), of failed turns, of superseded turns, the loss tokens ``max_length`` cuts, and what
+is left (turns the template leaves untrained, less the template's own tokens counted as loss).
+
+The workers add the same tally up live, chunk by chunk and round by round, in the job's counters
+(:meth:`YieldTally.counters`, read back by :meth:`YieldTally.from_counters`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+#: The prefix of the job counters that carry a live tally (``yield_dropped_<reason>`` by reason).
+COUNTER_PREFIX = "yield_"
+_DROPPED = COUNTER_PREFIX + "dropped_"
+#: The counter of chunks whose records entered the live tally (the workers counted their loss tokens).
+COUNTED_CHUNKS = "yield_counted_chunks"
+#: The tally's integer fields, as job counters.
+_COUNTERS = {
+    "generated": "yield_generated_tokens",
+    "trainable": "yield_trainable_tokens",
+    "written_generated": "yield_written_generated",
+    "lost_to_max_length": "yield_past_max_length",
+    "failed_turns": "yield_failed_turns",
+    "superseded": "yield_superseded",
+    "horizon_rows": "yield_horizon_rows",
+}
 
 
 @dataclass(slots=True)
 class YieldTally:
     """Adds up generated and trainable tokens as rows are planned (export, report)."""
 
-    generated: int = 0  # completion tokens of every turn
+    generated: int = 0  # completion tokens of every turn, superseded ones included
     trainable: int = 0  # loss tokens of the rows written (within max_length)
     written_generated: int = 0  # completion tokens of the turns the written rows carry as their own
     lost_to_max_length: int = 0  # loss tokens of written rows past max_length
     failed_turns: int = 0  # completion tokens of failed turns
+    superseded: int = 0  # completion tokens of turns a repair round generated again
     dropped: Counter[str] = field(default_factory=Counter)  # completion tokens of rows left out, by reason
     horizon_rows: int = 0  # rows cut at max_tokens written by the horizon rule
     counted: bool = True  # False when no tokenizer counted loss tokens
@@ -39,6 +61,34 @@ class YieldTally:
         """Generated tokens of written rows the trainer does not learn from, net of template tokens."""
         return self.written_generated - self.trainable - self.lost_to_max_length
 
+    def add_superseded(self, tokens: int) -> None:
+        """Turns a repair round generated again: paid for, no longer in any record."""
+        self.generated += tokens
+        self.superseded += tokens
+
+    def counters(self, minus: YieldTally | None = None) -> dict[str, float]:
+        """The tally as job counters (``yield_*``), less ``minus`` (what a repair round replaced)."""
+        out = {
+            name: float(getattr(self, field_name) - (getattr(minus, field_name) if minus else 0))
+            for field_name, name in _COUNTERS.items()
+        }
+        before = minus.dropped if minus else Counter[str]()
+        for reason in sorted(set(self.dropped) | set(before)):
+            if self.dropped[reason] != before[reason]:
+                out[_DROPPED + reason] = float(self.dropped[reason] - before[reason])
+        return out
+
+    @classmethod
+    def from_counters(cls, counters: Mapping[str, float]) -> YieldTally:
+        """The tally the workers added up in a job's counters (:meth:`counters`)."""
+        tally = cls()
+        for field_name, name in _COUNTERS.items():
+            setattr(tally, field_name, round(counters.get(name, 0.0)))
+        for name, n in counters.items():
+            if name.startswith(_DROPPED) and round(n):
+                tally.dropped[name[len(_DROPPED) :]] = round(n)
+        return tally
+
     def to_dict(self) -> dict[str, Any]:
         ratio = self.ratio
         return {
@@ -47,8 +97,9 @@ class YieldTally:
             "yield": None if ratio is None else round(ratio, 4),
             "generated_per_trainable": None if not ratio else round(1 / ratio, 4),
             "where_the_rest_went": {
-                "dropped_rows": dict(self.dropped),
+                "dropped_rows": {reason: n for reason, n in self.dropped.items() if n},
                 "failed_turns": self.failed_turns,
+                "superseded": self.superseded,
                 "past_max_length": self.lost_to_max_length,
                 "untrained_in_written_rows": self.untrained if self.counted else None,
             },
@@ -62,6 +113,7 @@ class YieldTally:
             return f"  yield             {self.generated:,} tokens generated; trainable tokens not counted"
         rest = [f"{reason} {n:,}" for reason, n in self.dropped.most_common()]
         rest += [f"failed turns {self.failed_turns:,}"] if self.failed_turns else []
+        rest += [f"superseded by repairs {self.superseded:,}"] if self.superseded else []
         rest += [
             f"past max_length {self.lost_to_max_length:,}",
             f"untrained in written rows {self.untrained:,}",

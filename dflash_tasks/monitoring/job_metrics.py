@@ -15,6 +15,11 @@ dashboards read them with ``max by (job)``. Series (besides the ``worker`` label
     dflash_job_gpu_hours{job}              GPU time billed so far
     dflash_job_gpus{job}                   live workers on the job
     dflash_job_accept_length{job,window}   job (every stored sample), last_minute
+    dflash_job_yield_tokens{job,kind}      generated, trainable (the counted chunks; absent without a count)
+    dflash_job_yield_ratio{job}            trainable ÷ generated tokens of the counted chunks
+    dflash_job_yield_rest_tokens{job,where}  the other generated tokens: dropped_<reason>, failed_turns,
+                                           superseded, past_max_length, untrained
+    dflash_job_usd_per_million_trainable{job}  spend per generated token ÷ the yield; absent without a price
     dflash_job_paused{job,reason}          1 while a quality gate holds the job paused, else 0
     dflash_job_done{job}                   1 once every chunk is stored
     dflash_job_progress_timestamp_seconds{job}  when the document was computed
@@ -72,6 +77,18 @@ class JobProgressGauges(Collector):
                 ("dflash_job_gpu_hours", "GPU-hours billed to the job so far.", _JOB),
                 ("dflash_job_gpus", "Live workers on the job.", _JOB),
                 ("dflash_job_accept_length", "Accept length of the job's samples.", [*_JOB, "window"]),
+                (
+                    "dflash_job_yield_tokens",
+                    "Generated and trainable tokens of counted chunks.",
+                    [*_JOB, "kind"],
+                ),
+                ("dflash_job_yield_ratio", "Trainable tokens per generated token (counted chunks).", _JOB),
+                (
+                    "dflash_job_yield_rest_tokens",
+                    "Generated tokens the trainer does not get, by where they went.",
+                    [*_JOB, "where"],
+                ),
+                ("dflash_job_usd_per_million_trainable", "Cost of a million trainable tokens so far.", _JOB),
                 ("dflash_job_paused", "1 while a quality gate holds the job paused.", [*_JOB, "reason"]),
                 ("dflash_job_done", "1 once every chunk of the job is stored.", _JOB),
                 ("dflash_job_progress_timestamp_seconds", "When the progress was computed.", _JOB),
@@ -111,6 +128,31 @@ def job_samples(doc: Mapping[str, Any]) -> Iterator[tuple[str, tuple[str, ...], 
     for window, key in (("job", "job"), ("last_minute", "window")):
         if isinstance(spec.get(key), int | float):
             yield "dflash_job_accept_length", (window,), float(spec[key])
+    yield from yield_samples(doc.get("yield") or {})
     paused = doc.get("state") == "paused"
     yield "dflash_job_paused", (str(doc.get("pause_reason") or "") if paused else "",), 1.0 if paused else 0.0
     yield "dflash_job_done", (), 1.0 if doc.get("state") == "done" else 0.0
+
+
+def yield_samples(section: Mapping[str, Any]) -> Iterator[tuple[str, tuple[str, ...], float]]:
+    """The gauges of the progress document's ``yield`` section (none before a counted chunk)."""
+    for kind, key in (("generated", "generated_tokens"), ("trainable", "trainable_tokens")):
+        if isinstance(section.get(key), int | float):
+            yield "dflash_job_yield_tokens", (kind,), float(section[key])
+    for family, key in (
+        ("dflash_job_yield_ratio", "yield"),
+        ("dflash_job_usd_per_million_trainable", "usd_per_million_trainable"),
+    ):
+        if isinstance(section.get(key), int | float):
+            yield family, (), float(section[key])
+    rest = section.get("where_the_rest_went") or {}
+    for reason, n in (rest.get("dropped_rows") or {}).items():
+        yield "dflash_job_yield_rest_tokens", (f"dropped_{reason}",), float(n)
+    for where, key in (
+        ("failed_turns", "failed_turns"),
+        ("superseded", "superseded"),
+        ("past_max_length", "past_max_length"),
+        ("untrained", "untrained_in_written_rows"),
+    ):
+        if isinstance(rest.get(key), int | float):
+            yield "dflash_job_yield_rest_tokens", (where,), float(rest[key])

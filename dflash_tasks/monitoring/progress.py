@@ -28,6 +28,7 @@ from dflash_tasks.core.source_quality import progress_sources
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, accept_length
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.fleet import alive, live_fleet, serving_warning
+from dflash_tasks.monitoring.live_yield import yield_section
 from dflash_tasks.monitoring.settled import settle, stats_of
 from dflash_tasks.monitoring.snapshot import Snapshot, num, read_progress, read_snapshot
 from dflash_tasks.store import Store
@@ -264,6 +265,7 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
             "projected_total_usd": _round(projected, 2),
         },
         "trainable_tokens": _trainable(snap.trainable),
+        "yield": yield_section(snap.stats, spent),
         "sources": progress_sources(snap.staged_sources, snap.source_quality, spent),
         "spec_accept_length": spec["accept_length"],
         "spec": spec,

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER
 from dflash_tasks.core.trainable import describe_trainable
+from dflash_tasks.monitoring.live_yield import describe_yield
 from dflash_tasks.monitoring.progress_bar import format_duration
 
 #: The workers table's columns, and which of them are right-aligned (the numbers).
@@ -132,6 +133,8 @@ def summary_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("tokens", f"{t['generated']:,} generated | {_n(t['avg_per_sample'])} per sample"))
     if doc.get("trainable_tokens"):
         rows.append(("trainable", describe_trainable(doc["trainable_tokens"])))
+    if doc.get("yield"):
+        rows.append(("yield", describe_yield(doc["yield"], c["done"])))
     spec_line = render_spec(doc.get("spec") or {})
     if spec_line:
         rows.append(("spec", spec_line))

@@ -46,6 +46,7 @@ from typing import Any
 from dflash_tasks.core.errors import ConfigError, DflashError, StoreError
 from dflash_tasks.core.export_rows import DEFAULT_DROPS, LAYOUTS, MODES
 from dflash_tasks.core.quality import CHECKS
+from dflash_tasks.core.repair import Superseded
 from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.trainer_rules import REASONS
@@ -125,7 +126,8 @@ def export(
     view = trainer or job.trainer
     planner = RowPlanner(job, view, options)
     counts = planner.counts
-    rows = planner.rows(iter_records(store, manifest, missing))
+    superseded = Superseded()  # turns repair rounds generated again: paid for, counted as generated
+    rows = planner.rows(iter_records(store, manifest, missing, on_replaced=superseded))
 
     tmp = to.with_name(f".{to.name}.tmp")
     if fmt == "parquet":  # the layout is settled at the first record, before the first row
@@ -136,6 +138,7 @@ def export(
     else:
         write_jsonl(rows, tmp)
     os.replace(tmp, to)
+    planner.yields.add_superseded(superseded.tokens)
     dropped_path = to.with_name(to.name + ".dropped.jsonl")
     if counts.left_out:
         write_jsonl(counts.left_out, dropped_path)

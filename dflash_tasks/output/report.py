@@ -34,6 +34,7 @@ from dflash_tasks.core.errors import DflashError, StoreError
 from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.quality import CHECKS, evaluate_gates
 from dflash_tasks.core.record import Record
+from dflash_tasks.core.repair import Superseded
 from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.source_quality import SOURCES_KEY, SourceTally, render_sources
@@ -112,8 +113,12 @@ def build_report(
     chunks_done: int,
     chunks: int,
     trainer: TrainerView | None = None,
+    superseded: Superseded | None = None,
 ) -> QualityReport:
-    """The report; with ``trainer``, the ok samples' loss tokens too (when a tokenizer is at hand)."""
+    """The report; with ``trainer``, the ok samples' loss tokens too (when a tokenizer is at hand).
+
+    ``superseded``: the ``on_replaced`` of the reader of ``records``, counted as generated once
+    they are read."""
     report = QualityReport(job.job_id, job.spec.thinking, chunks_done=chunks_done, chunks=chunks)
     planner = RowPlanner(job, trainer, ExportOptions()) if trainer else None
     if planner is not None:  # the default export's rows, planned as the records stream by
@@ -124,6 +129,7 @@ def build_report(
             report.sources.add(record)
     failures = evaluate_gates(report.samples, report.checks, job.quality)
     if planner is not None:
+        planner.yields.add_superseded(superseded.tokens if superseded else 0)
         report.yields = planner.yields
         report.trainable = planner.summary if planner.counted else None
         report.trainer_note = planner.note
@@ -294,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
             raise StoreError(f"{args.output} holds no staged job")
         missing: list[int] = []
         view = view_from_args(args, job.trainer)
-        report = build_report(job, iter_records(store, manifest, missing), 0, manifest.chunks, view)
+        superseded = Superseded()
+        records = iter_records(store, manifest, missing, on_replaced=superseded)
+        report = build_report(job, records, 0, manifest.chunks, view, superseded)
         report.chunks_done = manifest.chunks - len(missing)
         if report.trainable is not None:
             doc = trainable_doc(report.trainable, "report", manifest.samples)

@@ -27,6 +27,9 @@ from dflash_tasks.store.base import Store
 
 #: Called with each damaged line instead of raising (``verify`` reports them all).
 OnBad = Callable[[BadRecord], None]
+#: Called with ``(old, new)`` each time a later round's record replaces an earlier one (the yield
+#: counts what a round generated again: :meth:`~dflash_tasks.core.row_planner.RowPlanner.supersede`).
+OnReplaced = Callable[[Record, Record], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +64,19 @@ def list_outputs(store: Store) -> OutputListing:
 
 
 def read_current(
-    store: Store, chunk: int, rounds: tuple[int, ...] = (), on_bad: OnBad | None = None
+    store: Store,
+    chunk: int,
+    rounds: tuple[int, ...] = (),
+    on_bad: OnBad | None = None,
+    on_replaced: OnReplaced | None = None,
 ) -> list[Record]:
     """The current record of each sample of a stored ``chunk``, in its chunk file's order.
 
     ``rounds``: the chunk's repair rounds (:meth:`OutputListing.rounds_of`); a later round's record
-    replaces the earlier one of the same id. A damaged line, or a repair record whose id the chunk
-    file does not hold, raises :class:`BadRecord` naming the file and line, or goes to ``on_bad``
-    (and is skipped). Raises :class:`KeyError` when the chunk file does not exist.
+    replaces the earlier one of the same id (and goes to ``on_replaced`` with it). A damaged line,
+    or a repair record whose id the chunk file does not hold, raises :class:`BadRecord` naming the
+    file and line, or goes to ``on_bad`` (and is skipped). Raises :class:`KeyError` when the chunk
+    file does not exist.
     """
     key = output_key(chunk)
     records = list(_decode(store.read(key), key, on_bad))
@@ -83,6 +91,8 @@ def read_current(
                     raise bad
                 on_bad(bad)
                 continue
+            if on_replaced is not None:
+                on_replaced(records[index], record)
             records[index] = record
     return records
 
@@ -99,9 +109,14 @@ def _decode(data: bytes, key: str, on_bad: OnBad | None) -> Iterator[Record]:
                 on_bad(exc)
 
 
-def iter_records(store: Store, manifest: Manifest, missing: list[int] | None = None) -> Iterator[Record]:
+def iter_records(
+    store: Store,
+    manifest: Manifest,
+    missing: list[int] | None = None,
+    on_replaced: OnReplaced | None = None,
+) -> Iterator[Record]:
     """Every sample's current record in input order; chunks not done yet are skipped (and listed
-    in ``missing``).
+    in ``missing``); each record a repair round replaced goes to ``on_replaced`` with its successor.
 
     A damaged line raises :class:`~dflash_tasks.core.errors.BadRecord` naming the file, the line
     and the field (``verify`` reports every one instead of stopping at the first).
@@ -113,7 +128,7 @@ def iter_records(store: Store, manifest: Manifest, missing: list[int] | None = N
                 missing.append(chunk)
             continue
         try:
-            records = read_current(store, chunk, listing.rounds_of(chunk))
+            records = read_current(store, chunk, listing.rounds_of(chunk), on_replaced=on_replaced)
         except KeyError:  # deleted since the listing (a failed preflight's sample)
             if missing is not None:
                 missing.append(chunk)

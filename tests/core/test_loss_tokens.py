@@ -13,7 +13,7 @@ from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.loss_tokens import LossTokenCounter, load_tokenizer, markers_of
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.sim.textgen import _ANSWER_WORDS, _REASONING_WORDS
-from tests.tokenizer_support import PLAIN_TEMPLATE, QWEN3_TEMPLATE, build_model_dir
+from dflash_tasks.sim.tokenizer import PLAIN_TEMPLATE, QWEN3_TEMPLATE, build_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,6 +28,15 @@ def test_demo_runs_a_small_job_end_to_end_and_leaves_nothing_running(
     assert "PASS: 159 lines = 150 ok + 0 failed + 9 invalid" in run.stdout + run.stderr
     logs = tmp_path / "demo" / "logs"
     assert "the job's page: http://127.0.0.1:" in run.stderr  # started once the job was staged
+    # the workers counted loss tokens with the tokenizer the demo built: the yield and its cost
+    progress = json.loads((tmp_path / "demo" / "completions" / "progress.json").read_text())
+    live = progress["yield"]
+    assert live["counted_chunks"] == progress["chunks"]["total"] and 0.5 < live["yield"] <= 1.05, live
+    summary = f"demo: yield {live['yield']:.3f}: {live['trainable_tokens']:,} trainable of "
+    assert summary + f"{live['generated_tokens']:,} generated tokens | $" in run.stderr
+    assert "per million trainable" in run.stderr and "model" in {
+        p.name for p in (tmp_path / "demo").iterdir()
+    }
     wanted = {"node.log", "gpu0-server.log", "gpu1-worker.log", "flower.log", "page.log"}
     assert wanted <= {p.name for p in logs.iterdir()}
     assert not processes_mentioning(str(tmp_path))

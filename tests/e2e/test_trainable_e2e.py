@@ -11,10 +11,10 @@ from pathlib import Path
 import redis
 
 from dflash_tasks.sim.requestlog import read_requests
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from tests.e2e.test_multiturn_e2e import write_conversations
 from tests.e2e.test_pipeline_e2e import MODEL, enqueue_args, last_json, verify_ok
 from tests.helpers import Processes, done_chunk_count, write_prompts
-from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir
 
 
 def served_model(procs: Processes, tmp_path: Path, *flags: str) -> str:

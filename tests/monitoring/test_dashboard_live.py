@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import requests
 
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from tests.helpers import Processes, RedisServer, free_port, processes, wait_until, write_prompts
 from tests.prometheus_support import (
     Prometheus,
@@ -76,6 +77,9 @@ def live(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) ->
         base, metrics = port_base(2), port_base(2)
         procs.env["DFLASH_METRICS_PORT"] = str(metrics)
         targets = tmp / "targets"
+        # the servers report a tokenizer the workers can read: they count, so the yield has series
+        model = build_model_dir(tmp / "models", QWEN3_TEMPLATE, "Qwen3-8B")
+        sim = f"{SIM} --model-path {model} --served-model-name {MODEL}"
         node = procs.spawn(
             [
                 *("-m", "workers.node", "--gpus", "0-1", "--simulate", "--port-base", str(base)),
@@ -85,7 +89,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) ->
                     "--inflight-ceiling",
                     "16",
                     "--sim-arg",
-                    SIM,
+                    sim,
                     "--log-dir",
                     str(tmp / "logs"),
                 ),
@@ -158,7 +162,7 @@ def test_every_panel_returns_series_during_the_job_and_agrees_with_progress_json
         agreed |= agreement(live)
         time.sleep(0.5)
     assert not pending, f"panels whose query returned no series during the job: {sorted(pending)}"
-    assert set(agreed) == {"samples", "cost", "accept"}, agreed
+    assert set(agreed) == {"samples", "cost", "accept", "yield"}, agreed
 
     # the re-queued chunks are there for the reason they were re-queued
     reasons = live.prom.query("sum by (reason) (dflash_chunks_requeued_total)")
@@ -217,6 +221,10 @@ def agreement(job: LiveJob) -> dict[str, str]:
     close = known and abs(hours - gpu_hours) <= 0.0002 + 0.25 * gpu_hours and abs(spent - usd) <= 0.011
     if close and spent == pytest.approx(PRICE * hours, abs=0.006):
         agreed["cost"] = f"{hours} vs {gpu_hours} GPU-h, ${spent} vs ${usd}"
+    ratio = prom.value(f"max(dflash_job_yield_ratio{{{sel}}})")
+    live_yield = (doc.get("yield") or {}).get("yield")
+    if ratio is not None and live_yield and ratio == pytest.approx(live_yield, rel=0.05):
+        agreed["yield"] = f"{ratio} vs {live_yield}"
     accept = prom.value(f'max(dflash_job_accept_length{{{sel},window="job"}})')
     if accept is not None and doc["spec"]["job"] and accept == pytest.approx(doc["spec"]["job"], rel=0.05):
         agreed["accept"] = f"{accept} vs {doc['spec']['job']}"

@@ -49,3 +49,35 @@ def test_a_fresh_document_is_exported_then_dropped() -> None:
     assert "dflash_job_eta_seconds{" not in text and 'kind="projected"' not in text  # unknown
     now[0] += 16  # another worker writes the job's progress now: this one stops exporting it
     assert scrape(gauges) == ""
+
+
+def test_the_yield_section_as_gauges() -> None:
+    section = {
+        "generated_tokens": 90_000,
+        "trainable_tokens": 72_000,
+        "yield": 0.8,
+        "where_the_rest_went": {
+            "dropped_rows": {"truncated": 7_000},
+            "failed_turns": 1_000,
+            "superseded": 2_000,
+            "past_max_length": 3_000,
+            "untrained_in_written_rows": 5_000,
+        },
+        "usd_per_million_trainable": 15.15,
+    }
+    gauges = JobProgressGauges("gpu0@n", fresh_s=15.0)
+    gauges.written({**DOC, "yield": section})
+    text = scrape(gauges)
+    for line in (
+        'dflash_job_yield_tokens{job="j1",kind="generated",worker="gpu0@n"} 90000.0',
+        'dflash_job_yield_tokens{job="j1",kind="trainable",worker="gpu0@n"} 72000.0',
+        'dflash_job_yield_ratio{job="j1",worker="gpu0@n"} 0.8',
+        'dflash_job_yield_rest_tokens{job="j1",where="dropped_truncated",worker="gpu0@n"} 7000.0',
+        'dflash_job_yield_rest_tokens{job="j1",where="superseded",worker="gpu0@n"} 2000.0',
+        'dflash_job_yield_rest_tokens{job="j1",where="untrained",worker="gpu0@n"} 5000.0',
+        'dflash_job_usd_per_million_trainable{job="j1",worker="gpu0@n"} 15.15',
+    ):
+        assert line in text, line
+    gauges.written(DOC)  # a job no worker counted: no yield series
+    samples = [line for line in scrape(gauges).splitlines() if not line.startswith("#")]
+    assert not [line for line in samples if "yield" in line or "per_million" in line]

@@ -499,3 +499,69 @@ def test_a_flush_while_redis_is_away_keeps_the_counts_for_the_next(tmp_path: Pat
         assert per_worker[b"gpu0@h|chunks"] == b"1" and float(per_worker[b"gpu0@h|first"]) == NOW - 10
     finally:
         server.stop()
+
+
+# --- the live yield ------------------------------------------------------------------------------
+
+
+def yield_stats() -> dict[str, float]:
+    """Counters of 8 counted chunks: 99,000 tokens generated in all, 90,000 of them counted."""
+    return {
+        "samples_ok": 990.0,
+        "samples_failed": 10.0,
+        "completion_tokens": 99_000.0,
+        "yield_counted_chunks": 8.0,
+        "yield_generated_tokens": 90_000.0,
+        "yield_trainable_tokens": 72_000.0,
+        "yield_written_generated": 80_000.0,
+        "yield_past_max_length": 3_000.0,
+        "yield_failed_turns": 1_000.0,
+        "yield_superseded": 2_000.0,
+        "yield_horizon_rows": 4.0,
+        "yield_dropped_truncated": 7_000.0,
+        "yield_dropped_empty_answer": 0.0,  # dropped rows a repair round replaced
+    }
+
+
+def test_the_yield_section_is_the_workers_tally_with_its_cost() -> None:
+    job = {"started_at": str(NOW - 100), "finished_at": str(NOW - 40), "gpu_seconds": "120", "gpu_tick": "1"}
+    snap = snapshot(done_chunks=10, done_samples=1000, job=job, gpu_hour_usd=36.0, stats=yield_stats())
+    doc = summarize(snap, NOW)
+    section = doc["yield"]
+    assert section["generated_tokens"] == 90_000 and section["trainable_tokens"] == 72_000
+    assert section["yield"] == 0.8 and section["generated_per_trainable"] == 1.25
+    assert section["where_the_rest_went"] == {
+        "dropped_rows": {"truncated": 7_000},
+        "failed_turns": 1_000,
+        "superseded": 2_000,
+        "past_max_length": 3_000,
+        "untrained_in_written_rows": 80_000 - 72_000 - 3_000,
+    }
+    assert section["rows_written_by_horizon_rule"] == 4 and section["counted_chunks"] == 8
+    # $1.20 for 99,000 generated tokens ($12.12 a million), at a yield of 0.8
+    assert section["usd_per_million_trainable"] == pytest.approx(1.2 / 99_000 * 1e6 / 0.8, abs=1e-4)
+    text = render(doc)
+    assert (
+        "yield     0.800: 72,000 trainable of 90,000 generated tokens | $15.15 per million trainable" in text
+    )
+    assert "rest: dropped truncated 7.8%, untrained 5.6%, past max_length 3.3%" in text
+    assert "over 8 of 10 stored chunks (the rest not counted)" in text
+
+
+def test_no_counted_chunk_no_yield_section() -> None:
+    doc = summarize(snapshot(stats={"samples_ok": 10.0, "completion_tokens": 1_000.0}), NOW)
+    assert doc["yield"] is None and "yield" not in render(doc).split("trainable")[0]
+
+
+def test_a_finished_jobs_yield_comes_back_from_its_final_progress_json(tmp_path: Path) -> None:
+    from dflash_tasks.monitoring.settled import from_final
+
+    job = {"started_at": str(NOW - 100), "finished_at": str(NOW - 40), "gpu_seconds": "120", "gpu_tick": "1"}
+    final = summarize(
+        snapshot(done_chunks=10, done_samples=1000, job=job, gpu_hour_usd=36.0, stats=yield_stats()), NOW
+    )
+    lost = snapshot(done_chunks=10, done_samples=1000, redis_ok=False)
+    again = summarize(from_final(lost, json.loads(json.dumps(final))), NOW + 3600)
+    price = "usd_per_million_trainable"  # from the GPU-hours the document keeps to 4 digits
+    assert again["yield"][price] == pytest.approx(final["yield"][price], rel=2e-3)
+    assert {**again["yield"], price: None} == {**final["yield"], price: None}

@@ -14,7 +14,7 @@ from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
 from dflash_tasks.core.source_quality import progress_sources as _sources
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.output.report import build_report, render_text
-from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 
 JOB = JobDefinition.create("mix:sha256:x", "chat, code", GenerationSpec(model="m"), QualitySettings())
 

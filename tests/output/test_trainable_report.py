@@ -14,7 +14,7 @@ from dflash_tasks.core.quality import QualitySettings
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.output.report import build_report, render_png, render_text
-from tests.tokenizer_support import PLAIN_TEMPLATE, QWEN3_TEMPLATE, build_model_dir
+from dflash_tasks.sim.tokenizer import PLAIN_TEMPLATE, QWEN3_TEMPLATE, build_model_dir
 
 JOB = JobDefinition.create(
     "sha256:x", "in.jsonl", GenerationSpec(model="m"), QualitySettings(min_loss_tokens=8)

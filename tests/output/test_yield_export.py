@@ -16,12 +16,13 @@ from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefi
 from dflash_tasks.core.loss_tokens import LossTokenCounter, load_tokenizer
 from dflash_tasks.core.quality import QualitySettings, with_checks
 from dflash_tasks.core.record import Record
-from dflash_tasks.core.row_planner import ExportOptions, earlier_turns_trained
+from dflash_tasks.core.row_planner import ExportOptions
+from dflash_tasks.core.trainable import earlier_turns_trained
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.output.export import export
+from dflash_tasks.sim.tokenizer import PLAIN_TEMPLATE, QWEN3_TEMPLATE, build_model_dir
 from dflash_tasks.store import LocalStore
 from tests.output.specforge_rules import validate_file
-from tests.tokenizer_support import PLAIN_TEMPLATE, QWEN3_TEMPLATE, build_model_dir
 
 MAX_LENGTH = 200
 VIEW = TrainerView(max_length=MAX_LENGTH, template="qwen3.5")
@@ -222,3 +223,40 @@ def test_the_preflight_states_the_exports_yield_and_what_would_raise_it(
     assert per_m is not None and per_m == pytest.approx(expected)
     text = report.render()
     assert f"yield             {ratio:.3f}" in text and "low yield: what would raise it" in text
+
+
+def test_turns_a_repair_round_generated_again_count_as_generated_in_export_and_report(
+    job_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A round regenerated ``short-cut`` (its 20-token cut turn paid for, then replaced) and continued
+    ``cut-second``'s second turn (whose first part is the old turn: nothing paid twice)."""
+    import dataclasses
+
+    from dflash_tasks.core.continuation import joined
+    from dflash_tasks.core.job import repair_key
+    from dflash_tasks.core.record import Usage, decode_records, encode_records
+    from dflash_tasks.output.report import main as report_main
+
+    store = LocalStore(job_dir)
+    first = {r.id: r for r in decode_records(store.read(output_key(0)), "chunk")}
+    before = export(str(job_dir), tmp_path / "before.jsonl", "jsonl", ExportOptions(), VIEW)["yield"]
+    fresh = Record.from_dict(rec("short-cut", [turn(1, 30)], first["short-cut"].server["model_path"]))
+    regenerated = dataclasses.replace(fresh, repair=1)
+    old = first["cut-second"]
+    cut = old.turns[1]
+    rest = " beta gamma" * 5
+    continued_turn = joined(cut, rest, "gamma delta", "stop", Usage(5, 16, 10), None, 1.0, 1)
+    checked = with_checks(
+        dataclasses.replace(old, turns=(old.turns[0], continued_turn)), True, QualitySettings()
+    )
+    continued = dataclasses.replace(checked, repair=1, finish_reason="stop")
+    store.write(repair_key(0, 1), encode_records([regenerated, continued]))
+
+    doc = export(str(job_dir), tmp_path / "after.jsonl", "jsonl", ExportOptions(), VIEW)["yield"]
+    current = (800) + (66) + (46 + 66) + (36 + 20 + 16)  # the records as they are now
+    assert doc["where_the_rest_went"]["superseded"] == 20  # short-cut's cut turn, generated again
+    assert doc["generated_tokens"] == current + 20 == before["generated_tokens"] + 66 + 16
+    args = ["--output", str(job_dir), "--json", "--png", str(tmp_path / "r.png")]
+    assert report_main([*args, "--train-max-length", "200", "--train-template", "qwen3.5"]) in (0, 1)  # gates
+    reported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert reported["yield"] == doc

@@ -26,10 +26,10 @@ from dflash_tasks.core.record import Record
 from dflash_tasks.core.row_planner import ExportOptions
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.output.export import export
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from dflash_tasks.store import LocalStore
 from tests.real_sglang.env import EnvUnavailable
 from tests.real_sglang.specforge_env import ensure_specforge
-from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir
 
 COUNT_SCRIPT = Path(__file__).with_name("specforge_count.py")
 MAX_LENGTH = 160

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,13 @@ def stage_job(
 
 @pytest.fixture
 def staged(tmp_path: Path, redis_server: RedisServer) -> Iterator[Staged]:
+    with staged_with(tmp_path, redis_server, SimConfig(port=0, time_scale=0.0, mean_output_tokens=200)) as s:
+        yield s
+
+
+@contextmanager
+def staged_with(tmp_path: Path, redis_server: RedisServer, sim_config: SimConfig) -> Iterator[Staged]:
+    """A staged job and a chunk context bound to a simulator started with ``sim_config``."""
     prefix, queue = f"cr-{uuid.uuid4().hex[:8]}", f"cq-{uuid.uuid4().hex[:8]}"
     settings = WorkerSettings.load(
         {},
@@ -95,7 +103,7 @@ def staged(tmp_path: Path, redis_server: RedisServer) -> Iterator[Staged]:
     )
     bk = Bookkeeping.from_url(redis_server.url, prefix)
     job_id, store, inp = stage_job(tmp_path, bk)
-    with start_simulator(SimConfig(port=0, time_scale=0.0, mean_output_tokens=200)) as sim:
+    with start_simulator(sim_config) as sim:
         pool = RequestPool(1)  # one request at a time: the rest of a chunk waits in the pool
         ctx = ChunkContext(
             client=SGLangClient(sim.url, 10),

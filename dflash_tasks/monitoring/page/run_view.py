@@ -125,9 +125,13 @@ def cost_section(doc: Mapping[str, Any]) -> str:
 def cost_per_million_trainable(doc: Mapping[str, Any]) -> float | None:
     """USD spent per million trainable (loss) tokens, or None without a spend or a count.
 
-    The spend covers the done samples and ``trainable_tokens`` its ``counted_samples``; a count
-    of fewer samples is scaled to the done ones by its mean.
+    The live yield's figure when the workers counted (``yield``), else from the latest
+    ``trainable.json``: the spend covers the done samples and ``trainable_tokens`` its
+    ``counted_samples``; a count of fewer samples is scaled to the done ones by its mean.
     """
+    live = (doc.get("yield") or {}).get("usd_per_million_trainable")
+    if isinstance(live, int | float):
+        return float(live)
     usd = (doc.get("cost") or {}).get("usd")
     counted = doc.get("trainable_tokens") or {}
     total, samples = counted.get("total_loss_tokens"), counted.get("counted_samples")

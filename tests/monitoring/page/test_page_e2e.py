@@ -22,6 +22,7 @@ import requests
 from dflash_tasks.core.loss_tokens import LossTokenCounter, load_tokenizer, row_messages
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.trainer_view import TrainerView
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from tests.helpers import (
     REPO,
     Processes,
@@ -33,7 +34,6 @@ from tests.helpers import (
     write_prompts,
 )
 from tests.monitoring.test_monitoring_e2e import CHROMIUM, CHROMIUM_ARGS
-from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir
 
 MODEL = "Qwen/Qwen3-8B"
 ARTIFACTS = REPO / "test-artifacts"

@@ -24,8 +24,8 @@ from dflash_tasks.monitoring.page.run_view import (
 from dflash_tasks.monitoring.page.samples_view import list_page, sample_page
 from dflash_tasks.monitoring.page.svg import throughput_svg
 from dflash_tasks.monitoring.page.trainer_marks import TrainerLens, TrainerSight
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from tests.monitoring.page.records_support import make_record
-from tests.tokenizer_support import QWEN3_TEMPLATE, build_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +150,14 @@ def test_cost_per_million_trainable_tokens_needs_both_the_spend_and_the_count() 
     shown = cost_section({**doc, "cost": cost})
     assert "data-figure='cost_per_million_trainable_usd' data-value='1.25'" in shown
     assert "not counted yet" in cost_section({**doc, "cost": cost, "trainable_tokens": None})
+
+
+def test_the_live_yields_cost_per_million_trainable_tokens_comes_first() -> None:
+    counted = {"counted_samples": 100, "total_loss_tokens": 2_000_000}
+    doc: dict[str, Any] = {"samples": {"done": 100}, "cost": {"usd": 5.0}, "trainable_tokens": counted}
+    live = {"yield": 0.9, "usd_per_million_trainable": 3.75, "where_the_rest_went": {"failed_turns": 1}}
+    assert cost_per_million_trainable({**doc, "yield": live}) == 3.75
+    assert cost_per_million_trainable({**doc, "yield": None}) == pytest.approx(2.5)  # none counted live
+    cost = {"gpus": 1, "gpu_hours": 1.0, "gpu_hour_usd": 5.0, "usd": 5.0, "projected_total_usd": 9.0}
+    shown = cost_section({**doc, "cost": cost, "yield": live})
+    assert "data-figure='cost_per_million_trainable_usd' data-value='3.75'" in shown

@@ -1,20 +1,28 @@
-"""Tiny model directories for loss-token tests, built here (no downloads).
+"""A tiny model directory whose tokenizer fits the simulator's words, built on the spot (no downloads).
 
-A byte-level BPE trained with ``tokenizers`` on a few lines, saved as ``tokenizer.json`` plus a
-``tokenizer_config.json`` carrying a chat template: :data:`QWEN3_TEMPLATE` follows Qwen3's rules
-(think blocks only for assistant turns after the last user message unless ``preserve_thinking``,
-as Qwen3.6's, the empty think block with ``enable_thinking`` false); :data:`PLAIN_TEMPLATE` is
-a header-and-end template without reasoning.
+A simulator started with ``--model-path`` pointing at one reports it in ``/model_info``, and the
+worker beside it counts each record's loss tokens with it, as beside a real server: so the demo
+and the tests measure the trainable yield without a real model. A byte-level BPE trained with
+``tokenizers`` on the simulator's own output (:mod:`dflash_tasks.sim.textgen`) and a few words,
+each word the simulator writes (with the space or full stop before it) one token, as the
+simulator counts them: its text tokenizes to within about 1% of the ``completion_tokens`` it
+reports (the think markers and their newlines are a few tokens more), so a yield measured on it
+is near what a real tokenizer gives. Saved as ``tokenizer.json`` plus a ``tokenizer_config.json``
+carrying a chat template: :data:`QWEN3_TEMPLATE` follows Qwen3's rules (think blocks only for
+assistant turns after the last user message unless ``preserve_thinking``, as Qwen3.6's, the empty
+think block with ``enable_thinking`` false); :data:`PLAIN_TEMPLATE` is a header-and-end template
+without reasoning. Other text (prompts) falls apart into short pieces, as rare words do.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from dflash_tasks.sim.textgen import _ANSWER_TEXT, _REASONING_TEXT
+from dflash_tasks.sim.textgen import plan_output, render_raw
 
 #: Qwen3's rules: the last-query rule, reasoning_content rendered in a think block, and the empty
 #: think block of the generation prompt with thinking off.
@@ -48,6 +56,8 @@ SPECIAL = ["<|im_start|>", "<|im_end|>", "<|end|>", "<|endoftext|>"]
 ADDED = ["<think>", "</think>"]
 #: Words the tokenizer knows as single tokens (with and without a leading space).
 WORDS = ("alpha", "beta", "gamma", "delta")
+#: Enough for every word the simulator writes to be one token (BPE stops at fewer).
+VOCAB_SIZE = 3000
 
 
 def build_model_dir(where: Path, template: str, name: str = "tiny-qwen3") -> Path:
@@ -55,11 +65,20 @@ def build_model_dir(where: Path, template: str, name: str = "tiny-qwen3") -> Pat
     path = where / name
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # a word with the space, or full stop and space, before it (and a full stop after it) is one
+    # piece, as the simulator emits its tokens; bytes for whatever else a row holds
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"(?:\. | )?[A-Za-z]+\.?"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    lines = [" ".join(WORDS)] * 50 + list(WORDS) * 20 + [_REASONING_TEXT, _ANSWER_TEXT] * 5
+    rng = random.Random(0)
+    said = [render_raw(rng, plan_output(rng, True, 400, 0.5, 0.8)) for _ in range(60)]
+    lines = [" ".join(WORDS), " " + " ".join(WORDS)] * 50 + list(WORDS) * 20 + said
     trainer = trainers.BpeTrainer(
-        vocab_size=400,
+        vocab_size=VOCAB_SIZE,
         special_tokens=SPECIAL,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,

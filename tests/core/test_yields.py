@@ -1,0 +1,70 @@
+"""The yield's pieces: the turns a repair round generated again, and the tally as job counters."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+from dflash_tasks.core.record import Record, Usage
+from dflash_tasks.core.repair import Superseded, superseded_tokens
+from dflash_tasks.core.states import RecordStatus
+from dflash_tasks.core.yields import YieldTally
+from tests.core.test_continuation import continued, cut
+from tests.core.test_record import record, turn
+
+
+def two_turns(second_tokens: int = 40, **second: object) -> Record:
+    return record(turn(), turn(usage=Usage(5, second_tokens, 30), **second))  # type: ignore[arg-type]
+
+
+def test_a_regenerated_turn_is_superseded_a_kept_one_is_not() -> None:
+    old = two_turns(70, content="", finish_reason="length")
+    again = two_turns(90, reasoning="another thought")  # turn 1 kept, turn 2 generated anew
+    assert superseded_tokens(old, again) == 70
+    assert superseded_tokens(old, record(turn(reasoning="x", latency_s=9.0))) == 40 + 70  # both anew
+
+
+def test_a_turn_equal_but_for_its_checks_is_kept() -> None:
+    old = two_turns()
+    rechecked = replace(old, turns=tuple(replace(t, checks=("no_reasoning",)) for t in old.turns))
+    assert superseded_tokens(old, rechecked) == 0
+
+
+def test_a_continued_turn_carries_its_tokens_and_a_failed_continuation_too() -> None:
+    old = cut(done=1000)
+    once = continued(old, added=500)
+    assert superseded_tokens(old, once) == 0
+    assert superseded_tokens(once, continued(once, added=200)) == 0  # continued twice
+    assert superseded_tokens(old, old) == 0  # the continuation failed: the cut turn as it was
+    # the same text generated again from scratch (temperature 0) was paid for twice
+    regenerated = record(replace(once.turns[0], parts=(), latency_s=7.0))
+    assert superseded_tokens(old, regenerated) == 1000
+
+
+def test_a_failed_turn_generated_again_supersedes_what_it_had_generated() -> None:
+    old = two_turns(25, status=RecordStatus.FAILED, content="", finish_reason=None)
+    acc = Superseded()
+    acc(old, two_turns(60))
+    acc(old, old)
+    assert (acc.tokens, acc.records) == (25, 2)
+
+
+def test_the_tally_as_counters_reads_back_and_a_round_moves_them_by_its_change() -> None:
+    chunk = YieldTally(generated=1000, trainable=700, written_generated=800, lost_to_max_length=50)
+    chunk.failed_turns, chunk.horizon_rows = 30, 2
+    chunk.dropped.update(truncated=150, empty_answer=20)
+    counters = chunk.counters()
+    assert counters["yield_generated_tokens"] == 1000 and counters["yield_dropped_truncated"] == 150
+    assert YieldTally.from_counters(counters).to_dict() == chunk.to_dict()
+
+    replaced = YieldTally(generated=150, trainable=0)
+    replaced.dropped["truncated"] = 150
+    repaired = YieldTally(generated=400, trainable=380, written_generated=400)
+    repaired.add_superseded(100)  # regenerated, not continued: its old turn paid for again
+    delta = repaired.counters(minus=replaced)
+    assert delta["yield_dropped_truncated"] == -150 and delta["yield_generated_tokens"] == 500 - 150
+    after = {k: counters.get(k, 0.0) + delta.get(k, 0.0) for k in {*counters, *delta}}
+    total = YieldTally.from_counters(after)
+    assert total.generated == 1000 + 350 and total.superseded == 100 and total.trainable == 1080
+    assert total.dropped == Counter(empty_answer=20)  # the truncated rows were replaced
+    assert total.to_dict()["where_the_rest_went"]["dropped_rows"] == {"empty_answer": 20}
