@@ -19,13 +19,13 @@ from dflash_tasks.core.record import Record, encode_records
 from dflash_tasks.core.sample import decode_chunk
 from dflash_tasks.core.spec_stats import sample_counts
 from dflash_tasks.core.states import Cause, Delivery, JobState
-from workers.conversation import start_conversation
+from workers.checks.live_gate import record_chunk_and_judge
+from workers.checks.loss_counting import LossCountCache
 from workers.flow.request_pool import RequestPool
+from workers.generate.conversation import start_conversation
+from workers.generate.identity import ServerModel
 from workers.generation import RetryPolicy, WorkerIdentity
-from workers.identity import ServerModel
-from workers.listener import NO_LISTENER, WorkerListener
-from workers.live_gate import record_chunk_and_judge
-from workers.loss_counting import LossCountCache
+from workers.monitor.listener import NO_LISTENER, WorkerListener
 from workers.recovery.leases import LeaseKeeper
 from workers.recovery.retrying import retry_transient
 from workers.sglang_client import SGLangClient
@@ -71,7 +71,7 @@ class ChunkContext:
     lease_seconds: float
     store_retry_seconds: float  # how long the chunk's store write, then its completion, are retried
     server: ServerModel  # what the server serves: a chunk of another model is never generated
-    listener: WorkerListener = NO_LISTENER  # metrics and live progress (workers.listener)
+    listener: WorkerListener = NO_LISTENER  # metrics and live progress (workers.monitor.listener)
     loss_counts: LossCountCache = dataclasses.field(default_factory=LossCountCache)
 
 

@@ -27,10 +27,10 @@ from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.core.states import Cause, Delivery, JobState
 from dflash_tasks.store.records import read_current
 from workers.chunk_runner import ChunkContext, ChunkOutcome, collect_records, job_of_chunk
-from workers.conversation import start_conversation
+from workers.generate.conversation import start_conversation
+from workers.generate.thought_opener import thought_opener
 from workers.generation import Continuation
 from workers.recovery.retrying import retry_transient
-from workers.thought_opener import thought_opener
 
 log = logging.getLogger(__name__)
 

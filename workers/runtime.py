@@ -34,14 +34,15 @@ from workers.flow.inflight_tuner import InflightTuner, TunerConfig
 from workers.flow.prefetch import PrefetchController
 from workers.flow.request_pool import RequestPool
 from workers.flow.tuner_loop import TunerLoop
+from workers.generate.identity import ServerModel
 from workers.generation import RetryPolicy, WorkerIdentity
-from workers.identity import ServerModel
-from workers.listener import Listeners, WorkerListener
+from workers.monitor.listener import Listeners, WorkerListener
+from workers.monitor.live_stats import FLUSH_SECONDS, StatsListener, WorkerStats
+from workers.monitor.worker_monitor import WorkerMonitor
 from workers.recovery.leases import LeaseKeeper, Reconciler
+from workers.recovery.requeue import Requeuer
 from workers.repair_runner import run_repair
-from workers.requeue import Requeuer
 from workers.sglang_client import ServerIdentity, SGLangClient
-from workers.stats import FLUSH_SECONDS, StatsListener, WorkerMonitor, WorkerStats
 
 log = logging.getLogger(__name__)
 

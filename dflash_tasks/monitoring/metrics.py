@@ -4,7 +4,7 @@ A worker runs the Celery threads pool (one process), so one registry per process
 :func:`start_server` serves it on ``127.0.0.1:<metrics_port>`` (``DFLASH_METRICS_PORT``, default
 9808; 0 disables it). The events are reported by the chunk runner, the sample generator and
 the task through :class:`PrometheusListener`, one of the listeners the worker runtime hands its
-code (``workers.listener``); they are cheap and work without a server (the counters just count).
+code (``workers.monitor.listener``); they are cheap and work without a server (the counters just count).
 
 Series (every one has a ``worker`` label):
 
@@ -134,7 +134,7 @@ INFO = Gauge(
 
 
 class PrometheusListener:
-    """The worker's events as Prometheus series (a listener in the sense of ``workers.listener``).
+    """The worker's events as Prometheus series (a listener in the sense of ``workers.monitor.listener``).
 
     One per worker process (the series live in the process-wide :data:`REGISTRY`); it also exports
     the worker's gauges (:meth:`watch_worker`, :meth:`watch_queue`) and its accept length.

@@ -1,7 +1,7 @@
 """Live progress of a job: the numbers behind ``progress.json`` and ``python -m dflash_tasks.status``.
 
 Data path. Every worker counts the samples it finishes in memory and pushes the counts to Redis
-every couple of seconds (:mod:`workers.stats`; keys in :mod:`dflash_tasks.coord.progress_keys`),
+every couple of seconds (:mod:`workers.monitor.live_stats`; keys in :mod:`dflash_tasks.coord.progress_keys`),
 together with a heartbeat of its own state. Any live process (each worker, ``enqueue --wait``)
 then tries, every ``progress_seconds``, to take a short per-job lock; the one that gets it reads a
 :class:`~dflash_tasks.monitoring.snapshot.Snapshot`, computes the job's progress here and writes

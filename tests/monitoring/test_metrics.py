@@ -20,7 +20,7 @@ from dflash_tasks.monitoring import metrics
 from dflash_tasks.monitoring.metrics import PrometheusListener
 from tests.helpers import free_port
 from workers.chunk_runner import _report_sample
-from workers.listener import Listeners
+from workers.monitor.listener import Listeners
 
 WORKER = "gpu-test@h"
 PROM = PrometheusListener(WORKER, "http://127.0.0.1:1")

@@ -22,7 +22,7 @@ from dflash_tasks.store import LocalStore
 from tests.helpers import wait_until
 from tests.workers.chunk_support import CHUNK_SIZE, Staged, stage_job
 from workers.chunk_runner import run_chunk
-from workers.listener import Listeners
+from workers.monitor.listener import Listeners
 from workers.recovery.leases import LeaseKeeper
 
 OTHER = b'{"id": "written by another worker"}\n'

@@ -23,7 +23,7 @@ from tests.workers.chunk_support import Staged
 from workers.flow.consumer_switch import ConsumerSwitch
 from workers.flow.health import HealthGate
 from workers.flow.prefetch import PrefetchController
-from workers.requeue import Requeuer
+from workers.recovery.requeue import Requeuer
 from workers.runtime import MAX_CHUNK_FAILURES, HeldChunks, WorkerRuntime
 
 

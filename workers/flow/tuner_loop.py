@@ -9,7 +9,7 @@ mean of ``sglang:gen_throughput`` over the window, or the worker's own completed
 say more: when the server reports no rate, or when the window saw many requests finish
 (:data:`MANY_COMPLETIONS` per slot), so that a count of what was stored is exact where the gauge
 is a sample of the server's last few decode steps. It is a
-:class:`~workers.listener.WorkerListener` too: finished samples tell it the completion rate and
+:class:`~workers.monitor.listener.WorkerListener` too: finished samples tell it the completion rate and
 the retractions the server reported per request. A window in which the worker did not keep its
 target in flight (no work, the end of a job) is dropped: it says nothing about the target.
 """

@@ -3,7 +3,7 @@
 The worker code calls ``listener.<event>(...)`` on a :class:`WorkerListener`; the runtime hands
 it a :class:`Listeners` that fans each event out to Prometheus
 (:class:`dflash_tasks.monitoring.metrics.PrometheusListener`) and to the live-progress counters
-(:class:`workers.stats.StatsListener`). Monitoring must never fail the work, so an observer that
+(:class:`workers.monitor.live_stats.StatsListener`). Monitoring must never fail the work, so an observer that
 raises is logged and skipped.
 """
 
