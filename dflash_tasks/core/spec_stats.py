@@ -8,7 +8,7 @@ the samples that report verify passes: the token-weighted mean, the figure the G
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +66,7 @@ class SampleCounts:
     prompt_tokens: int
     spec_tokens: int  # completion tokens of its turns that report verify passes
     verify: int  # their verify passes
-    turns: int  # its user turns (generations settled)
+    turns: int  # its user turns (generations settled; none for a repair round's sample)
     generations: int  # turns recorded (requests that returned)
     retractions: int = 0  # times the server retracted its requests (meta_info num_retractions)
 
@@ -82,5 +82,10 @@ def sample_counts(record: Record) -> SampleCounts:
         verify=verify,
         turns=record.user_turns,
         generations=len(record.turns),
-        retractions=sum((t.meta_info or {}).get("num_retractions") or 0 for t in record.turns),
+        retractions=retractions(record.turns),
     )
+
+
+def retractions(turns: Sequence[Turn]) -> int:
+    """How often the server retracted the requests of ``turns`` (``meta_info`` ``num_retractions``)."""
+    return sum((t.meta_info or {}).get("num_retractions") or 0 for t in turns)

@@ -19,10 +19,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.spec_stats import SampleCounts
 from workers.flow.inflight_tuner import InflightTuner, Window
@@ -97,7 +98,7 @@ class TunerLoop:
     def chunk_stored(self, job_id: str, seconds: float) -> None:
         pass
 
-    def delivery(self, result: Mapping[str, Any], redelivered: bool) -> None:
+    def delivery(self, outcome: DeliveryOutcome, redelivered: bool) -> None:
         pass
 
     def chunk_requeued(self, reason: str) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.live_progress import Field, LiveProgress
 from dflash_tasks.coord.progress_keys import WINDOW_SECONDS, bucket_start
+from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.errors import RetryableError
 from dflash_tasks.core.spec_stats import SampleCounts
 from dflash_tasks.core.spec_stats import accept_length as ratio
@@ -157,7 +158,7 @@ class StatsListener:
     def chunk_stored(self, job_id: str, seconds: float) -> None:
         self.stats.chunk_done(job_id)
 
-    def delivery(self, result: Mapping[str, Any], redelivered: bool) -> None:
+    def delivery(self, outcome: DeliveryOutcome, redelivered: bool) -> None:
         pass
 
     def chunk_requeued(self, reason: str) -> None:

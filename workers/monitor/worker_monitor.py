@@ -28,7 +28,7 @@ from workers.monitor.live_stats import FLUSH_SECONDS, WorkerStats
 from workers.sglang_client import SGLangClient
 
 if TYPE_CHECKING:
-    from workers.chunk_runner import ChunkContext
+    from workers.leased_work import ChunkContext
 
 
 log = logging.getLogger(__name__)
