@@ -106,8 +106,10 @@ class TunerLoop:
 
     # ------------------------------------------------------------------ the loop
     def state(self) -> dict[str, Any]:
-        """The tuner's state (target, phase, reason, curve) plus the current window length."""
-        return {**self.tuner.state(), "window_seconds": round(self._window_length(), 1)}
+        """The tuner's state (target, phase, reason, curve) plus the current window length and the
+        completion tokens of every sample it heard of (its own count of the worker's output)."""
+        window = round(self._window_length(), 1)
+        return {**self.tuner.state(), "window_seconds": window, "completed_tokens": self._counters()[1]}
 
     def start(self) -> None:
         self.pool.set_target(self.tuner.target)
