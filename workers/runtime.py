@@ -95,18 +95,7 @@ class WorkerRuntime:
             low_water=lambda: settings.low_water(pool.max_inflight),
             max_chunks=settings.max_chunks,
         )
-        reconciler = Reconciler(
-            bk,
-            lambda job_id: jobs.get(job_id).store,
-            requeuer.requeue,
-            owner=hostname,
-            interval=settings.reconcile_seconds,
-            lease_seconds=settings.lease_seconds,
-            visibility_timeout=settings.visibility_timeout,
-            replan=requeuer.replan_job,
-            replan_seconds=settings.replan_seconds,
-            listener=listener,
-        )
+        reconciler = reconciler_for(settings, ctx, requeuer, hostname)
         monitor = WorkerMonitor.for_worker(
             settings, ctx, hostname, held.count, lambda: health.healthy, stats, prometheus, tuner
         )
@@ -147,6 +136,24 @@ class WorkerRuntime:
     def listener(self) -> WorkerListener:
         """Where the worker's events go: Prometheus, the live-progress counters and the tuner."""
         return self.ctx.listener
+
+
+def reconciler_for(
+    settings: WorkerSettings, ctx: ChunkContext, requeuer: Requeuer, hostname: str
+) -> Reconciler:
+    """The reconciler: re-queues the chunks of dead workers' expired leases and re-plans jobs."""
+    return Reconciler(
+        ctx.bookkeeping,
+        lambda job_id: ctx.jobs.get(job_id).store,
+        requeuer.requeue,
+        owner=hostname,
+        interval=settings.reconcile_seconds,
+        lease_seconds=settings.lease_seconds,
+        visibility_timeout=settings.visibility_timeout,
+        replan=requeuer.replan_job,
+        replan_seconds=settings.replan_seconds,
+        listener=ctx.listener,
+    )
 
 
 def tuner_for(settings: WorkerSettings, pool: RequestPool, client: SGLangClient) -> TunerLoop | None:
