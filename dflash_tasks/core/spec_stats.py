@@ -47,14 +47,14 @@ def _request_counts(meta: Mapping[str, Any] | None, tokens: int) -> tuple[int, i
     return tokens, verify
 
 
-def accept_length(tokens: float, verify: float) -> float | None:
-    """``tokens / verify``, or None without verify passes."""
+def pooled_accept_length(tokens: float, verify: float) -> float | None:
+    """The accept length of pooled counts: ``tokens / verify``, or None without verify passes."""
     return tokens / verify if verify > 0 else None
 
 
 def sample_accept_length(record: Record) -> float | None:
     """One sample's accept length, or None when its record has no speculative stats."""
-    return accept_length(*spec_counts(record))
+    return pooled_accept_length(*spec_counts(record))
 
 
 @dataclass(frozen=True, slots=True)

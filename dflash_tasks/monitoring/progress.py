@@ -25,7 +25,7 @@ from typing import Any
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, WINDOW_SECONDS, window_bounds
 from dflash_tasks.core.source_quality import progress_sources
-from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, accept_length
+from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, pooled_accept_length
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.fleet import alive, live_fleet, serving_warning
 from dflash_tasks.monitoring.settled import settle, stats_of
@@ -83,12 +83,12 @@ def spec_summary(snap: Snapshot, workers: list[dict[str, Any]], now: float) -> d
     if verify <= 0:
         tokens = sum(c.get("spec_tokens", 0.0) for c in snap.per_worker.values())
         verify = sum(c.get("verify", 0.0) for c in snap.per_worker.values())
-    window = accept_length(
+    window = pooled_accept_length(
         window_total(snap.buckets, "spec_tokens", now), window_total(snap.buckets, "verify", now)
     )
     servers = [w["server_accept_length"] for w in workers if w["alive"] and w["server_accept_length"]]
     server = sum(servers) / len(servers) if servers else None
-    job = accept_length(tokens, verify)
+    job = pooled_accept_length(tokens, verify)
     shown: float | None = job if job is not None else server
     source = SOURCE_PER_REQUEST if job is not None else (SOURCE_SERVER if server is not None else None)
     return {
@@ -297,8 +297,8 @@ def _workers(snap: Snapshot, now: float) -> list[dict[str, Any]]:
         beat = snap.workers.get(name, {})
         first = counts.get("first") or None
         server = num(beat.get("server_accept_length")) or None
-        own = accept_length(counts.get("spec_tokens", 0.0), counts.get("verify", 0.0))
-        window = accept_length(
+        own = pooled_accept_length(counts.get("spec_tokens", 0.0), counts.get("verify", 0.0))
+        window = pooled_accept_length(
             window_total(snap.buckets, f"{name}|spec_tokens", now),
             window_total(snap.buckets, f"{name}|verify", now),
         )

@@ -22,8 +22,7 @@ from dflash_tasks.coord.live_progress import Field, LiveProgress
 from dflash_tasks.coord.progress_keys import WINDOW_SECONDS, bucket_start
 from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.errors import RetryableError
-from dflash_tasks.core.spec_stats import SampleCounts
-from dflash_tasks.core.spec_stats import accept_length as ratio
+from dflash_tasks.core.spec_stats import SampleCounts, pooled_accept_length
 
 #: How often a worker pushes its counts and heartbeat (s), at most.
 FLUSH_SECONDS = 2.0
@@ -93,7 +92,9 @@ class WorkerStats:
         now = time.time() if now is None else now
         with self._lock:
             self._forget_before(now - window)
-            return ratio(sum(t for _, t, _ in self._recent), sum(v for _, _, v in self._recent))
+            return pooled_accept_length(
+                sum(t for _, t, _ in self._recent), sum(v for _, _, v in self._recent)
+            )
 
     def chunk_started(self, job_id: str, now: float | None = None) -> None:
         now = time.time() if now is None else now
