@@ -140,7 +140,7 @@ def _field(value: Any) -> Field:
 
 
 class StatsListener:
-    """:class:`WorkerStats` as a worker listener (``workers.listener``): the live-progress counters."""
+    """:class:`WorkerStats` as a worker listener (:mod:`workers.monitor.listener`): the live counters."""
 
     def __init__(self, stats: WorkerStats) -> None:
         self.stats = stats
