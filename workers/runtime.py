@@ -4,6 +4,7 @@ stops their background threads."""
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from celery import Celery
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.jobs_cache import JobCache
+from dflash_tasks.coord.live_progress import LiveProgress
 from dflash_tasks.coord.routing import server_queues
 from dflash_tasks.core.settings import WorkerSettings
 from dflash_tasks.monitoring.metrics import PrometheusListener
@@ -96,7 +98,7 @@ class WorkerRuntime:
             max_chunks=settings.max_chunks,
         )
         reconciler = reconciler_for(settings, ctx, requeuer, hostname)
-        monitor = WorkerMonitor.for_worker(
+        monitor = monitor_for(
             settings, ctx, hostname, held.count, lambda: health.healthy, stats, prometheus, tuner
         )
         failures = DeliveryFailures(bk, requeuer, health, settings.requeue_backoff)
@@ -136,6 +138,59 @@ class WorkerRuntime:
     def listener(self) -> WorkerListener:
         """Where the worker's events go: Prometheus, the live-progress counters and the tuner."""
         return self.ctx.listener
+
+
+def monitor_for(
+    settings: WorkerSettings,
+    ctx: ChunkContext,
+    hostname: str,
+    held: Callable[[], int],
+    healthy: Callable[[], bool],
+    stats: WorkerStats,
+    prometheus: PrometheusListener,
+    tuner: TunerLoop | None = None,
+) -> WorkerMonitor:
+    """The worker's monitor, wired to its pool, server, chunk count, health and in-flight tuner:
+    what its heartbeat says (``state``) and the gauges Prometheus reads at scrape time."""
+
+    def queues() -> list[str]:
+        served = ctx.server.current
+        if served is None:
+            return [settings.queue]
+        return server_queues(settings.queue, served.served_model_name, served.model_path)
+
+    def state() -> dict[str, Any]:
+        served = ctx.server.current
+        return {
+            "endpoint": ctx.identity.endpoint,
+            "model": served.served_model_name if served else "",
+            "model_path": served.model_path if served else "",
+            "sglang_version": served.version if served else "",
+            "queues": ",".join(queues()),
+            "inflight": ctx.pool.running,
+            "waiting": ctx.pool.waiting,
+            "max_inflight": ctx.pool.max_inflight,
+            "held_chunks": held(),
+            "healthy": healthy(),
+            "server_accept_length": monitor.accept,
+            # the tuner's target, phase, reason and measured curve, as one JSON field
+            "tuner": json.dumps(tuner.state(), separators=(",", ":")) if tuner else "",
+        }
+
+    monitor = WorkerMonitor(
+        settings, ctx.bookkeeping, ctx.jobs, ctx.client, hostname, state, stats, prometheus
+    )
+    prometheus.watch_worker(
+        lambda: ctx.pool.running,
+        lambda: ctx.pool.waiting,
+        held,
+        healthy,
+        lambda: ctx.pool.max_inflight,
+    )
+    if tuner is not None:
+        prometheus.watch_tuner(tuner.state)
+    prometheus.watch_queue(LiveProgress.of(ctx.bookkeeping), queues)
+    return monitor
 
 
 def reconciler_for(

@@ -8,28 +8,20 @@ to write the ``progress.json`` of every registered job (one process per job wins
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.jobs_cache import JobCache
-from dflash_tasks.coord.live_progress import LiveProgress
-from dflash_tasks.coord.routing import server_queues
 from dflash_tasks.core.errors import DflashError, RetryableError
 from dflash_tasks.core.settings import WorkerSettings
 from dflash_tasks.monitoring import metrics
 from dflash_tasks.monitoring.metrics import PrometheusListener
 from dflash_tasks.monitoring.progress_writer import ProgressWriter, registered_jobs
-from workers.flow.tuner_loop import TunerLoop
 from workers.monitor.live_stats import FLUSH_SECONDS, WorkerStats
 from workers.sglang_client import SGLangClient
-
-if TYPE_CHECKING:
-    from workers.leased_work import ChunkContext
-
 
 log = logging.getLogger(__name__)
 
@@ -88,57 +80,6 @@ class WorkerMonitor:
         )
         self.accept: float | None = None  # the server's lifetime figure (internal_states)
         self._stop = threading.Event()
-
-    @classmethod
-    def for_worker(
-        cls,
-        settings: WorkerSettings,
-        ctx: ChunkContext,
-        hostname: str,
-        held: Callable[[], int],
-        healthy: Callable[[], bool],
-        stats: WorkerStats,
-        prometheus: PrometheusListener,
-        tuner: TunerLoop | None = None,
-    ) -> WorkerMonitor:
-        """Wire a monitor to a worker's pool, chunk count, health and in-flight tuner."""
-
-        def queues() -> list[str]:
-            served = ctx.server.current
-            if served is None:
-                return [settings.queue]
-            return server_queues(settings.queue, served.served_model_name, served.model_path)
-
-        def state() -> dict[str, Any]:
-            served = ctx.server.current
-            return {
-                "endpoint": ctx.identity.endpoint,
-                "model": served.served_model_name if served else "",
-                "model_path": served.model_path if served else "",
-                "sglang_version": served.version if served else "",
-                "queues": ",".join(queues()),
-                "inflight": ctx.pool.running,
-                "waiting": ctx.pool.waiting,
-                "max_inflight": ctx.pool.max_inflight,
-                "held_chunks": held(),
-                "healthy": healthy(),
-                "server_accept_length": monitor.accept,
-                # the tuner's target, phase, reason and measured curve, as one JSON field
-                "tuner": json.dumps(tuner.state(), separators=(",", ":")) if tuner else "",
-            }
-
-        monitor = cls(settings, ctx.bookkeeping, ctx.jobs, ctx.client, hostname, state, stats, prometheus)
-        prometheus.watch_worker(
-            lambda: ctx.pool.running,
-            lambda: ctx.pool.waiting,
-            held,
-            healthy,
-            lambda: ctx.pool.max_inflight,
-        )
-        if tuner is not None:
-            prometheus.watch_tuner(tuner.state)
-        prometheus.watch_queue(LiveProgress.of(ctx.bookkeeping), queues)
-        return monitor
 
     def start(self) -> None:
         metrics.start_server(self.settings.metrics_port, self.settings.metrics_address)
