@@ -33,8 +33,8 @@ from dflash_tasks.core.stored_counts import RecordCounter
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from dflash_tasks.store import LocalStore
-from workers.chunk_yield import yield_counters
-from workers.loss_counting import LossCountCache
+from workers.checks.chunk_yield import yield_counters
+from workers.checks.loss_counting import LossCountCache
 
 
 def _job(samples: int) -> JobDefinition:
@@ -56,7 +56,7 @@ def _write(root: Path, job: JobDefinition, distinct: list[Record], samples: int)
 
 
 def _live_yield_ms(job: JobDefinition, model: str, counted: list[Record]) -> float:
-    """Milliseconds per record of the worker's live yield (:func:`workers.chunk_yield.yield_counters`),
+    """Milliseconds per record of the worker's live yield (:func:`workers.checks.chunk_yield.yield_counters`),
     a chunk at a time, from the stored counts (the counter is loaded before the clock starts)."""
     cache = LossCountCache()
     check(cache.counter("bench", job, model) is not None, "the worker cannot count here")

@@ -15,7 +15,7 @@ from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.record import Record, Turn, Usage, outcome_of
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.core.states import FailureKind, RecordStatus
-from workers.listener import NO_LISTENER, WorkerListener
+from workers.monitor.listener import NO_LISTENER, WorkerListener
 from workers.sglang_client import Completion, ServerIdentity, SGLangClient
 
 _EMPTY = Completion("", "", "", 0, 0, 0)

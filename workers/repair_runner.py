@@ -7,80 +7,86 @@ and rounds ``1..R-1``), regenerates those that failed by a passing cause (all fa
 trainer's horizon where it stopped (``continue_final_message``: only the new tokens are generated;
 :mod:`dflash_tasks.core.continuation`), and writes the new records, write-once,
 to ``outputs/chunk-N.repair-R.jsonl``. It holds the chunk's own lease meanwhile (the chunk is done,
-so no first pass competes for it), and its counters move once per chunk and round.
+so no first pass competes for it), and its counters move once per chunk and round. The lease and
+the listeners' events are the leased-work runner's (:func:`workers.leased_work.run_leased`), as
+a chunk's are: a regenerated sample reaches Prometheus, the live rates and the in-flight tuner with
+what this round sent (:func:`round_counts`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 
+from dflash_tasks.coord.jobs_cache import JobHandle
 from dflash_tasks.core.continuation import new_parts
+from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.job import JobDefinition, input_key, output_key, repair_key
-from dflash_tasks.core.quality import with_checks
-from dflash_tasks.core.record import Part, Record, Turn, encode_records
+from dflash_tasks.core.record import Part, Record, Turn
 from dflash_tasks.core.repair import RepairUnit, budget_of, to_continue, to_repair
 from dflash_tasks.core.sample import Sample, decode_chunk
-from dflash_tasks.core.spec_stats import spec_counts
-from dflash_tasks.core.states import Cause, Delivery, JobState
+from dflash_tasks.core.spec_stats import SampleCounts, retractions, spec_counts
+from dflash_tasks.core.states import Cause, Delivery
 from dflash_tasks.store.records import read_current
-from workers.chunk_runner import ChunkContext, ChunkOutcome, collect_records, job_of_chunk
-from workers.chunk_yield import yield_counters
-from workers.conversation import start_conversation
+from workers.checks.chunk_yield import yield_counters
+from workers.generate.conversation import start_conversation
+from workers.generate.thought_opener import thought_opener
 from workers.generation import Continuation
+from workers.leased_work import ChunkContext, checked_records, run_leased, served_model_path, write_once
 from workers.recovery.retrying import retry_transient
-from workers.thought_opener import thought_opener
-
-log = logging.getLogger(__name__)
 
 
-def run_repair(ctx: ChunkContext, job_id: str, unit: RepairUnit, owner: str) -> ChunkOutcome:
-    """Run repair round ``unit`` of ``job_id`` unless it is stored, running elsewhere or has nothing to do.
+def run_repair(ctx: ChunkContext, job_id: str, unit: RepairUnit, owner: str) -> DeliveryOutcome:
+    """Run repair round ``unit`` of ``job_id`` unless it is stored, running elsewhere or has nothing
+    to do (raises as :func:`~workers.leased_work.run_leased` does)."""
+    return run_leased(ctx, RepairWork(job_id, unit), owner)
 
-    Raises as :func:`~workers.chunk_runner.run_chunk` does (the lease released).
-    """
-    chunk = unit.chunk
-    job = job_of_chunk(ctx, job_id, chunk)
-    key = repair_key(chunk, unit.round)
-    if job.store.exists(key):
-        return ChunkOutcome(Delivery.SKIPPED, "repair round already stored", Cause.ALREADY_DONE)
-    if not job.store.exists(output_key(chunk)):  # planned only for stored chunks: a hand-made message
-        return ChunkOutcome(Delivery.SKIPPED, "the chunk is not stored yet: nothing to repair")
-    model = job.definition.spec.model
-    ctx.server.check(model)
-    if not ctx.bookkeeping.acquire(job_id, chunk, owner, ctx.lease_seconds):
-        return ChunkOutcome(Delivery.SKIPPED, "running elsewhere (live lease)", Cause.LEASED_ELSEWHERE)
-    started = time.monotonic()
-    ctx.leases.hold(job_id, chunk, owner)
-    try:
-        state, reason = ctx.bookkeeping.job_state(job_id)
-        if job.store.exists(key) or state == JobState.PAUSED:
-            ctx.bookkeeping.release(job_id, chunk, owner)
-            if state == JobState.PAUSED:  # a re-run of enqueue plans it again
-                return ChunkOutcome(Delivery.PAUSED, reason)
-            return ChunkOutcome(Delivery.SKIPPED, "repair round already stored", Cause.ALREADY_DONE)
+
+@dataclass(slots=True)
+class RepairWork:
+    """A repair round of a stored chunk (a :class:`~workers.leased_work.LeasedWork`)."""
+
+    job_id: str
+    unit: RepairUnit
+    targets: list[Record] = field(default_factory=list)  # the records it regenerates, read by start
+
+    @property
+    def chunk(self) -> int:
+        return self.unit.chunk
+
+    @property
+    def rid_stem(self) -> str:
+        return f"{self.job_id}-{self.unit.chunk}-r{self.unit.round}"
+
+    def needless(self, job: JobHandle) -> DeliveryOutcome | None:
+        if job.store.exists(repair_key(self.unit.chunk, self.unit.round)):
+            return DeliveryOutcome(Delivery.SKIPPED, "repair round already stored", Cause.ALREADY_DONE)
+        if not job.store.exists(output_key(self.unit.chunk)):  # planned only for stored chunks
+            return DeliveryOutcome(Delivery.SKIPPED, "the chunk is not stored yet: nothing to repair")
+        return None
+
+    def start(
+        self, ctx: ChunkContext, job: JobHandle, rid_prefix: str
+    ) -> list[Future[Record]] | DeliveryOutcome:
+        """Read the chunk's current records and start those this round regenerates."""
+        unit, chunk = self.unit, self.unit.chunk
         earlier = tuple(r for r in range(1, unit.round) if job.store.exists(repair_key(chunk, r)))
         current = read_current(job.store, chunk, earlier)
-        targets = to_repair(current, unit.permanent, unit.max_tokens, job.definition.trainer.max_length)
-        if not targets:
-            ctx.bookkeeping.release(job_id, chunk, owner)
-            return ChunkOutcome(Delivery.SKIPPED, "nothing left to repair", Cause.ALREADY_DONE)
+        self.targets = to_repair(current, unit.permanent, unit.max_tokens, job.definition.trainer.max_length)
+        if not self.targets:
+            return DeliveryOutcome(Delivery.SKIPPED, "nothing left to repair", Cause.ALREADY_DONE)
         samples = {s.id: s for s in decode_chunk(job.store.read(input_key(chunk)), input_key(chunk))}
-        rid_prefix = f"{job_id}-{chunk}-r{unit.round}-{owner.rsplit('/', 1)[-1]}"
-        futures = _start(ctx, job.definition, unit, targets, samples, rid_prefix)
-        records = collect_records(futures)
-        ctx.server.confirm(model)
-        return _store_round(ctx, job_id, unit, targets, records, started)
-    except BaseException:
-        try:
-            ctx.bookkeeping.release(job_id, chunk, owner)
-        except Exception:  # the lease expires on its own
-            log.warning("could not release the lease of chunk %s of job %s", chunk, job_id)
-        raise
-    finally:
-        ctx.leases.drop(job_id, chunk)
+        return _start(ctx, job.definition, unit, self.targets, samples, rid_prefix)
+
+    def counts(self, index: int, record: Record) -> SampleCounts:
+        return round_counts(self.targets[index], record)
+
+    def store(
+        self, ctx: ChunkContext, job: JobHandle, records: list[Record], started: float
+    ) -> DeliveryOutcome:
+        return _store_round(ctx, job, self.job_id, self.unit, self.targets, records, started)
 
 
 def _start(
@@ -135,41 +141,46 @@ def _as_turn(turn: Turn, part: Part) -> Turn:
     return dataclasses.replace(turn, usage=part.usage, meta_info=part.meta_info, parts=())
 
 
+def round_counts(old: Record, new: Record) -> SampleCounts:
+    """What a regenerated sample adds to the counters: only what this round sent (:func:`_sent`).
+
+    Its turns were settled with the chunk (``turns`` 0: the job's progress moves by none).
+    """
+    sent = _sent(old, new)
+    spec_tokens, verify = spec_counts(dataclasses.replace(new, turns=sent))
+    return SampleCounts(
+        ok=new.ok,
+        completion_tokens=sum(t.usage.completion_tokens for t in sent),
+        prompt_tokens=sum(t.usage.prompt_tokens for t in sent),
+        spec_tokens=spec_tokens,
+        verify=verify,
+        turns=0,
+        generations=len(sent),
+        retractions=retractions(sent),
+    )
+
+
 def _store_round(
     ctx: ChunkContext,
+    job: JobHandle,
     job_id: str,
     unit: RepairUnit,
     old: list[Record],
     generated: list[Record],
     started: float,
-) -> ChunkOutcome:
+) -> DeliveryOutcome:
     """Check, write the round's file once, and move the counters by what changed."""
-    job = ctx.jobs.get(job_id)
-    quality, thinking = job.definition.quality, job.definition.spec.thinking
-    records = [with_checks(r, thinking, quality) for r in generated]
-    served = ctx.server.current
-    model_path = served.model_path if served is not None else None
-    records = ctx.loss_counts.counted(job_id, job.definition, model_path, records)
-    key = repair_key(unit.chunk, unit.round)
+    records = checked_records(ctx, job, job_id, generated)
     where = f"repair round {unit.round} of chunk {unit.chunk} of job {job_id}"
-    data = encode_records(records)
-    if not retry_transient(
-        lambda: job.store.write_new(key, data), f"storing {where}", ctx.store_retry_seconds, ctx.policy
-    ):
-        log.warning("%s was stored by another worker meanwhile: keeping theirs", where)
-        return ChunkOutcome(
-            Delivery.SKIPPED,
-            "stored meanwhile by another worker",
-            Cause.ALREADY_DONE,
-            seconds=time.monotonic() - started,
-        )
+    taken = write_once(ctx, job, repair_key(unit.chunk, unit.round), records, where, started)
+    if taken is not None:
+        return taken
     fixed = sum(r.ok and not o.ok for r, o in zip(records, old, strict=True))  # failed -> ok
     failed_now = sum(not r.ok for r in records)
     # Only what this round sent counts as generation: kept turns were counted with the chunk, and of
     # a continued turn only its new parts.
-    sent = [_sent(o, r) for r, o in zip(records, old, strict=True)]
-    spec = [spec_counts(dataclasses.replace(r, turns=turns)) for r, turns in zip(records, sent, strict=True)]
-    tokens = sum(t.usage.completion_tokens for turns in sent for t in turns)
+    each = [round_counts(o, r) for r, o in zip(records, old, strict=True)]
+    tokens = sum(c.completion_tokens for c in each)
     counters = {
         "samples_ok": fixed - sum(o.ok and not r.ok for r, o in zip(records, old, strict=True)),
         "samples_failed": failed_now - sum(not o.ok for o in old),
@@ -177,11 +188,11 @@ def _store_round(
         "samples_repaired": sum(r.ok for r in records) - sum(o.ok and o.repair is not None for o in old),
         "repair_samples": len(records),
         "completion_tokens": tokens,
-        "prompt_tokens": sum(t.usage.prompt_tokens for turns in sent for t in turns),
-        "spec_tokens": sum(t for t, _ in spec),
-        "spec_verify_ct": sum(v for _, v in spec),
-        "generations": sum(len(turns) for turns in sent),
-        **yield_counters(ctx.loss_counts, job_id, job.definition, model_path, records, old),
+        "prompt_tokens": sum(c.prompt_tokens for c in each),
+        "spec_tokens": sum(c.spec_tokens for c in each),
+        "spec_verify_ct": sum(c.verify for c in each),
+        "generations": sum(c.generations for c in each),
+        **yield_counters(ctx.loss_counts, job_id, job.definition, served_model_path(ctx), records, old),
     }
     retry_transient(
         lambda: ctx.bookkeeping.complete_repair(job_id, unit.chunk, unit.round, counters) or True,
@@ -189,7 +200,7 @@ def _store_round(
         ctx.store_retry_seconds,
         ctx.policy,
     )
-    return ChunkOutcome(
+    return DeliveryOutcome(
         Delivery.DONE,
         f"repair round {unit.round}",
         Cause.NONE,

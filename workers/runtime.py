@@ -1,12 +1,11 @@
 """The worker process's composition root: builds every part once (server client, request pool,
-leases, health gate, reconciler, prefetch, listeners, monitor) and runs each delivered chunk."""
+leases, health gate, reconciler, prefetch, listeners, monitor, delivery handler) and starts and
+stops their background threads."""
 
 from __future__ import annotations
 
-import logging
+import json
 import socket
-import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,39 +13,28 @@ from typing import Any
 from celery import Celery
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
-from dflash_tasks.coord.jobs_cache import JobCache, UnknownJob
+from dflash_tasks.coord.jobs_cache import JobCache
+from dflash_tasks.coord.live_progress import LiveProgress
 from dflash_tasks.coord.routing import server_queues
-from dflash_tasks.core.errors import (
-    DflashError,
-    PermanentError,
-    RetryableError,
-    ServerUnavailable,
-    WrongModel,
-)
-from dflash_tasks.core.repair import RepairUnit
 from dflash_tasks.core.settings import WorkerSettings
-from dflash_tasks.core.states import Cause, Delivery
 from dflash_tasks.monitoring.metrics import PrometheusListener
-from workers.chunk_runner import ChunkContext, run_chunk
+from workers.delivery import DeliveryHandler, HeldChunks
 from workers.flow.consumer_switch import ConsumerSwitch
 from workers.flow.health import HealthGate
 from workers.flow.inflight_tuner import InflightTuner, TunerConfig
 from workers.flow.prefetch import PrefetchController
 from workers.flow.request_pool import RequestPool
 from workers.flow.tuner_loop import TunerLoop
+from workers.generate.identity import ServerModel
 from workers.generation import RetryPolicy, WorkerIdentity
-from workers.identity import ServerModel
-from workers.listener import Listeners, WorkerListener
+from workers.leased_work import ChunkContext
+from workers.monitor.listener import Listeners, WorkerListener
+from workers.monitor.live_stats import FLUSH_SECONDS, StatsListener, WorkerStats
+from workers.monitor.worker_monitor import WorkerMonitor
+from workers.recovery.delivery_failures import DeliveryFailures
 from workers.recovery.leases import LeaseKeeper, Reconciler
-from workers.repair_runner import run_repair
-from workers.requeue import Requeuer
+from workers.recovery.requeue import Requeuer
 from workers.sglang_client import ServerIdentity, SGLangClient
-from workers.stats import FLUSH_SECONDS, StatsListener, WorkerMonitor, WorkerStats
-
-log = logging.getLogger(__name__)
-
-#: A chunk failing this many times with a permanent error is parked until ``resume``.
-MAX_CHUNK_FAILURES = 5
 
 
 @dataclass(slots=True)
@@ -59,8 +47,7 @@ class WorkerRuntime:
     reconciler: Reconciler
     prefetch: PrefetchController
     switch: ConsumerSwitch
-    requeuer: Requeuer
-    held: HeldChunks
+    delivery: DeliveryHandler  # runs each delivered message; the Celery task calls it
     monitor: WorkerMonitor  # live stats, progress.json, Prometheus
     tuner: TunerLoop | None = None  # the in-flight tuner (--max-inflight auto)
 
@@ -103,30 +90,21 @@ class WorkerRuntime:
 
         health = HealthGate(probe, settings.health_poll_seconds, on_down=switch.pause, on_up=switch.resume)
         held = HeldChunks()
-        requeuer = Requeuer(settings, ctx, app)
+        requeuer = Requeuer(settings, bk, jobs, app)
         prefetch = PrefetchController(
             held=held.count,
             backlog=lambda: ctx.pool.waiting,
             low_water=lambda: settings.low_water(pool.max_inflight),
             max_chunks=settings.max_chunks,
         )
-        reconciler = Reconciler(
-            bk,
-            lambda job_id: jobs.get(job_id).store,
-            requeuer.requeue,
-            owner=hostname,
-            interval=settings.reconcile_seconds,
-            lease_seconds=settings.lease_seconds,
-            visibility_timeout=settings.visibility_timeout,
-            replan=requeuer.replan_job,
-            replan_seconds=settings.replan_seconds,
-            listener=listener,
-        )
-        monitor = WorkerMonitor.for_worker(
+        reconciler = reconciler_for(settings, ctx, requeuer, hostname)
+        monitor = monitor_for(
             settings, ctx, hostname, held.count, lambda: health.healthy, stats, prometheus, tuner
         )
+        failures = DeliveryFailures(bk, requeuer, health, settings.requeue_backoff)
+        delivery = DeliveryHandler(ctx, hostname, health, prefetch, held, failures)
         return cls(
-            settings, app, hostname, ctx, health, reconciler, prefetch, switch, requeuer, held, monitor, tuner
+            settings, app, hostname, ctx, health, reconciler, prefetch, switch, delivery, monitor, tuner
         )
 
     def attach_consumer(self, consumer: Any) -> None:
@@ -156,114 +134,81 @@ class WorkerRuntime:
         for _, stop in reversed(self._loops()):
             stop()
 
-    def requeue(
-        self,
-        job_id: str,
-        chunk: int,
-        countdown: float | None = None,
-        fallback: str = "",
-        repair: RepairUnit | None = None,
-    ) -> str:
-        """See :meth:`Requeuer.requeue`."""
-        return self.requeuer.requeue(job_id, chunk, countdown, fallback, repair)
-
-    def replan_job(self, job_id: str) -> list[int]:
-        """See :meth:`Requeuer.replan_job`."""
-        return self.requeuer.replan_job(job_id)
-
     @property
     def listener(self) -> WorkerListener:
-        """Where the worker's events go: Prometheus and the live-progress counters."""
+        """Where the worker's events go: Prometheus, the live-progress counters and the tuner."""
         return self.ctx.listener
 
-    @property
-    def held_chunks(self) -> int:
-        """Chunks this worker is running now."""
-        return self.held.count()
 
-    def _after_failure(
-        self, job_id: str, chunk: int, exc: Exception, queue: str = "", repair: RepairUnit | None = None
-    ) -> dict[str, Any]:
-        """Re-queue a chunk that failed on store or Redis trouble (or a bug), with a growing delay.
+def monitor_for(
+    settings: WorkerSettings,
+    ctx: ChunkContext,
+    hostname: str,
+    held: Callable[[], int],
+    healthy: Callable[[], bool],
+    stats: WorkerStats,
+    prometheus: PrometheusListener,
+    tuner: TunerLoop | None = None,
+) -> WorkerMonitor:
+    """The worker's monitor, wired to its pool, server, chunk count, health and in-flight tuner:
+    what its heartbeat says (``state``) and the gauges Prometheus reads at scrape time."""
 
-        A chunk failing with a permanent error ``max_chunk_failures`` times is parked instead:
-        not queued again until ``resume`` (or a re-run of enqueue), and shown by ``status``.
-        """
-        try:
-            failures = self.ctx.bookkeeping.count_chunk_failure(job_id, chunk)
-        except DflashError:
-            failures = 1
-        reason = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, PermanentError) and failures >= MAX_CHUNK_FAILURES:
-            try:
-                self.ctx.bookkeeping.park_chunk(job_id, chunk, reason)
-                log.error("chunk %d of job %s parked after %d failures: %s", chunk, job_id, failures, reason)
-                return delivery_result(Delivery.PARKED, reason, Cause.ERROR)
-            except DflashError:
-                pass  # cannot park without Redis: keep retrying
-        delay = float(min(600.0, self.settings.requeue_backoff * 2 ** (failures - 1)))
-        self.requeue(job_id, chunk, countdown=delay, fallback=queue, repair=repair)
-        log.log(
-            logging.WARNING if isinstance(exc, RetryableError) else logging.ERROR,
-            "chunk %d of job %s re-queued in %.0fs: %s",
-            chunk,
-            job_id,
-            delay,
-            reason,
-            exc_info=not isinstance(exc, DflashError),
-        )
-        return delivery_result(Delivery.REQUEUED, reason, Cause.ERROR)
+    def queues() -> list[str]:
+        served = ctx.server.current
+        if served is None:
+            return [settings.queue]
+        return server_queues(settings.queue, served.served_model_name, served.model_path)
 
-    def handle_delivery(
-        self, job_id: str, chunk: int, task_id: str, queue: str = "", repair: RepairUnit | None = None
-    ) -> dict[str, Any]:
-        """Run one delivered chunk message, or a chunk's ``repair`` round (taken from ``queue``);
-        never raises for expected failures."""
-        if not self.health.healthy:  # not consuming any more; don't bounce it straight back here
-            self.requeue(
-                job_id, chunk, countdown=self.settings.health_poll_seconds, fallback=queue, repair=repair
-            )
-            return delivery_result(Delivery.REQUEUED, "server unhealthy", Cause.SERVER_UNHEALTHY)
-        owner = f"{self.hostname}/{task_id}/{uuid.uuid4().hex[:6]}"
-        self.held.add(1)
-        try:
-            if repair is None:
-                outcome = run_chunk(self.ctx, job_id, chunk, owner)
-            else:
-                outcome = run_repair(self.ctx, job_id, repair, owner)
-        except WrongModel as exc:  # never generate another model's chunk: back to its model's queue
-            target = self.requeue(job_id, chunk, fallback=queue, repair=repair)
-            log.warning(
-                "chunk %d of job %s (from queue %s) put on queue %s: %s", chunk, job_id, queue, target, exc
-            )
-            return delivery_result(Delivery.REROUTED, str(exc), Cause.WRONG_MODEL)
-        except ServerUnavailable as exc:
-            self.requeue(
-                job_id, chunk, fallback=queue, repair=repair
-            )  # first: the chunk must not depend on the pause
-            self.health.mark_down(str(exc))
-            log.warning("chunk %d of job %s re-queued: %s", chunk, job_id, exc)
-            return delivery_result(Delivery.REQUEUED, str(exc), Cause.SERVER_UNHEALTHY)
-        except UnknownJob as exc:
-            log.error("dropping chunk %d: %s", chunk, exc)
-            return delivery_result(Delivery.DROPPED, str(exc), Cause.BAD_MESSAGE)
-        except Exception as exc:  # store or Redis trouble, or a bug: never drop the chunk
-            return self._after_failure(job_id, chunk, exc, queue, repair)
-        finally:
-            self.held.add(-1)
-            self.prefetch.nudge()  # before the ack: it must not pull in a chunk nobody wants yet
-        log.info(
-            "chunk %d of job %s: %s %s (%d ok, %d failed, %d tokens, %.1fs)",
-            chunk,
-            job_id,
-            outcome.status,
-            outcome.reason,
-            outcome.samples_ok,
-            outcome.samples_failed,
-            outcome.completion_tokens,
-            outcome.seconds,
-        )
-        return outcome.as_dict()
+    def state() -> dict[str, Any]:
+        served = ctx.server.current
+        return {
+            "endpoint": ctx.identity.endpoint,
+            "model": served.served_model_name if served else "",
+            "model_path": served.model_path if served else "",
+            "sglang_version": served.version if served else "",
+            "queues": ",".join(queues()),
+            "inflight": ctx.pool.running,
+            "waiting": ctx.pool.waiting,
+            "max_inflight": ctx.pool.max_inflight,
+            "held_chunks": held(),
+            "healthy": healthy(),
+            "server_accept_length": monitor.accept,
+            # the tuner's target, phase, reason and measured curve, as one JSON field
+            "tuner": json.dumps(tuner.state(), separators=(",", ":")) if tuner else "",
+        }
+
+    monitor = WorkerMonitor(
+        settings, ctx.bookkeeping, ctx.jobs, ctx.client, hostname, state, stats, prometheus
+    )
+    prometheus.watch_worker(
+        lambda: ctx.pool.running,
+        lambda: ctx.pool.waiting,
+        held,
+        healthy,
+        lambda: ctx.pool.max_inflight,
+    )
+    if tuner is not None:
+        prometheus.watch_tuner(tuner.state)
+    prometheus.watch_queue(LiveProgress.of(ctx.bookkeeping), queues)
+    return monitor
+
+
+def reconciler_for(
+    settings: WorkerSettings, ctx: ChunkContext, requeuer: Requeuer, hostname: str
+) -> Reconciler:
+    """The reconciler: re-queues the chunks of dead workers' expired leases and re-plans jobs."""
+    return Reconciler(
+        ctx.bookkeeping,
+        lambda job_id: ctx.jobs.get(job_id).store,
+        requeuer.requeue,
+        owner=hostname,
+        interval=settings.reconcile_seconds,
+        lease_seconds=settings.lease_seconds,
+        visibility_timeout=settings.visibility_timeout,
+        replan=requeuer.replan_job,
+        replan_seconds=settings.replan_seconds,
+        listener=ctx.listener,
+    )
 
 
 def tuner_for(settings: WorkerSettings, pool: RequestPool, client: SGLangClient) -> TunerLoop | None:
@@ -284,23 +229,3 @@ def tuner_for(settings: WorkerSettings, pool: RequestPool, client: SGLangClient)
         graph_ceiling=client.decode_graph_ceiling,
         running_cap=client.max_running_requests,
     )
-
-
-class HeldChunks:
-    """How many chunks this worker is running now (its prefetch follows it)."""
-
-    def __init__(self) -> None:
-        self._n = 0
-        self._lock = threading.Lock()
-
-    def add(self, delta: int) -> None:
-        with self._lock:
-            self._n += delta
-
-    def count(self) -> int:
-        return self._n
-
-
-def delivery_result(status: Delivery, reason: str, cause: Cause = Cause.NONE) -> dict[str, Any]:
-    """The task's result for a delivery that did not run to a stored chunk."""
-    return {"status": status.value, "reason": reason, "cause": cause.value}

@@ -1,4 +1,5 @@
-"""The Celery task: thin, it only hands the delivery to the worker runtime."""
+"""The Celery task: thin, it hands the delivery to the worker's delivery handler, tells the
+listeners, and makes the outcome the dict it returns (the one place a delivery becomes a dict)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 from celery import Celery, Task
 
 from dflash_tasks.coord.celery_app import TASK_NAME
+from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.repair import RepairUnit
 from dflash_tasks.core.states import Cause, Delivery
-from workers.runtime import WorkerRuntime, delivery_result
+from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +41,26 @@ def register_chunk_task(app: Celery, runtime: WorkerRuntime) -> Task:
                 f"invalid message arguments: job {job_id!r}, chunk {chunk!r}, repair round {repair_round!r}"
             )
             log.error("dropping a message: %s", reason)
-            result = delivery_result(Delivery.DROPPED, reason, Cause.BAD_MESSAGE)
+            outcome = DeliveryOutcome(Delivery.DROPPED, reason, Cause.BAD_MESSAGE)
         else:
             queue = str((self.request.delivery_info or {}).get("routing_key") or "")
             repair = RepairUnit(chunk, repair_round, permanent, max_tokens or None) if repair_round else None
-            result = runtime.handle_delivery(job_id, chunk, str(self.request.id), queue, repair)
-        runtime.listener.delivery(result, bool((self.request.delivery_info or {}).get("redelivered")))
-        return result
+            outcome = runtime.delivery.handle(job_id, chunk, str(self.request.id), queue, repair)
+        runtime.listener.delivery(outcome, bool((self.request.delivery_info or {}).get("redelivered")))
+        return task_result(outcome)
 
     task: Task = run_chunk_task
     return task
+
+
+def task_result(outcome: DeliveryOutcome) -> dict[str, Any]:
+    """What the task returns (JSON): the outcome's fields, its enums as their values."""
+    return {
+        "status": outcome.status.value,
+        "reason": outcome.reason,
+        "cause": outcome.cause.value,
+        "samples_ok": outcome.samples_ok,
+        "samples_failed": outcome.samples_failed,
+        "completion_tokens": outcome.completion_tokens,
+        "seconds": round(outcome.seconds, 3),
+    }

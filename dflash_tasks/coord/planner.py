@@ -15,11 +15,11 @@ from celery import Celery
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.publish import (
-    held_chunks,
-    held_repairs,
     publish_chunks,
     queued_chunks,
     queued_repairs,
+    unacked_chunks,
+    unacked_repairs,
 )
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.settings import CommonSettings
@@ -70,7 +70,7 @@ def plan_job(
             running = frozenset(bookkeeping.owners(job_id))  # live or expired: the lease path's
         # Waiting in the queue, or delivered to a live worker that has not leased it yet
         # (e.g. a re-queued chunk waiting for its countdown).
-        held = held_chunks(bookkeeping.client, job_id, time.time(), lease_grace)
+        held = unacked_chunks(bookkeeping.client, job_id, time.time(), lease_grace)
         queued = frozenset(queued_chunks(bookkeeping.client, queue, job_id) | held)
     to_enqueue = tuple(c for c in range(chunks) if c not in done and c not in running and c not in queued)
     return Plan(chunks, done, running - done, queued - done - running, to_enqueue)
@@ -83,7 +83,7 @@ def repairs_in_flight(
     lease is a repair's), or a repair message queued on ``queue`` or held by a live worker."""
     busy = set(bookkeeping.live_leases(job_id))
     busy |= {chunk for chunk, _ in queued_repairs(bookkeeping.client, queue, job_id)}
-    busy |= {chunk for chunk, _ in held_repairs(bookkeeping.client, job_id, time.time(), lease_grace)}
+    busy |= {chunk for chunk, _ in unacked_repairs(bookkeeping.client, job_id, time.time(), lease_grace)}
     return busy
 
 

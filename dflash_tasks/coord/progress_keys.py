@@ -1,6 +1,6 @@
 """Where a job's live progress lives: its store key and the time buckets of its rates.
 
-Workers push their counts into 5-second rate buckets (:mod:`workers.stats`);
+Workers push their counts into 5-second rate buckets (:mod:`workers.monitor.live_stats`);
 :mod:`dflash_tasks.monitoring.snapshot` reads the last minute of them and
 :mod:`dflash_tasks.monitoring.progress_writer` bills GPU time, all through
 :class:`dflash_tasks.coord.live_progress.LiveProgress`.

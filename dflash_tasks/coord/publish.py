@@ -87,8 +87,9 @@ def unacked_deliveries(client: redis.Redis) -> list[UnackedDelivery]:
     return found
 
 
-def held_repairs(client: redis.Redis, job_id: str, now: float, grace: float) -> set[tuple[int, int]]:
-    """(chunk, round) of the repair messages of ``job_id`` held by live workers (see :func:`held_chunks`)."""
+def unacked_repairs(client: redis.Redis, job_id: str, now: float, grace: float) -> set[tuple[int, int]]:
+    """(chunk, round) of the repair messages of ``job_id`` live workers hold unacknowledged (see
+    :func:`unacked_chunks`)."""
     held: set[tuple[int, int]] = set()
     for delivery in unacked_deliveries(client):
         parsed = parse_repair_task_id(delivery.task_id)
@@ -97,8 +98,9 @@ def held_repairs(client: redis.Redis, job_id: str, now: float, grace: float) -> 
     return held
 
 
-def held_chunks(client: redis.Redis, job_id: str, now: float, grace: float) -> set[int]:
-    """Chunks of ``job_id`` held by live workers: delivered recently, or waiting for their countdown."""
+def unacked_chunks(client: redis.Redis, job_id: str, now: float, grace: float) -> set[int]:
+    """Chunks of ``job_id`` whose messages live workers hold unacknowledged: delivered recently, or
+    waiting for their countdown (not a worker's ``held_chunks``: the chunks it runs now)."""
     held: set[int] = set()
     for delivery in unacked_deliveries(client):
         parsed = parse_task_id(delivery.task_id)

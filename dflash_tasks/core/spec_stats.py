@@ -8,7 +8,7 @@ the samples that report verify passes: the token-weighted mean, the figure the G
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,14 +47,14 @@ def _request_counts(meta: Mapping[str, Any] | None, tokens: int) -> tuple[int, i
     return tokens, verify
 
 
-def accept_length(tokens: float, verify: float) -> float | None:
-    """``tokens / verify``, or None without verify passes."""
+def pooled_accept_length(tokens: float, verify: float) -> float | None:
+    """The accept length of pooled counts: ``tokens / verify``, or None without verify passes."""
     return tokens / verify if verify > 0 else None
 
 
 def sample_accept_length(record: Record) -> float | None:
     """One sample's accept length, or None when its record has no speculative stats."""
-    return accept_length(*spec_counts(record))
+    return pooled_accept_length(*spec_counts(record))
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ class SampleCounts:
     prompt_tokens: int
     spec_tokens: int  # completion tokens of its turns that report verify passes
     verify: int  # their verify passes
-    turns: int  # its user turns (generations settled)
+    turns: int  # its user turns (generations settled; none for a repair round's sample)
     generations: int  # turns recorded (requests that returned)
     retractions: int = 0  # times the server retracted its requests (meta_info num_retractions)
 
@@ -82,5 +82,10 @@ def sample_counts(record: Record) -> SampleCounts:
         verify=verify,
         turns=record.user_turns,
         generations=len(record.turns),
-        retractions=sum((t.meta_info or {}).get("num_retractions") or 0 for t in record.turns),
+        retractions=retractions(record.turns),
     )
+
+
+def retractions(turns: Sequence[Turn]) -> int:
+    """How often the server retracted the requests of ``turns`` (``meta_info`` ``num_retractions``)."""
+    return sum((t.meta_info or {}).get("num_retractions") or 0 for t in turns)

@@ -1,8 +1,8 @@
 """The named states and outcomes the code passes around, as enums (never parsed back from text).
 
 * :class:`JobState`: a job's state in the registry, in ``progress.json`` and in ``status``.
-* :class:`Delivery` and :class:`Cause`: what became of one chunk message, and why; the task
-  returns them and the metrics count them.
+* :class:`Delivery` and :class:`Cause`: what became of one chunk message, and why: the status
+  and cause of a :class:`~dflash_tasks.core.delivery_outcome.DeliveryOutcome`.
 * :class:`ErrorKind`: what kind of failure one generation attempt met; the SGLang client sets it
   on the error it raises, the metrics label retries with it.
 * :class:`RecordStatus` and :class:`Outcome`: whether a turn or sample was answered, and how its

@@ -4,7 +4,7 @@ A worker runs the Celery threads pool (one process), so one registry per process
 :func:`start_server` serves it on ``127.0.0.1:<metrics_port>`` (``DFLASH_METRICS_PORT``, default
 9808; 0 disables it). The events are reported by the chunk runner, the sample generator and
 the task through :class:`PrometheusListener`, one of the listeners the worker runtime hands its
-code (``workers.listener``); they are cheap and work without a server (the counters just count).
+code (``workers.monitor.listener``); they are cheap and work without a server (the counters just count).
 
 Series (every one has a ``worker`` label):
 
@@ -52,6 +52,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dflash_tasks.coord.live_progress import LiveProgress
+from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.errors import DflashError, RetryableError
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, SampleCounts
 from dflash_tasks.core.states import Cause, Delivery, ErrorKind
@@ -134,7 +135,7 @@ INFO = Gauge(
 
 
 class PrometheusListener:
-    """The worker's events as Prometheus series (a listener in the sense of ``workers.listener``).
+    """The worker's events as Prometheus series (a listener in the sense of ``workers.monitor.listener``).
 
     One per worker process (the series live in the process-wide :data:`REGISTRY`); it also exports
     the worker's gauges (:meth:`watch_worker`, :meth:`watch_queue`) and its accept length.
@@ -170,18 +171,15 @@ class PrometheusListener:
     def chunk_stored(self, job_id: str, seconds: float) -> None:
         CHUNK_SECONDS.labels(self.worker).observe(seconds)
 
-    def delivery(self, result: Mapping[str, Any], redelivered: bool) -> None:
+    def delivery(self, outcome: DeliveryOutcome, redelivered: bool) -> None:
         if redelivered:
             REDELIVERIES.labels(self.worker).inc()
-        status = str(result.get("status", ""))
-        cause = str(result.get("cause", ""))
-        if status == Delivery.SKIPPED:
-            outcome = "skipped_done" if cause == Cause.ALREADY_DONE else "skipped_leased"
-        else:
-            outcome = status or "unknown"
-        CHUNKS.labels(self.worker, outcome).inc()
-        if status in (Delivery.REQUEUED, Delivery.REROUTED):
-            REQUEUED.labels(self.worker, cause or Cause.ERROR.value).inc()
+        label = outcome.status.value
+        if outcome.status == Delivery.SKIPPED:
+            label = "skipped_done" if outcome.cause == Cause.ALREADY_DONE else "skipped_leased"
+        CHUNKS.labels(self.worker, label).inc()
+        if outcome.status in (Delivery.REQUEUED, Delivery.REROUTED):
+            REQUEUED.labels(self.worker, (outcome.cause or Cause.ERROR).value).inc()
 
     def chunk_requeued(self, reason: str) -> None:
         REQUEUED.labels(self.worker, reason).inc()

@@ -1,7 +1,7 @@
 """Live progress of a job: the numbers behind ``progress.json`` and ``python -m dflash_tasks.status``.
 
 Data path. Every worker counts the samples it finishes in memory and pushes the counts to Redis
-every couple of seconds (:mod:`workers.stats`; keys in :mod:`dflash_tasks.coord.progress_keys`),
+every couple of seconds (:mod:`workers.monitor.live_stats`; keys in :mod:`dflash_tasks.coord.progress_keys`),
 together with a heartbeat of its own state. Any live process (each worker, ``enqueue --wait``)
 then tries, every ``progress_seconds``, to take a short per-job lock; the one that gets it reads a
 :class:`~dflash_tasks.monitoring.snapshot.Snapshot`, computes the job's progress here and writes
@@ -25,7 +25,7 @@ from typing import Any
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, WINDOW_SECONDS, window_bounds
 from dflash_tasks.core.source_quality import progress_sources
-from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, accept_length
+from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, pooled_accept_length
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.fleet import alive, live_fleet, serving_warning
 from dflash_tasks.monitoring.live_yield import yield_section
@@ -84,12 +84,12 @@ def spec_summary(snap: Snapshot, workers: list[dict[str, Any]], now: float) -> d
     if verify <= 0:
         tokens = sum(c.get("spec_tokens", 0.0) for c in snap.per_worker.values())
         verify = sum(c.get("verify", 0.0) for c in snap.per_worker.values())
-    window = accept_length(
+    window = pooled_accept_length(
         window_total(snap.buckets, "spec_tokens", now), window_total(snap.buckets, "verify", now)
     )
     servers = [w["server_accept_length"] for w in workers if w["alive"] and w["server_accept_length"]]
     server = sum(servers) / len(servers) if servers else None
-    job = accept_length(tokens, verify)
+    job = pooled_accept_length(tokens, verify)
     shown: float | None = job if job is not None else server
     source = SOURCE_PER_REQUEST if job is not None else (SOURCE_SERVER if server is not None else None)
     return {
@@ -299,8 +299,8 @@ def _workers(snap: Snapshot, now: float) -> list[dict[str, Any]]:
         beat = snap.workers.get(name, {})
         first = counts.get("first") or None
         server = num(beat.get("server_accept_length")) or None
-        own = accept_length(counts.get("spec_tokens", 0.0), counts.get("verify", 0.0))
-        window = accept_length(
+        own = pooled_accept_length(counts.get("spec_tokens", 0.0), counts.get("verify", 0.0))
+        window = pooled_accept_length(
             window_total(snap.buckets, f"{name}|spec_tokens", now),
             window_total(snap.buckets, f"{name}|verify", now),
         )

@@ -38,7 +38,7 @@ from dflash_tasks.core.repair import Superseded
 from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.source_quality import SOURCES_KEY, SourceTally, render_sources
-from dflash_tasks.core.spec_stats import accept_length, spec_counts
+from dflash_tasks.core.spec_stats import pooled_accept_length, spec_counts
 from dflash_tasks.core.trainable import TRAINABLE_KEY, TrainableSummary, trainable_doc
 from dflash_tasks.core.trainer_view import TrainerView, add_trainer_flags, view_from_args
 from dflash_tasks.core.yields import YieldTally
@@ -76,7 +76,7 @@ class QualityReport:
     @property
     def overall_accept_length(self) -> float | None:
         """Σ completion tokens / Σ verify passes over the samples with spec stats."""
-        return accept_length(self.spec_tokens, self.spec_verify)
+        return pooled_accept_length(self.spec_tokens, self.spec_verify)
 
     def as_dict(self) -> dict[str, Any]:
         share = {c: (self.checks[c] / self.samples if self.samples else 0.0) for c in CHECKS}

@@ -10,7 +10,7 @@ from dflash_tasks.core.job import Manifest
 from dflash_tasks.core.quality import QualitySettings, check_record, count_checks, evaluate_gates
 from dflash_tasks.core.record import Record
 from dflash_tasks.producer.preflight import preflight_chunks
-from workers.live_gate import window_counts
+from workers.checks.live_gate import window_counts
 
 SETTINGS = QualitySettings()
 

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import socket
 from concurrent.futures import Future
-from typing import Any
 
 import pytest
 import redis
 
 from dflash_tasks.coord.keys import queue_keys
 from dflash_tasks.coord.live_progress import LiveProgress
+from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.errors import RetryableError
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.spec_stats import SampleCounts, sample_counts
-from dflash_tasks.core.states import ErrorKind
+from dflash_tasks.core.states import Cause, Delivery, ErrorKind
 from dflash_tasks.monitoring import metrics
 from dflash_tasks.monitoring.metrics import PrometheusListener
 from tests.helpers import free_port
-from workers.chunk_runner import _report_sample
-from workers.listener import Listeners
+from workers.leased_work import report_sample
+from workers.monitor.listener import Listeners
 
 WORKER = "gpu-test@h"
 PROM = PrometheusListener(WORKER, "http://127.0.0.1:1")
@@ -37,10 +37,10 @@ def test_delivery_outcomes_and_redeliveries() -> None:
     }
     redelivered = value("dflash_redeliveries_total")
     unhealthy = value("dflash_chunks_requeued_total", reason="server_unhealthy")
-    PROM.delivery({"status": "done"}, False)
-    PROM.delivery({"status": "skipped", "reason": "already done", "cause": "already_done"}, True)
-    PROM.delivery({"status": "skipped", "reason": "running elsewhere", "cause": "leased_elsewhere"}, True)
-    PROM.delivery({"status": "requeued", "reason": "server unhealthy", "cause": "server_unhealthy"}, False)
+    PROM.delivery(DeliveryOutcome(Delivery.DONE), False)
+    PROM.delivery(DeliveryOutcome(Delivery.SKIPPED, "already done", Cause.ALREADY_DONE), True)
+    PROM.delivery(DeliveryOutcome(Delivery.SKIPPED, "running elsewhere", Cause.LEASED_ELSEWHERE), True)
+    PROM.delivery(DeliveryOutcome(Delivery.REQUEUED, "server unhealthy", Cause.SERVER_UNHEALTHY), False)
     for outcome in before:
         assert value("dflash_chunks_total", outcome=outcome) == before[outcome] + 1
     assert value("dflash_redeliveries_total") == redelivered + 2
@@ -53,7 +53,7 @@ def test_sample_futures_count_samples_and_tokens() -> None:
         value("dflash_samples_total", job="jm", status="failed"),
     )
     tokens = value("dflash_generated_tokens_total", job="jm")
-    done = _report_sample(Listeners([PROM]), "jm")
+    done = report_sample(Listeners([PROM]), "jm", sample_counts)
     for record in (
         {"id": "a", "status": "ok", "usage": {"completion_tokens": 120, "prompt_tokens": 9}},
         {"id": "b", "status": "failed", "usage": {"completion_tokens": 0, "prompt_tokens": 9}},
@@ -91,7 +91,7 @@ def test_a_broken_observer_never_reaches_the_worker(monkeypatch: pytest.MonkeyPa
         def sample_done(self, job_id: str, counts: SampleCounts) -> None:
             seen.append(job_id)
 
-        def delivery(self, result: dict[str, Any], redelivered: bool) -> None:
+        def delivery(self, outcome: DeliveryOutcome, redelivered: bool) -> None:
             seen.append("delivery")
 
     monkeypatch.setattr(metrics, "SAMPLES", Broken())

@@ -29,8 +29,9 @@ from dflash_tasks.monitoring.snapshot import Snapshot
 from dflash_tasks.monitoring.status import render
 from dflash_tasks.store import LocalStore
 from tests.helpers import RedisServer, free_port
+from workers.monitor.live_stats import WorkerStats
+from workers.monitor.worker_monitor import accept_length
 from workers.sglang_client import SGLangClient, parse_completion
-from workers.stats import WorkerStats, accept_length
 
 NOW = 1_764_000_000.0  # a multiple of the bucket width, so the window is easy to reason about
 HOUR = 3600.0

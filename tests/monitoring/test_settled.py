@@ -17,7 +17,7 @@ from dflash_tasks.monitoring.progress_writer import FINAL_AFTER, ProgressWriter
 from dflash_tasks.monitoring.status_view import render
 from dflash_tasks.store import LocalStore
 from tests.helpers import RedisServer
-from workers.stats import WorkerStats
+from workers.monitor.live_stats import WorkerStats
 
 NOW = 1_800_000_000.0
 SAMPLES, CHUNK = 60, 10

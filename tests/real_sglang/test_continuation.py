@@ -18,8 +18,8 @@ from dflash_tasks.core.states import RecordStatus
 from tests.real_sglang.checkpoint import ANSWER, THINKING_COMPLETION_TOKENS, THOUGHT
 from tests.real_sglang.conftest import SETUP_TIMEOUT, Target
 from tests.real_sglang.test_contract import QUESTION, body, chat, client, post, spec
+from workers.generate.thought_opener import thought_opener
 from workers.generation import Continuation, RetryPolicy, continue_turn, make_turn
-from workers.thought_opener import thought_opener
 
 pytestmark = pytest.mark.timeout(SETUP_TIMEOUT)
 

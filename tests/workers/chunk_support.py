@@ -25,10 +25,10 @@ from dflash_tasks.producer.staging import stage_input
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
 from dflash_tasks.store import LocalStore
 from tests.helpers import RedisServer
-from workers.chunk_runner import ChunkContext
 from workers.flow.request_pool import RequestPool
+from workers.generate.identity import ServerModel
 from workers.generation import RetryPolicy, WorkerIdentity
-from workers.identity import ServerModel
+from workers.leased_work import ChunkContext
 from workers.recovery.leases import LeaseKeeper
 from workers.sglang_client import SGLangClient
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.sample import Sample
-from workers.conversation import start_conversation
 from workers.flow.request_pool import RequestPool
+from workers.generate.conversation import start_conversation
 from workers.generation import RetryPolicy, WorkerIdentity
 from workers.sglang_client import SGLangClient
 

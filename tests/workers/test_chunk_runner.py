@@ -22,8 +22,9 @@ from dflash_tasks.store import LocalStore
 from tests.helpers import wait_until
 from tests.workers.chunk_support import CHUNK_SIZE, Staged, stage_job
 from workers.chunk_runner import run_chunk
-from workers.listener import Listeners
+from workers.monitor.listener import Listeners
 from workers.recovery.leases import LeaseKeeper
+from workers.task import task_result
 
 OTHER = b'{"id": "written by another worker"}\n'
 
@@ -176,7 +177,7 @@ def test_a_stored_chunk_carries_its_checks_and_counts_them_once(staged: Staged) 
     assert [json.loads(r) for r in recent] == [{"n": 4, "checks": {"short": 4}}]  # the live gate's window
     assert sink.calls[0] == ("started", job_id) and sink.calls[-1] == ("done", job_id)
     assert sorted(sink.calls[1:-1]) == [("sample", job_id, "True")] * CHUNK_SIZE
-    assert outcome.as_dict() == {
+    assert task_result(outcome) == {  # what the Celery task returns
         "status": "done",
         "reason": "",
         "cause": "",

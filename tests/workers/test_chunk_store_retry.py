@@ -22,8 +22,9 @@ from dflash_tasks.core.job import output_key
 from dflash_tasks.store import LocalStore
 from tests.helpers import RedisServer
 from tests.workers.chunk_support import CHUNK_SIZE, Staged
-from workers.chunk_runner import ChunkContext, run_chunk
+from workers.chunk_runner import run_chunk
 from workers.generation import RetryPolicy
+from workers.leased_work import ChunkContext
 from workers.recovery.retrying import retry_transient
 
 OWNER = "w@h/t1/aaaaaa"

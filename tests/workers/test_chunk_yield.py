@@ -29,8 +29,8 @@ from dflash_tasks.store.records import read_current
 from tests.helpers import RedisServer
 from tests.workers.chunk_support import Staged, staged_with
 from tests.workers.test_repair_runner import failed_at, stage_conversations
+from workers.checks.chunk_yield import yield_counters
 from workers.chunk_runner import run_chunk
-from workers.chunk_yield import yield_counters
 from workers.repair_runner import run_repair
 
 

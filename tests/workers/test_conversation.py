@@ -22,8 +22,8 @@ from dflash_tasks.core.sample import Sample
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
 from dflash_tasks.sim.requestlog import read_requests
 from tests.workers.conversation_support import generate_sample
-from workers.conversation import start_conversation
 from workers.flow.request_pool import RequestPool
+from workers.generate.conversation import start_conversation
 from workers.generation import RetryPolicy, WorkerIdentity
 from workers.sglang_client import Completion, SGLangClient
 

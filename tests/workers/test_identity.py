@@ -9,7 +9,7 @@ from dflash_tasks.core.errors import RetryableError, ServerUnavailable, WrongMod
 from dflash_tasks.sim import SimConfig, start_simulator
 from tests.workers.test_worker_control import FakeConsumer
 from workers.flow.consumer_switch import ConsumerSwitch
-from workers.identity import ServerModel
+from workers.generate.identity import ServerModel
 from workers.sglang_client import ServerIdentity, SGLangClient
 
 # --- reading the identity ---------------------------------------------------------------------

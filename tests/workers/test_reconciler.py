@@ -15,7 +15,7 @@ from dflash_tasks.coord.publish import task_id
 from dflash_tasks.core.job import output_key
 from dflash_tasks.store import LocalStore
 from tests.helpers import RedisServer, free_port, wait_until
-from workers.listener import NO_LISTENER
+from workers.monitor.listener import NO_LISTENER
 from workers.recovery.events import RecoveryEvent, emit, parse_events
 from workers.recovery.leases import LeaseKeeper, Reconciler
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
-from workers.thought_opener import thought_opener
+from workers.generate.thought_opener import thought_opener
 
 #: Qwen3.5/3.6's generation prompt with thinking on: the template opens the thought itself.
 OPENS_THE_THOUGHT = QWEN3_TEMPLATE.replace(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
-from dflash_tasks.coord.publish import held_chunks, task_id, unacked_deliveries
+from dflash_tasks.coord.publish import task_id, unacked_chunks, unacked_deliveries
 from tests.helpers import RedisServer, wait_until
 from workers.flow.consumer_switch import ConsumerSwitch
 from workers.flow.health import HealthGate
@@ -87,8 +87,8 @@ def test_held_chunks_are_fresh_deliveries_and_countdowns(client: Any) -> None:
     deliver(client, 4, age=600, eta_in=-600)  # countdown long past and never started: dead worker
     client.hset("unacked", "garbage", b"not json")
     client.zadd("unacked_index", {"garbage": time.time()})
-    assert held_chunks(client, JOB, time.time(), grace=60) == {1, 3}
-    assert held_chunks(client, "ffffffffffffffff", time.time(), grace=60) == set()
+    assert unacked_chunks(client, JOB, time.time(), grace=60) == {1, 3}
+    assert unacked_chunks(client, "ffffffffffffffff", time.time(), grace=60) == set()
     stale = {d.task_id.split("-")[1] for d in unacked_deliveries(client) if d.stale(time.time(), 60)}
     assert stale == {"000002", "000004"}
 

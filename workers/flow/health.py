@@ -31,6 +31,11 @@ class HealthGate:
     def healthy(self) -> bool:
         return self._healthy
 
+    @property
+    def poll_seconds(self) -> float:
+        """How often a server that is down is probed (s)."""
+        return self._poll
+
     def check_now(self) -> bool:
         """Probe once; a failed probe marks the server down."""
         if self._probe():

@@ -9,7 +9,7 @@ mean of ``sglang:gen_throughput`` over the window, or the worker's own completed
 say more: when the server reports no rate, or when the window saw many requests finish
 (:data:`MANY_COMPLETIONS` per slot), so that a count of what was stored is exact where the gauge
 is a sample of the server's last few decode steps. It is a
-:class:`~workers.listener.WorkerListener` too: finished samples tell it the completion rate and
+:class:`~workers.monitor.listener.WorkerListener` too: finished samples tell it the completion rate and
 the retractions the server reported per request. A window in which the worker did not keep its
 target in flight (no work, the end of a job) is dropped: it says nothing about the target.
 """
@@ -19,10 +19,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.spec_stats import SampleCounts
 from workers.flow.inflight_tuner import InflightTuner, Window
@@ -97,7 +98,7 @@ class TunerLoop:
     def chunk_stored(self, job_id: str, seconds: float) -> None:
         pass
 
-    def delivery(self, result: Mapping[str, Any], redelivered: bool) -> None:
+    def delivery(self, outcome: DeliveryOutcome, redelivered: bool) -> None:
         pass
 
     def chunk_requeued(self, reason: str) -> None:
@@ -105,8 +106,10 @@ class TunerLoop:
 
     # ------------------------------------------------------------------ the loop
     def state(self) -> dict[str, Any]:
-        """The tuner's state (target, phase, reason, curve) plus the current window length."""
-        return {**self.tuner.state(), "window_seconds": round(self._window_length(), 1)}
+        """The tuner's state (target, phase, reason, curve) plus the current window length and the
+        completion tokens of every sample it heard of (its own count of the worker's output)."""
+        window = round(self._window_length(), 1)
+        return {**self.tuner.state(), "window_seconds": window, "completed_tokens": self._counters()[1]}
 
     def start(self) -> None:
         self.pool.set_target(self.tuner.target)

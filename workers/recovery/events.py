@@ -17,7 +17,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from workers.listener import WorkerListener
+from workers.monitor.listener import WorkerListener
 
 MECHANISMS = ("lease_expired", "unleased_delivery", "replan")
 _MARK = '{"event": "recovery"'

@@ -18,7 +18,7 @@ from dflash_tasks.coord.publish import parse_task_id
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.job import output_key
 from dflash_tasks.store import Store
-from workers.listener import NO_LISTENER, WorkerListener
+from workers.monitor.listener import NO_LISTENER, WorkerListener
 from workers.recovery import events
 
 log = logging.getLogger(__name__)

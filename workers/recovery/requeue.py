@@ -7,6 +7,8 @@ import logging
 from celery import Celery
 from celery.exceptions import Reject
 
+from dflash_tasks.coord.bookkeeping import Bookkeeping
+from dflash_tasks.coord.jobs_cache import JobCache
 from dflash_tasks.coord.planner import plan_job
 from dflash_tasks.coord.publish import publish_chunks, publish_repairs
 from dflash_tasks.coord.routing import model_queue
@@ -15,7 +17,6 @@ from dflash_tasks.core.repair import RepairUnit
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.progress_writer import job_needs_progress
-from workers.chunk_runner import ChunkContext
 
 log = logging.getLogger(__name__)
 
@@ -23,15 +24,18 @@ log = logging.getLogger(__name__)
 class Requeuer:
     """Re-queues one chunk, or every missing chunk of a job, on the job's model queue."""
 
-    def __init__(self, settings: CommonSettings, ctx: ChunkContext, app: Celery) -> None:
+    def __init__(
+        self, settings: CommonSettings, bookkeeping: Bookkeeping, jobs: JobCache, app: Celery
+    ) -> None:
         self.settings = settings
-        self.ctx = ctx
+        self.bookkeeping = bookkeeping
+        self.jobs = jobs
         self.app = app
 
     def job_queue(self, job_id: str, fallback: str = "") -> str:
         """The job's model queue; ``fallback`` (the queue a delivery came from) if the job cannot be read."""
         try:
-            return model_queue(self.settings.queue, self.ctx.jobs.get(job_id).definition.spec.model)
+            return model_queue(self.settings.queue, self.jobs.get(job_id).definition.spec.model)
         except DflashError:
             if not fallback:
                 raise
@@ -68,13 +72,13 @@ class Requeuer:
         would keep a "running" progress.json forever); a paused job is left alone (its chunks
         wait for resume).
         """
-        job = self.ctx.jobs.get(job_id)
-        if self.ctx.bookkeeping.job_state(job_id)[0] != JobState.RUNNING:  # paused, or in its preflight
+        job = self.jobs.get(job_id)
+        if self.bookkeeping.job_state(job_id)[0] != JobState.RUNNING:  # paused, or in its preflight
             return []
         queue = model_queue(self.settings.queue, job.definition.spec.model)
         plan = plan_job(
             job.store,
-            self.ctx.bookkeeping,
+            self.bookkeeping,
             queue,
             job_id,
             job.manifest.chunks,
@@ -82,10 +86,10 @@ class Requeuer:
             claim_expired=False,  # the reconciler's lease path re-queues those
         )
         if len(plan.done) >= job.manifest.chunks:
-            if not job_needs_progress(self.ctx.bookkeeping, job_id):
-                self.ctx.bookkeeping.finish_job(job_id)
+            if not job_needs_progress(self.bookkeeping, job_id):
+                self.bookkeeping.finish_job(job_id)
             return []
-        parked = self.ctx.bookkeeping.parked(job_id)
+        parked = self.bookkeeping.parked(job_id)
         missing = [c for c in plan.to_enqueue if c not in parked]
         if missing:
             publish_chunks(self.app, job_id, missing, queue=queue)

@@ -3,16 +3,17 @@
 The worker code calls ``listener.<event>(...)`` on a :class:`WorkerListener`; the runtime hands
 it a :class:`Listeners` that fans each event out to Prometheus
 (:class:`dflash_tasks.monitoring.metrics.PrometheusListener`) and to the live-progress counters
-(:class:`workers.stats.StatsListener`). Monitoring must never fail the work, so an observer that
+(:class:`workers.monitor.live_stats.StatsListener`). Monitoring must never fail the work, so an observer that
 raises is logged and skipped.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
+from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.spec_stats import SampleCounts
 
 log = logging.getLogger(__name__)
@@ -28,13 +29,13 @@ class WorkerListener(Protocol):
         """A sample finished; ``counts`` were read from its record once, for every listener."""
 
     def chunk_started(self, job_id: str) -> None:
-        """This worker took the lease of one of ``job_id``'s chunks."""
+        """This worker took the lease of one of ``job_id``'s chunks (for its first pass or a repair round)."""
 
     def chunk_stored(self, job_id: str, seconds: float) -> None:
-        """A chunk's completions were stored ``seconds`` after its lease was taken."""
+        """A chunk's completions (or a repair round's) were stored ``seconds`` after its lease was taken."""
 
-    def delivery(self, result: Mapping[str, Any], redelivered: bool) -> None:
-        """A chunk message was handled; ``result`` is what the task returned."""
+    def delivery(self, outcome: DeliveryOutcome, redelivered: bool) -> None:
+        """A chunk message was handled; ``outcome`` is what became of it."""
 
     def chunk_requeued(self, reason: str) -> None:
         """A chunk went back on the queue outside a delivery (the reconciler: ``lease_expired``, ...)."""
@@ -65,8 +66,8 @@ class Listeners:
     def chunk_stored(self, job_id: str, seconds: float) -> None:
         self._each("chunk_stored", job_id, seconds)
 
-    def delivery(self, result: Mapping[str, Any], redelivered: bool) -> None:
-        self._each("delivery", result, redelivered)
+    def delivery(self, outcome: DeliveryOutcome, redelivered: bool) -> None:
+        self._each("delivery", outcome, redelivered)
 
     def chunk_requeued(self, reason: str) -> None:
         self._each("chunk_requeued", reason)

@@ -19,7 +19,7 @@ from dflash_tasks.core.repair import superseded_tokens
 from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
 from dflash_tasks.core.stored_counts import RecordCounter
 from dflash_tasks.core.yields import COUNTED_CHUNKS, YieldTally
-from workers.loss_counting import LossCountCache
+from workers.checks.loss_counting import LossCountCache
 
 
 def yield_counters(

@@ -33,7 +33,7 @@ from workers.generation import (
     generate_turn,
     make_record,
 )
-from workers.listener import NO_LISTENER, WorkerListener
+from workers.monitor.listener import NO_LISTENER, WorkerListener
 from workers.sglang_client import SGLangClient
 
 
