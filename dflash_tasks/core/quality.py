@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from dflash_tasks.core.record import Record, Turn
+from dflash_tasks.core.repetition import RepetitionSettings
 
 THINK_MARKERS = ("<think>", "</think>")
 
@@ -75,6 +76,8 @@ class QualitySettings:
     window: int = 300
     #: The live gate decides nothing before this many samples are in the window.
     min_samples: int = 100
+    #: When a streamed thought or answer counts as looping (core/repetition.py).
+    repetition: RepetitionSettings = field(default_factory=RepetitionSettings)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +94,7 @@ class QualitySettings:
             window=int(doc.get("window", base.window)),
             min_samples=int(doc.get("min_samples", base.min_samples)),
             min_loss_tokens=int(doc.get("min_loss_tokens", base.min_loss_tokens)),
+            repetition=RepetitionSettings.from_dict(doc.get("repetition")),
         )
 
 

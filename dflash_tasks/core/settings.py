@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self
 
 from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.repetition import RepetitionSettings
 
 ENV_PREFIX = "DFLASH_"
 #: Requests a worker keeps in flight against its server: the worker's and the node launcher's
@@ -167,12 +168,20 @@ class ProducerSettings(ProgressSettings):
     repair_rounds: int = 3
     #: Pause before each repair round of ``enqueue --wait`` (s), so that a passing fault has passed.
     repair_spacing_seconds: float = 60.0
+    # --- quality ---
+    #: A new job's loop detection (``--repetition``, which wins): ``off``, ``on``, or
+    #: ``min_chars=N,min_repeats=N,max_period=N`` (docs/quality.md, "Loops"); empty: the defaults.
+    repetition: str = ""
 
     def _check_own(self) -> None:
         if self.repair_rounds < 0:
             raise ConfigError(f"repair_rounds must be >= 0, got {self.repair_rounds}")
         if not self.repair_spacing_seconds >= 0:
             raise ConfigError(f"repair_spacing_seconds must be >= 0, got {self.repair_spacing_seconds}")
+        try:
+            RepetitionSettings.parse(self.repetition)
+        except ValueError as exc:
+            raise ConfigError(f"{ENV_PREFIX}REPETITION={self.repetition!r}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,7 +141,12 @@ def prepare(
             )
     fingerprint, name, inputs = (mix or input_mix(args, settings)).identity()
     wanted = JobDefinition.create(
-        fingerprint, name, spec, quality_from_args(args), view_from_args(args), inputs=inputs
+        fingerprint,
+        name,
+        spec,
+        quality_from_args(args, _repetition(settings)),
+        view_from_args(args),
+        inputs=inputs,
     )
     if existing is not None:
         check_same_job(existing, wanted, args.output)
@@ -149,6 +154,11 @@ def prepare(
     if budget is not None and job.repair_max_tokens != budget:
         job = dataclasses.replace(job, amendments=(*job.amendments, Amendment(budget, round(time.time(), 3))))
     return job, store, existing, load_manifest(store)
+
+
+def _repetition(settings: CommonSettings | None) -> str:
+    """``DFLASH_REPETITION``, where the producer's settings are at hand."""
+    return settings.repetition if isinstance(settings, ProducerSettings) else ""
 
 
 def enqueue(args: argparse.Namespace, settings: ProducerSettings) -> EnqueueResult:

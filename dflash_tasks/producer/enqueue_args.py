@@ -10,6 +10,7 @@ from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.job import HISTORY_REASONING, TURNS_MODES, GenerationSpec
 from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.quality import GATES, QualitySettings
+from dflash_tasks.core.repetition import SPEC_HELP, RepetitionSettings
 from dflash_tasks.core.trainer_view import add_trainer_flags
 from dflash_tasks.producer.prompt_row import ColumnMap
 
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="a row with fewer loss tokens counts toward the few_loss_tokens gate (default 64)",
     )
+    q.add_argument("--repetition", metavar="SPEC", help=f"{SPEC_HELP} [DFLASH_REPETITION]")
     add_trainer_flags(p)
     return p
 
@@ -169,7 +171,9 @@ def spec_from_args(args: argparse.Namespace) -> GenerationSpec:
     )
 
 
-def quality_from_args(args: argparse.Namespace) -> QualitySettings:
+def quality_from_args(args: argparse.Namespace, repetition: str = "") -> QualitySettings:
+    """The job's quality settings from the flags; ``repetition``: ``DFLASH_REPETITION``, which
+    ``--repetition`` overrides."""
     base = QualitySettings()
     shares = dict(base.max_share)
     for item in args.max_share:
@@ -184,4 +188,11 @@ def quality_from_args(args: argparse.Namespace) -> QualitySettings:
             raise ConfigError(f"--max-share {item!r}: {value!r} is not a number") from None
     minimum = base.min_completion_tokens if args.min_completion_tokens is None else args.min_completion_tokens
     loss = base.min_loss_tokens if args.min_loss_tokens is None else args.min_loss_tokens
-    return QualitySettings(min_completion_tokens=minimum, max_share=shares, min_loss_tokens=loss)
+    spec = args.repetition or repetition
+    try:
+        loops = RepetitionSettings.parse(spec)
+    except ValueError as exc:
+        raise ConfigError(f"--repetition {spec!r}: {exc}") from None
+    return QualitySettings(
+        min_completion_tokens=minimum, max_share=shares, min_loss_tokens=loss, repetition=loops
+    )

@@ -87,6 +87,8 @@ def changed_value(field: dataclasses.Field[Any]) -> Any:
         return default + 1.5
     if field.name == "page_basic_auth":
         return "watcher:s3cret"  # user:password
+    if field.name == "repetition":
+        return "min_chars=2000"
     return f"{default}9"  # keeps redis:// URLs valid
 
 
@@ -322,8 +324,8 @@ def test_each_role_has_the_fields_its_processes_read() -> None:
     common = {"broker_url", "queue", "redis_prefix", "visibility_timeout", "lease_seconds", "s3_endpoint_url"}
     progress = common | {"progress_seconds", "gpu_hour_usd"}
     assert names(CommonSettings) == common
-    assert names(ProducerSettings) == progress | {"repair_rounds", "repair_spacing_seconds"}
-    assert not names(WorkerSettings) & {"repair_rounds", "repair_spacing_seconds"}
+    assert names(ProducerSettings) == progress | {"repair_rounds", "repair_spacing_seconds", "repetition"}
+    assert not names(WorkerSettings) & {"repair_rounds", "repair_spacing_seconds", "repetition"}
     assert names(MonitorSettings) == progress | {"flower_password", "page_basic_auth"}
     worker = names(WorkerSettings)
     assert progress < worker and not worker & {"flower_password", "page_basic_auth"}

@@ -1,4 +1,5 @@
-"""The enqueue command's generation flags: their defaults are the job spec's, not a second copy."""
+"""The enqueue command's generation flags: their defaults are the job spec's, not a second copy; and
+the loop rule's flag, which takes the values of its variable."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import pytest
 
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.job import GenerationSpec
-from dflash_tasks.producer.enqueue import build_parser, spec_from_args
+from dflash_tasks.core.repetition import RepetitionSettings
+from dflash_tasks.core.settings import ProducerSettings
+from dflash_tasks.producer.enqueue import _repetition, build_parser, spec_from_args
+from dflash_tasks.producer.enqueue_args import quality_from_args
 
 
 def test_no_generation_flag_gives_the_job_specs_defaults() -> None:
@@ -31,3 +35,36 @@ def test_a_bad_flag_value_names_the_flag() -> None:
     args = build_parser().parse_args(["--input", "p", "--output", "o", "--model", "M", "--chunk-size", "0"])
     with pytest.raises(ConfigError, match="--chunk-size must be >= 1"):
         spec_from_args(args)
+
+
+# --- the loop detection's thresholds: --repetition and DFLASH_REPETITION take the same values ---------
+
+JOB = ["--input", "p", "--output", "o", "--model", "M"]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("off", RepetitionSettings(enabled=False)),
+        ("min_chars=2400,max_period=6000", RepetitionSettings(min_chars=2400, max_period=6000)),
+        ("on,min_repeats=3", RepetitionSettings(min_repeats=3)),
+    ],
+)
+def test_the_flag_and_the_variable_set_the_jobs_loop_rule(value: str, expected: RepetitionSettings) -> None:
+    by_flag = quality_from_args(build_parser().parse_args([*JOB, "--repetition", value]))
+    settings = ProducerSettings.load({"DFLASH_REPETITION": value})
+    by_variable = quality_from_args(build_parser().parse_args(JOB), _repetition(settings))
+    assert by_flag.repetition == by_variable.repetition == expected
+    assert quality_from_args(build_parser().parse_args(JOB)).repetition == RepetitionSettings()
+
+
+def test_the_flag_wins_over_the_variable() -> None:
+    args = build_parser().parse_args([*JOB, "--repetition", "min_chars=3000"])
+    assert quality_from_args(args, "off").repetition == RepetitionSettings(min_chars=3000)
+
+
+def test_a_bad_loop_rule_names_the_flag_or_the_variable() -> None:
+    with pytest.raises(ConfigError, match="--repetition 'min_chars=x'"):
+        quality_from_args(build_parser().parse_args([*JOB, "--repetition", "min_chars=x"]))
+    with pytest.raises(ConfigError, match="DFLASH_REPETITION='sometimes'"):
+        ProducerSettings.load({"DFLASH_REPETITION": "sometimes"})
