@@ -30,6 +30,7 @@ NAMES = (
     "continuation",
     "page",
     "stored_counts",
+    "repetition",
 )
 #: Benchmarks whose module is not named after them (``yield`` is a keyword).
 MODULES = {"yield": "trainable_yield"}
