@@ -50,6 +50,30 @@ def _parser() -> argparse.ArgumentParser:
         default=d.decode_log_interval,
         help="verify passes before internal_states reports an accept length",
     )
+    p.add_argument(
+        "--loop-share",
+        type=float,
+        default=d.loop_share,
+        help="share of the samples that fall into a loop (a sentence or paragraph repeated until max_tokens)",
+    )
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=d.stream_interval,
+        help="a stream sends once this many tokens are unsent (SGLang's --stream-interval; 1: every step)",
+    )
+    p.add_argument(
+        "--abort-delay-seconds",
+        type=float,
+        default=d.abort_delay_seconds,
+        help="a disconnected stream keeps generating this long before its abort (SGLang: 2 s)",
+    )
+    p.add_argument(
+        "--disconnect-poll-seconds",
+        type=float,
+        default=d.disconnect_poll_seconds,
+        help="how often a waiting request's connection is checked (SGLang: 4 s)",
+    )
     curve = p.add_argument_group("throughput curve (dflash_tasks.sim.batch; none: a fixed rate per request)")
     curve.add_argument("--curve", choices=sorted(CURVES), default=None, help="a named curve (sets the knobs)")
     curve.add_argument(

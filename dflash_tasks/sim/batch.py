@@ -136,7 +136,9 @@ class BatchRun:
     accept_length: float
 
 
-class _Seq:
+class DecodeSeq:
+    """One request in the decode batch (waiting or running)."""
+
     __slots__ = (
         *("accept_area", "area0", "done", "end_v", "event", "prompt"),
         *("retractions", "start_v", "t_area", "time0", "total"),
@@ -165,9 +167,9 @@ class DecodeBatch:
         self.time_scale = time_scale
         self._clock = clock
         self._cond = threading.Condition()
-        self._running: dict[_Seq, None] = {}  # admission order
-        self._heap: list[tuple[float, int, _Seq]] = []
-        self._waiting: deque[_Seq] = deque()
+        self._running: dict[DecodeSeq, None] = {}  # admission order
+        self._heap: list[tuple[float, int, DecodeSeq]] = []
+        self._waiting: deque[DecodeSeq] = deque()
         self._ids = itertools.count()
         self._v = 0.0
         self._t = clock()
@@ -189,20 +191,50 @@ class DecodeBatch:
         """Block until ``tokens`` have been generated for this request; raises :class:`Stopped`."""
         if tokens <= 0 or self.time_scale <= 0:
             return BatchRun(0, self.curve.accept(1))
-        seq = _Seq(tokens, prompt_tokens)
+        seq = self.submit(tokens, prompt_tokens)
+        while not seq.event.wait(0.5):
+            if stop.is_set() or self._stopped:
+                raise Stopped
+        return self.outcome(seq)
+
+    def submit(self, tokens: int, prompt_tokens: int) -> DecodeSeq:
+        """Queue a request of ``tokens`` tokens; its ``event`` is set once they are generated."""
+        seq = DecodeSeq(tokens, prompt_tokens)
         with self._cond:
             if self._stopped:
                 raise Stopped
             self._ensure_driver()
             self._waiting.append(seq)
             self._cond.notify_all()
-        while not seq.event.wait(0.5):
-            if stop.is_set() or self._stopped:
-                raise Stopped
+        return seq
+
+    def outcome(self, seq: DecodeSeq) -> BatchRun:
+        """How a finished request went; raises :class:`Stopped` when the batch stopped first."""
         if self._stopped and seq.done < seq.total:
             raise Stopped
         accept = seq.accept_area / seq.t_area if seq.t_area > 0 else self.curve.accept(1)
         return BatchRun(seq.retractions, accept)
+
+    def progress(self, seq: DecodeSeq) -> tuple[int, float]:
+        """(tokens generated so far, tokens per real second it gets now) for a submitted request."""
+        with self._cond:
+            self._advance(self._clock())
+            if seq in self._running:
+                return min(seq.total, int(seq.done + self._v - seq.start_v)), self._rate(len(self._running))
+            return seq.done, 0.0
+
+    def cancel(self, seq: DecodeSeq) -> int:
+        """Take a request out (its client went away): its tokens generated so far."""
+        with self._cond:
+            self._advance(self._clock())
+            if seq in self._running:
+                generated = min(seq.total, int(seq.done + self._v - seq.start_v))
+                self._remove(seq)
+                seq.done = generated
+            elif seq in self._waiting:
+                self._waiting.remove(seq)
+            self._cond.notify_all()
+            return seq.done
 
     def stop(self) -> None:
         with self._cond:
@@ -274,10 +306,10 @@ class DecodeBatch:
             seq.done = seq.total
             seq.event.set()
 
-    def _stale(self, entry: tuple[float, int, _Seq]) -> bool:
+    def _stale(self, entry: tuple[float, int, DecodeSeq]) -> bool:
         return entry[2] not in self._running or entry[0] != entry[2].end_v
 
-    def _remove(self, seq: _Seq) -> None:
+    def _remove(self, seq: DecodeSeq) -> None:
         del self._running[seq]
         seq.accept_area += self._accept_integral - seq.area0
         seq.t_area += self._time_integral - seq.time0
@@ -285,7 +317,7 @@ class DecodeBatch:
         self._sum_start -= seq.start_v
         self._sum_end -= seq.end_v
 
-    def _fits(self, seq: _Seq) -> bool:
+    def _fits(self, seq: DecodeSeq) -> bool:
         cap = self.curve.kv_capacity
         if not cap or not self._running:
             return True

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,10 +28,12 @@ from dflash_tasks.sim.protocol import (
 )
 from dflash_tasks.sim.requestlog import RequestLog
 from dflash_tasks.sim.scheduler import QueueFull, SlotScheduler, Stopped
+from dflash_tasks.sim.streaming import GoneCheck, StreamJob, Write
 from dflash_tasks.sim.textgen import (
     Plan,
     continue_plan,
     draw_accept_length,
+    plan_loop,
     plan_output,
     prefix_tokens,
     prompt_rng,
@@ -45,12 +48,15 @@ PREFIX_CACHE_PROMPTS = 4096
 
 @dataclass(frozen=True)
 class Reply:
-    """An HTTP answer; ``reset`` means: close the connection without answering."""
+    """An HTTP answer; ``reset`` means: close the connection without answering; ``stream``: a
+    streamed body (server-sent events), sent by calling it with a writer and a disconnect check;
+    it returns True when the connection must be closed afterwards."""
 
     status: int
     body: bytes = b""
     content_type: str = "application/json"
     reset: bool = False
+    stream: Callable[[Write, GoneCheck], bool] | None = None
 
 
 def json_reply(status: int, payload: Any) -> Reply:
@@ -90,6 +96,11 @@ class SimEngine:
         self.requests = RequestLog(config.record_requests)
 
     # ----------------------------------------------------------------- lifecycle and health
+    @property
+    def stopping_event(self) -> threading.Event:
+        """Set once the simulator stops: every wait ends."""
+        return self._stopping
+
     def stop(self) -> None:
         """Wake every sleeping or waiting request; they end without an answer."""
         self._stopping.set()
@@ -178,7 +189,8 @@ class SimEngine:
         """The ``GET /sim/stats`` document."""
         with self._lock:
             counters = dict(self._counters)
-        names = ("requests_total", "completed", "aborted", "bad_requests", "faults_injected", "retractions")
+        names: tuple[str, ...] = ("requests_total", "completed", "aborted", "bad_requests", "faults_injected")
+        names += ("retractions", "streamed", "client_gone", "looping")
         tokens = ("prompt_tokens", "generation_tokens", "reasoning_tokens")
         stats: dict[str, Any] = {name: counters.get(name, 0) for name in names + tokens}
         stats.update(self.scheduler.snapshot())
@@ -197,7 +209,9 @@ class SimEngine:
 
         Order: chat fault (if any) → validation (400) → duplicate ``rid`` check → a running slot
         (FIFO; 503 when the queue is full) → sleep for the generation. As in SGLang, chat requests
-        are served as soon as HTTP is up, during the warmup too.
+        are served as soon as HTTP is up, during the warmup too. A streamed request (``stream``)
+        gets a :class:`Reply` whose ``stream`` waits for the slot and sends the chunks
+        (:mod:`dflash_tasks.sim.streaming`).
         """
         self._count(requests_total=1)
         record = self.requests.arrived(raw)
@@ -236,6 +250,9 @@ class SimEngine:
                 self._counters["bad_requests"] += 1
                 return _error_reply(ApiError(400, f"Duplicate request ID detected: {request_id}"))
             self._rids.add(request_id)
+        if req.stream:
+            job = StreamJob(self, req, request_id, fault)
+            return Reply(200, content_type="text/event-stream; charset=utf-8", stream=job)
         try:
             with self.scheduler.slot():
                 outcome = self._generate(req, request_id, fault)
@@ -244,8 +261,7 @@ class SimEngine:
         except Stopped:
             return Reply(0, reset=True)
         finally:
-            with self._lock:
-                self._rids.discard(request_id)
+            self.release_rid(request_id)
         if outcome is None:
             return Reply(0, reset=True)
         body = json.dumps(chat_response(req, outcome, self.config)).encode()
@@ -253,7 +269,12 @@ class SimEngine:
             body = body[: max(1, len(body) // 2)]
         return Reply(200, body)
 
-    def _plan(self, req: ChatRequest, fault: FaultSpec | None) -> tuple[Plan, Plan, int, bool]:
+    def release_rid(self, request_id: str) -> None:
+        """The request is over: its ``rid`` may be used again."""
+        with self._lock:
+            self._rids.discard(request_id)
+
+    def plan(self, req: ChatRequest, fault: FaultSpec | None) -> tuple[Plan, Plan, int, bool]:
         """(the untruncated plan, what this request generates of it, the tokens a continued prefix
         already holds, thinking)."""
         cfg = self.config
@@ -262,6 +283,9 @@ class SimEngine:
         full = plan_output(
             rng, thinking, cfg.mean_output_tokens, cfg.output_tokens_sigma, cfg.reasoning_fraction
         )
+        # another sampling seed may escape the loop; without one the prompt alone decides
+        loop_key = req.plan_prompt if req.seed is None else f"{req.seed}\x00{req.plan_prompt}"
+        full = plan_loop(prompt_rng(cfg.seed + 3, loop_key), full, cfg.loop_share, cfg.context_length)
         done = 0 if req.prefix is None else prefix_tokens(req.prefix)
         plan = full if req.prefix is None else continue_plan(full, done)
         plan = truncate(plan, req.max_new_tokens, "length")
@@ -272,7 +296,7 @@ class SimEngine:
     def _generate(self, req: ChatRequest, request_id: str, fault: FaultSpec | None) -> Outcome | None:
         cfg = self.config
         started = time.monotonic()
-        full, plan, done, thinking = self._plan(req, fault)
+        full, plan, done, thinking = self.plan(req, fault)
         mean_accept, retractions = cfg.accept_length, 0
         if self.batch is not None:
             run = self.batch.run(plan.completion_tokens, req.prompt_tokens, self._stopping)
@@ -288,24 +312,9 @@ class SimEngine:
             reasoning, content = split_reasoning(raw, thinking, req.prefix or "")
         else:
             reasoning, content = None, raw
-        reasoning_tokens = plan.reasoning_tokens if cfg.has_reasoning_parser else 0
-        accept = draw_accept_length(
-            prompt_rng(cfg.seed + 2, req.prompt),
-            mean_accept,
-            cfg.accept_length_sd,
-            SPEC_NUM_DRAFT_TOKENS,
+        reasoning_tokens, verify = self.account(
+            req, plan, plan.completion_tokens, mean_accept, retractions, plan.finish_reason == "abort"
         )
-        verify = verify_passes(plan.completion_tokens, accept)
-        self._spec_account(plan.completion_tokens, verify)
-        self._count(
-            completed=1,
-            aborted=int(plan.finish_reason == "abort"),
-            retractions=retractions,
-            prompt_tokens=req.prompt_tokens,
-            generation_tokens=plan.completion_tokens,
-            reasoning_tokens=reasoning_tokens,
-        )
-        self.requests.generated(req.prompt)
         return Outcome(
             request_id=request_id,
             plan=plan,
@@ -318,6 +327,51 @@ class SimEngine:
             cached_tokens=self._cached_tokens(req.prompt, req.prompt_tokens),
             retractions=retractions,
         )
+
+    def accept_length(self, req: ChatRequest, mean: float) -> float:
+        """This request's accept length around ``mean`` (deterministic per prompt)."""
+        cfg = self.config
+        rng = prompt_rng(cfg.seed + 2, req.prompt)
+        return draw_accept_length(rng, mean, cfg.accept_length_sd, SPEC_NUM_DRAFT_TOKENS)
+
+    def account(
+        self,
+        req: ChatRequest,
+        plan: Plan,
+        generated: int,
+        mean_accept: float,
+        retractions: int,
+        aborted: bool,
+        client_gone: bool = False,
+    ) -> tuple[int, int]:
+        """Count a finished request that generated ``generated`` of its plan's tokens; its
+        (reasoning tokens, verify passes)."""
+        reasoning = min(generated, plan.reasoning_tokens) if self.config.has_reasoning_parser else 0
+        verify = verify_passes(generated, self.accept_length(req, mean_accept))
+        self._spec_account(generated, verify)
+        counts = {
+            "completed": 1,
+            "aborted": int(aborted),
+            "retractions": retractions,
+            "prompt_tokens": req.prompt_tokens,
+            "generation_tokens": generated,
+            "reasoning_tokens": reasoning,
+            "looping": int(plan.loop is not None),
+            "client_gone": int(client_gone),
+        }
+        if req.stream:
+            counts |= {
+                "streamed": 1,
+                "stream_prompt_tokens": req.prompt_tokens,
+                "stream_generation_tokens": generated,
+            }
+        self._count(**counts)
+        self.requests.generated(req.prompt)
+        return reasoning, verify
+
+    def count_gone_waiting(self) -> None:
+        """A streamed request's client went away while it waited for a slot: SGLang aborts it."""
+        self._count(aborted=1, client_gone=1)
 
     def _log(self, line: str) -> None:
         if self.config.verbose:

@@ -131,9 +131,14 @@ _COUNTER_HELP = {
 }
 
 
-#: The labels 0.5.23 adds to the scheduler's gauges, and the counters it splits by streaming.
+#: The labels 0.5.23 adds to the scheduler's gauges, and the counters it splits by streaming
+#: (``is_streaming``), with the engine's total of the streamed requests.
 _SCHEDULER_LABELS = ',moe_ep_rank="0",pp_rank="0",tp_rank="0"'
-_PER_STREAMING = frozenset({"prompt_tokens_total", "generation_tokens_total", "num_requests_total"})
+_PER_STREAMING = {
+    "prompt_tokens_total": "stream_prompt_tokens",
+    "generation_tokens_total": "stream_generation_tokens",
+    "num_requests_total": "streamed",
+}
 
 
 def _label_value(text: str) -> str:
@@ -181,6 +186,14 @@ def metrics_text(engine: SimEngine) -> str:
     for name, (key, help_) in _COUNTER_HELP.items():
         if name == "num_aborted_requests_total" and not totals.get(key):
             continue  # SGLang's multiprocess registry shows a counter only once it counted something
-        counter_labels = labels + (',is_streaming="false"' if name in _PER_STREAMING else "")
-        _metric(lines, name, "counter", help_, counter_labels, totals.get(key, 0))
+        if name not in _PER_STREAMING:
+            _metric(lines, name, "counter", help_, labels, totals.get(key, 0))
+            continue
+        streamed = totals.get(_PER_STREAMING[name], 0)
+        values = {"false": totals.get(key, 0) - streamed}
+        if totals.get("streamed"):  # a label set shows once something was counted under it
+            values["true"] = streamed
+        lines += [f"# HELP sglang:{name} {help_}", f"# TYPE sglang:{name} counter"]
+        for flag, value in values.items():
+            lines.append(f'sglang:{name}{{{labels},is_streaming="{flag}"}} {float(value)}')
     return "\n".join(lines) + "\n"

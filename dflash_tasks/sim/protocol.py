@@ -52,6 +52,12 @@ class ChatRequest:
     #: ``continue_final_message`` with a final assistant message: its text, which the answer
     #: continues (SGLang appends its tokens to the prompt); None otherwise.
     prefix: str | None = None
+    stream: bool = False
+    #: ``stream_options``: a last chunk with the usage; the usage so far in every chunk.
+    include_usage: bool = False
+    continuous_usage: bool = False
+    #: The request's sampling ``seed``, if any (another seed may escape a loop).
+    seed: int | None = None
 
     @property
     def plan_prompt(self) -> str:
@@ -163,13 +169,22 @@ def parse_chat_request(content_type: str, raw: bytes, config: SimConfig) -> Chat
             f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled. Please launch the server "
             "with --enable-lora flag and preload adapters using --lora-paths or /load_lora_adapter endpoint.",
         )
-    if body.get("stream"):
-        raise ApiError(400, "streaming not supported by the simulator")
     if body.get("n", 1) not in (1, None):
         raise ApiError(400, "n > 1 not supported by the simulator")
     prompt_tokens = count_prompt_tokens(texts)
     max_new = _max_new_tokens(body, prompt_tokens, config.context_length)
     _check_sampling(body)
+    stream = bool(body.get("stream"))
+    if stream and body.get("return_meta_info"):
+        raise ApiError(
+            400,
+            "return_meta_info is not supported with streaming. "
+            "Please set stream=false when using return_meta_info=true.",
+            "BadRequest",
+        )
+    options = body.get("stream_options") or {}
+    options = options if isinstance(options, dict) else {}
+    seed = _number(body, "seed", integer=True)
     kwargs = body.get("chat_template_kwargs") or {}
     rid = body.get("rid")
     return ChatRequest(
@@ -186,6 +201,10 @@ def parse_chat_request(content_type: str, raw: bytes, config: SimConfig) -> Chat
         return_meta_info=bool(body.get("return_meta_info")),
         return_spec_tokens_details=bool(body.get("return_spec_tokens_details")),
         prefix=_continued_prefix(body),
+        stream=stream,
+        include_usage=stream and bool(options.get("include_usage")),
+        continuous_usage=stream and bool(options.get("continuous_usage_stats")),
+        seed=None if seed is None else int(seed),
     )
 
 

@@ -18,6 +18,10 @@ class Stopped(Exception):
     """The simulator is shutting down."""
 
 
+class Gone(Exception):
+    """The client went away while its request waited for a slot."""
+
+
 class SlotScheduler:
     """At most ``max_running`` requests hold a slot; the rest wait in arrival order.
 
@@ -48,16 +52,18 @@ class SlotScheduler:
         self._reset_locked(clock())
 
     @contextmanager
-    def slot(self) -> Iterator[None]:
-        """Hold a running slot for the duration of the ``with`` block."""
-        self.acquire()
+    def slot(self, gone: Callable[[], bool] | None = None, poll: float = 4.0) -> Iterator[None]:
+        """Hold a running slot for the duration of the ``with`` block (see :meth:`acquire`)."""
+        self.acquire(gone, poll)
         try:
             yield
         finally:
             self.release()
 
-    def acquire(self) -> None:
-        """Take a slot, waiting in FIFO order; raises :class:`QueueFull` or :class:`Stopped`."""
+    def acquire(self, gone: Callable[[], bool] | None = None, poll: float = 4.0) -> None:
+        """Take a slot, waiting in FIFO order; raises :class:`QueueFull` or :class:`Stopped`, and
+        :class:`Gone` when ``gone()`` says so at one of the checks made every ``poll`` seconds
+        while waiting (SGLang looks at a waiting request's connection every 4 s)."""
         with self._cond:
             if self._stopped:
                 raise Stopped
@@ -67,7 +73,7 @@ class SlotScheduler:
             if self.max_queued is not None and len(self._waiting) >= self.max_queued:
                 self._rejected += 1
                 raise QueueFull
-            self._wait_turn_locked(object())
+            self._wait_turn_locked(object(), gone, poll)
 
     def release(self) -> None:
         """Give a slot back and wake the head of the queue."""
@@ -119,14 +125,22 @@ class SlotScheduler:
                 "seconds_since_start": since_s,
             }
 
-    def _wait_turn_locked(self, ticket: object) -> None:
+    def _wait_turn_locked(self, ticket: object, gone: Callable[[], bool] | None, poll: float) -> None:
         self._waiting.append(ticket)
         self._peak_waiting = max(self._peak_waiting, len(self._waiting))
+        check_at = self._clock() + poll
         try:
             while not (self._waiting[0] is ticket and self._running < self.max_running):
                 if self._stopped:
                     raise Stopped
-                self._cond.wait()
+                if gone is None:
+                    self._cond.wait()
+                    continue
+                if self._clock() >= check_at:
+                    if gone():
+                        raise Gone
+                    check_at = self._clock() + poll
+                self._cond.wait(max(0.0, check_at - self._clock()))
         except BaseException:
             self._waiting.remove(ticket)
             self._cond.notify_all()

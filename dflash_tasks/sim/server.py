@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import select
 import socket
 import struct
 import sys
@@ -149,6 +150,9 @@ class SimHandler(BaseHTTPRequestHandler):
         if reply.reset:
             self._reset()
             return
+        if reply.stream is not None:
+            self._send_stream(reply)
+            return
         try:
             self.send_response(reply.status)
             self.send_header("Content-Type", reply.content_type)
@@ -158,6 +162,39 @@ class SimHandler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except OSError:
             self.close_connection = True
+
+    def _send_stream(self, reply: Reply) -> None:
+        """A streamed body, chunked (as uvicorn sends one): the status line and headers go with
+        the first piece, so a request still waiting for a slot has had no answer yet."""
+        assert reply.stream is not None
+        started = False
+
+        def write(piece: bytes) -> None:
+            nonlocal started
+            if not started:
+                self.send_response(reply.status)
+                self.send_header("Content-Type", reply.content_type)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                started = True
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+
+        close = reply.stream(write, self._client_gone)
+        if started and not close:
+            try:
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                close = True
+        if close or not started:
+            self.close_connection = True
+
+    def _client_gone(self) -> bool:
+        """Has the client closed its end (end of stream waiting on the socket)?"""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def _reset(self) -> None:
         """Close the socket abortively (RST), with no response at all."""

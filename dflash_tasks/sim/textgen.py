@@ -3,6 +3,11 @@
 A request's output length is drawn from a lognormal distribution seeded by ``(seed, prompt)``, so
 the same prompt always gets the same answer.  Text is filler words (about one word per token,
 capped at :data:`MAX_TEXT_WORDS` per section); tests should assert ``usage`` numbers, not text.
+
+With ``--loop-share`` a share of the samples falls into a loop as real models do: early in the
+thought (or the answer, without thinking: 5-15% in, at most :data:`LOOP_START_MAX` tokens) one
+sentence or one paragraph starts repeating, word for word, and never ends: the sample runs to
+``max_tokens`` (``finish_reason: length``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,13 @@ IM_END_TOKEN_ID = 151645
 
 MAX_TEXT_WORDS = 4096
 SHORT_ANSWER_TOKENS = (4, 8)
+#: Where a looping sample falls into its loop: this share of its planned thought (or answer), and
+#: at most this many tokens in (early enough that a loop can be stopped within a quarter of 4,096).
+LOOP_START_SHARE = (0.05, 0.15)
+LOOP_START_MAX = 512
+#: Words of a looping sentence, and sentences of a looping paragraph.
+LOOP_SENTENCE_WORDS = (8, 16)
+LOOP_PARAGRAPH_SENTENCES = (3, 5)
 
 _REASONING_TEXT = """okay let me think about this carefully first the problem asks for which means
 we need to check whether that holds so consider case wait actually hmm maybe another approach would
@@ -33,11 +45,21 @@ _ANSWER_WORDS = _vocab(_ANSWER_TEXT)
 
 
 @dataclass(frozen=True)
+class LoopPlan:
+    """A sample that loops: from output token ``at`` on, one span repeats until the end."""
+
+    at: int
+    #: 1: a sentence repeats; more: a paragraph of that many sentences.
+    sentences: int
+
+
+@dataclass(frozen=True)
 class Plan:
     """How many tokens a request produces, and how it ends.
 
     ``reasoning_tokens`` counts the think block including ``</think>``; ``thinking`` says whether
-    the model opened one at all; ``finish_reason`` is ``stop``, ``length`` or ``abort``.
+    the model opened one at all; ``finish_reason`` is ``stop``, ``length`` or ``abort``; ``loop``:
+    where the output falls into a loop, if it does.
     """
 
     thinking: bool
@@ -45,6 +67,7 @@ class Plan:
     answer_tokens: int
     planned_reasoning: int
     finish_reason: str
+    loop: LoopPlan | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -94,6 +117,21 @@ def plan_output(
     return Plan(True, reasoning, total - reasoning, reasoning, "stop")
 
 
+def plan_loop(rng: random.Random, plan: Plan, share: float, endless: int) -> Plan:
+    """With probability ``share``, ``plan`` falling into a loop that runs ``endless`` tokens (the
+    context: until ``max_tokens`` cuts it) instead of ending; else ``plan`` itself."""
+    if share <= 0 or rng.random() >= share:
+        return plan
+    body = plan.reasoning_tokens if plan.thinking else plan.answer_tokens
+    at = min(LOOP_START_MAX, max(1, round(body * rng.uniform(*LOOP_START_SHARE))))
+    at += int(plan.thinking)  # after <think>
+    sentences = 1 if rng.random() < 0.5 else rng.randint(*LOOP_PARAGRAPH_SENTENCES)
+    loop = LoopPlan(at, sentences)
+    if plan.thinking:
+        return Plan(True, endless, 0, endless, "stop", loop)
+    return Plan(False, 0, endless, 0, "stop", loop)
+
+
 def truncate(plan: Plan, limit: int, reason: str) -> Plan:
     """Cut the plan to at most ``limit`` tokens, ending with ``reason`` if anything was cut."""
     if plan.completion_tokens <= limit:
@@ -133,9 +171,37 @@ def _filler_tokens(rng: random.Random, tokens: int, vocab: list[str]) -> list[st
     return out
 
 
-def output_tokens(rng: random.Random, plan: Plan) -> list[str]:
+def _loop_unit(rng: random.Random, sentences: int, vocab: list[str]) -> list[str]:
+    """The span a looping sample repeats: a sentence (`` Word … word.``) or a paragraph
+    (``\n\n`` and ``sentences`` sentences)."""
+    unit = ["\n\n"] if sentences > 1 else []
+    for n in range(sentences):
+        words = rng.choices(vocab, k=rng.randint(*LOOP_SENTENCE_WORDS))
+        first = "" if sentences > 1 and n == 0 else " "
+        unit += [first + words[0].capitalize(), *(" " + w for w in words[1:])]
+        unit[-1] += "."
+    return unit
+
+
+def _looping_tokens(rng: random.Random, plan: Plan, loop: LoopPlan, end: int) -> list[str]:
+    """The first ``end`` tokens of a looping plan: the natural start, then the span repeated
+    (text past :data:`MAX_TEXT_WORDS` tokens is empty)."""
+    vocab = _REASONING_WORDS if plan.thinking else _ANSWER_WORDS
+    head = ["<think>\n"] if plan.thinking else []
+    tokens = head + _filler_tokens(rng, loop.at - len(head), vocab)
+    unit = _loop_unit(rng, loop.sentences, vocab)
+    text_end = min(end, MAX_TEXT_WORDS)
+    while len(tokens) < text_end:
+        tokens += unit
+    return _padded(tokens[:text_end], end)
+
+
+def output_tokens(rng: random.Random, plan: Plan, end: int | None = None) -> list[str]:
     """The untruncated plan's raw output as tokens, Qwen3 hybrid style:
-    ``<think>\n`` … ``\n</think>\n\n`` answer (words past :data:`MAX_TEXT_WORDS` are empty)."""
+    ``<think>\n`` … ``\n</think>\n\n`` answer (words past :data:`MAX_TEXT_WORDS` are empty);
+    a looping plan's only up to ``end``, since it never ends."""
+    if plan.loop is not None:
+        return _looping_tokens(rng, plan, plan.loop, plan.completion_tokens if end is None else end)
     answer = _padded(_filler_tokens(rng, plan.answer_tokens, _ANSWER_WORDS), plan.answer_tokens)
     if not plan.thinking or plan.completion_tokens == 0:
         return answer
@@ -151,10 +217,15 @@ def _padded(tokens: list[str], count: int) -> list[str]:
     return tokens + [""] * (count - len(tokens))
 
 
-def render_span(rng: random.Random, full: Plan, start: int, end: int) -> str:
+def span_tokens(rng: random.Random, full: Plan, start: int, end: int) -> list[str]:
     """Tokens ``start..end`` of the untruncated plan's output: what a request that was cut, or that
     continued a prefix of ``start`` tokens, generated."""
-    return "".join(output_tokens(rng, full)[start:end])
+    return output_tokens(rng, full, end)[start:end]
+
+
+def render_span(rng: random.Random, full: Plan, start: int, end: int) -> str:
+    """:func:`span_tokens` as one text."""
+    return "".join(span_tokens(rng, full, start, end))
 
 
 def render_raw(rng: random.Random, plan: Plan) -> str:

@@ -311,7 +311,6 @@ def test_prompt_plus_completion_over_context_is_rejected(start_sim: StartSim) ->
         ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5."),
         ({"temperature": -0.5}, "temperature must be a non-negative finite number, got -0.5."),
         ({"top_k": 0}, "top_k must be -1 (disable) or at least 1, got 0."),
-        ({"stream": True}, "streaming not supported by the simulator"),
     ],
 )
 def test_invalid_requests_get_the_error_envelope(

@@ -1,0 +1,240 @@
+"""A streamed chat request (``stream: true``): its chunks sent at the decode pace, and what happens
+when its client goes away, as in SGLang 0.5.23.
+
+The request waits for a slot like any other (its client's connection is looked at every
+``disconnect_poll_seconds`` meanwhile: gone, it is aborted). Then each decode step's tokens are
+sent as they are generated (:mod:`dflash_tasks.sim.sse`): one step is one speculative verify pass
+(about the request's accept length in tokens); a chunk goes out at the first step and then once
+``stream_interval`` tokens are unsent. When the client goes away (its connection is closed, or a
+write fails) the request keeps generating for ``abort_delay_seconds`` (SGLang aborts a
+disconnected stream from a background task that sleeps 2 s first), then is aborted: its slot is
+freed and it counts as aborted, with the tokens it generated.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from dflash_tasks.sim.protocol import ChatRequest, spec_details
+from dflash_tasks.sim.scheduler import Gone, QueueFull, Stopped
+from dflash_tasks.sim.sse import DONE, ChunkHead, ReasoningStream, error_event, usage
+from dflash_tasks.sim.textgen import IM_END_TOKEN_ID, Plan, prompt_rng, span_tokens
+
+if TYPE_CHECKING:
+    from dflash_tasks.sim.batch import DecodeBatch, DecodeSeq
+    from dflash_tasks.sim.config import FaultSpec
+    from dflash_tasks.sim.engine import SimEngine
+
+#: Writes one piece of a streamed body; raises ``OSError`` when the client is gone.
+Write = Callable[[bytes], None]
+#: Says whether the client closed its connection.
+GoneCheck = Callable[[], bool]
+#: How often a running stream's connection is looked at between two chunks (s).
+GONE_POLL_SECONDS = 0.05
+
+
+def emission_points(total: int, accept: float, interval: int) -> list[int]:
+    """The token counts at which chunks go out: decode steps of ``accept`` tokens, the first at
+    once, then whenever ``interval`` tokens are unsent, and the last one."""
+    points: list[int] = []
+    sent = step = 0
+    while sent < total:
+        step += 1
+        done = min(total, max(sent + 1, math.floor(step * accept)))
+        if not points or done - sent >= interval or done == total:
+            points.append(done)
+            sent = done
+    return points
+
+
+class _FixedPace:
+    """Every request at ``rate`` tokens per second, whatever else runs (no throughput curve)."""
+
+    def __init__(self, total: int, rate: float) -> None:
+        self.total, self.rate = total, rate
+        self.started = time.monotonic()
+
+    def generated(self) -> int:
+        if math.isinf(self.rate):
+            return self.total
+        return min(self.total, int((time.monotonic() - self.started) * self.rate))
+
+    def seconds_until(self, tokens: int) -> float:
+        return 0.0 if math.isinf(self.rate) else self.started + tokens / self.rate - time.monotonic()
+
+    def cancel(self) -> int:
+        return self.generated()
+
+
+class _BatchPace:
+    """The request decoding in the simulated batch (the throughput curve)."""
+
+    def __init__(self, batch: DecodeBatch, total: int, prompt: int) -> None:
+        self.batch = batch
+        self.seq: DecodeSeq = batch.submit(total, prompt)
+
+    def generated(self) -> int:
+        return self.batch.progress(self.seq)[0]
+
+    def seconds_until(self, tokens: int) -> float:
+        have, rate = self.batch.progress(self.seq)
+        return GONE_POLL_SECONDS if rate <= 0 else (tokens - have) / rate
+
+    def cancel(self) -> int:
+        return self.batch.cancel(self.seq)
+
+
+class _Client:
+    """The streaming client's connection: whether it went away, and since when."""
+
+    def __init__(self, write: Write, gone: GoneCheck, abort_delay: float) -> None:
+        self._write, self._gone, self._abort_delay = write, gone, abort_delay
+        self.gone_at: float | None = None
+        self._checked = time.monotonic()
+
+    @property
+    def abort_at(self) -> float | None:
+        return None if self.gone_at is None else self.gone_at + self._abort_delay
+
+    def send(self, *pieces: bytes) -> None:
+        for piece in pieces:
+            if self.gone_at is not None:
+                return
+            try:
+                self._write(piece)
+            except OSError:
+                self.gone_at = time.monotonic()
+
+    def look(self) -> None:
+        """Check the connection (at most every :data:`GONE_POLL_SECONDS`)."""
+        now = time.monotonic()
+        if self.gone_at is None and now - self._checked >= GONE_POLL_SECONDS:
+            self._checked = now
+            if self._gone():
+                self.gone_at = now
+
+
+class StreamJob:
+    """One streamed chat request; call it with a writer and a disconnect check to serve it."""
+
+    def __init__(self, engine: SimEngine, req: ChatRequest, request_id: str, fault: FaultSpec | None) -> None:
+        self.engine, self.req, self.request_id, self.fault = engine, req, request_id, fault
+
+    def __call__(self, write: Write, gone: GoneCheck) -> bool:
+        """Serve the request; True when the connection must be closed afterwards."""
+        engine = self.engine
+        try:
+            with engine.scheduler.slot(gone, engine.config.disconnect_poll_seconds):
+                return self._generate(_Client(write, gone, engine.config.abort_delay_seconds))
+        except QueueFull:  # the scheduler rejects it once the stream began: an error event
+            write(error_event("The request queue is full.", "SERVICE_UNAVAILABLE", 503) + DONE)
+            return False
+        except Gone:
+            engine.count_gone_waiting()
+            return True
+        except Stopped:
+            return True
+        finally:
+            engine.release_rid(self.request_id)
+
+    def _generate(self, client: _Client) -> bool:
+        engine, req, cfg = self.engine, self.req, self.engine.config
+        full, plan, done, thinking = engine.plan(req, self.fault)
+        total = plan.completion_tokens
+        tokens = span_tokens(prompt_rng(cfg.seed + 1, req.plan_prompt), full, done, done + total)
+        parser = None
+        if cfg.has_reasoning_parser and req.separate_reasoning:
+            parser = ReasoningStream(thinking, req.prefix or "")
+        head = ChunkHead(self.request_id, int(time.time()), req.model)
+        pace: _FixedPace | _BatchPace
+        if engine.batch is not None and cfg.time_scale > 0 and total > 0:
+            pace = _BatchPace(engine.batch, total, req.prompt_tokens)
+        else:
+            rate = cfg.tokens_per_second / cfg.time_scale if cfg.time_scale > 0 else math.inf
+            pace = _FixedPace(total, rate)
+        points = emission_points(total, engine.accept_length(req, cfg.accept_length), cfg.stream_interval)
+        cut = len(points) // 2 if self.fault is not None and self.fault.kind == "bad_json" else None
+        sent = 0
+        for n, upto in enumerate(points):
+            if not self._wait(pace, upto, client):
+                generated = pace.cancel()
+                engine.account(req, plan, generated, cfg.accept_length, 0, True, client_gone=True)
+                return True
+            if n == cut:  # a stream cut short: half an event, then the connection drops
+                client.send(b'data: {"id":')
+                engine.account(req, plan, sent, cfg.accept_length, 0, False)
+                return True
+            text = "".join(tokens[sent:upto])
+            client.send(*self._chunks(head, parser, text, plan, upto, n == 0, upto == total))
+            sent = upto
+        retractions, accept = 0, cfg.accept_length
+        if isinstance(pace, _BatchPace):
+            run = engine.batch.outcome(pace.seq) if engine.batch is not None else None
+            retractions, accept = (run.retractions, run.accept_length) if run else (0, accept)
+        gone = client.gone_at is not None
+        _, verify = engine.account(req, plan, total, accept, retractions, plan.finish_reason == "abort", gone)
+        client.send(*self._tail(head, plan, total, verify))
+        return gone
+
+    def _wait(self, pace: _FixedPace | _BatchPace, tokens: int, client: _Client) -> bool:
+        """Wait until ``tokens`` are generated; False when the request is aborted first."""
+        stopping = self.engine.stopping_event
+        while pace.generated() < tokens:
+            client.look()
+            abort_at = client.abort_at
+            now = time.monotonic()
+            if abort_at is not None and now >= abort_at:
+                return False
+            pause = min(pace.seconds_until(tokens), GONE_POLL_SECONDS)
+            if abort_at is not None:
+                pause = min(pause, abort_at - now)
+            if stopping.wait(max(pause, 0.0005)):
+                raise Stopped
+        client.look()
+        return True
+
+    def _chunks(
+        self,
+        head: ChunkHead,
+        parser: ReasoningStream | None,
+        text: str,
+        plan: Plan,
+        upto: int,
+        first: bool,
+        last: bool,
+    ) -> list[bytes]:
+        """The chunks of one decode step that generated ``text`` (``upto`` tokens so far): the
+        role chunk first of all, then its reasoning and its answer text."""
+        req = self.req
+        out = [head.role()] if first else []
+        reasoning, content = ("", text) if parser is None else parser.feed(text)
+        if parser is not None and last and plan.finish_reason != "abort":
+            more_reasoning, more_content = parser.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        running = None
+        if req.continuous_usage:
+            reasoning_tokens = (
+                min(upto, plan.reasoning_tokens) if self.engine.config.has_reasoning_parser else 0
+            )
+            running = usage(req.prompt_tokens, upto, reasoning_tokens)
+        if reasoning:
+            out.append(head.reasoning(reasoning, running))
+        if content:
+            out.append(head.content(content, running))
+        return out
+
+    def _tail(self, head: ChunkHead, plan: Plan, total: int, verify: int) -> list[bytes]:
+        """The finish chunk, the ``sglext`` and usage chunks when asked, and ``[DONE]``."""
+        req, cfg = self.req, self.engine.config
+        matched = IM_END_TOKEN_ID if plan.finish_reason == "stop" else None
+        out = [head.finish(plan.finish_reason, matched)]
+        spec = spec_details(total, verify)
+        if req.return_spec_tokens_details and spec:
+            out.append(head.tail(sglext={"spec_tokens_details": spec}))
+        if req.include_usage:
+            reasoning = plan.reasoning_tokens if cfg.has_reasoning_parser else 0
+            out.append(head.tail(usage=usage(req.prompt_tokens, total, reasoning)))
+        return [*out, DONE]
