@@ -63,12 +63,6 @@ def _parser() -> argparse.ArgumentParser:
         help="a stream sends once this many tokens are unsent (SGLang's --stream-interval; 1: every step)",
     )
     p.add_argument(
-        "--abort-delay-seconds",
-        type=float,
-        default=d.abort_delay_seconds,
-        help="a disconnected stream keeps generating this long before its abort (SGLang: 2 s)",
-    )
-    p.add_argument(
         "--disconnect-poll-seconds",
         type=float,
         default=d.disconnect_poll_seconds,

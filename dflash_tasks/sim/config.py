@@ -112,9 +112,6 @@ class SimConfig:
     loop_share: float = 0.0
     #: ``--stream-interval``: a stream sends once this many tokens are unsent (1: every decode step).
     stream_interval: int = 1
-    #: Seconds from a streaming client's disconnect to the abort that frees its slot (SGLang's
-    #: ``create_abort_task`` sleeps 2 s); the request keeps generating meanwhile. Not scaled.
-    abort_delay_seconds: float = 2.0
     #: How often a request waiting for a slot has its connection checked (SGLang's
     #: ``SGLANG_REQUEST_STATE_WAIT_TIMEOUT``, 4 s). Not scaled.
     disconnect_poll_seconds: float = 4.0
@@ -149,7 +146,6 @@ class SimConfig:
             (0 <= self.port <= 65535, "port must be in [0, 65535]"),
             (0.0 <= self.loop_share <= 1.0, "loop_share must be in [0, 1]"),
             (self.stream_interval >= 1, "stream_interval must be >= 1"),
-            (self.abort_delay_seconds >= 0, "abort_delay_seconds must be >= 0"),
             (self.disconnect_poll_seconds > 0, "disconnect_poll_seconds must be > 0"),
         )
         for ok, message in checks:

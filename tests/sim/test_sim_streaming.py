@@ -191,16 +191,15 @@ def metric(sim: RunningSimulator, name: str) -> float:
     return sum(values)
 
 
-def test_a_client_that_goes_away_frees_its_slot_after_the_abort_delay(sims: list[RunningSimulator]) -> None:
-    sim = start(sims, time_scale=0.25, abort_delay_seconds=0.5)  # 160 tokens a second
+def test_a_client_that_goes_away_frees_its_slot_at_once(sims: list[RunningSimulator]) -> None:
+    sim = start(sims, time_scale=0.25)  # 160 tokens a second
     conn = open_stream(sim, max_tokens=2000)
     assert conn.recv(4096).startswith(b"HTTP/1.1 200")
     wait_until(lambda: metric(sim, "num_running_reqs") == 1, 10, "the stream running")
     closed = time.monotonic()
     conn.close()
     wait_until(lambda: metric(sim, "num_running_reqs") == 0, 10, "the slot freed", 0.02)
-    freed = time.monotonic() - closed
-    assert 0.5 <= freed < 2.0  # SGLang's abort task waits before it aborts; then the slot is free
+    assert time.monotonic() - closed < 1.0  # as the release does (0.15 s on its CPU engine)
     after = stats(sim)
     assert (after["aborted"], after["client_gone"], after["running"]) == (1, 1, 0)
     assert 0 < after["generation_tokens"] < 2000  # it stopped generating
@@ -257,7 +256,7 @@ def test_the_metrics_split_streamed_requests(sims: list[RunningSimulator]) -> No
 
 
 def test_streaming_through_the_throughput_curve(sims: list[RunningSimulator]) -> None:
-    sim = start(sims, curve="kvbound", time_scale=0.01, abort_delay_seconds=0.0)
+    sim = start(sims, curve="kvbound", time_scale=0.01)
     chunks = stream(sim.url, stream_options={"include_usage": True})
     assert chunks[-2]["usage"]["completion_tokens"] > 0
     conn = open_stream(sim, max_tokens=2000)
@@ -335,7 +334,9 @@ def test_another_seed_may_escape_the_loop(sims: list[RunningSimulator]) -> None:
 
 
 def test_the_flags() -> None:
-    config = config_from_args(["--loop-share", "0.2", "--stream-interval", "4", "--abort-delay-seconds", "0"])
-    assert (config.loop_share, config.stream_interval, config.abort_delay_seconds) == (0.2, 4, 0.0)
+    config = config_from_args(
+        ["--loop-share", "0.2", "--stream-interval", "4", "--disconnect-poll-seconds", "1"]
+    )
+    assert (config.loop_share, config.stream_interval, config.disconnect_poll_seconds) == (0.2, 4, 1.0)
     with pytest.raises(SystemExit):
         config_from_args(["--loop-share", "1.5"])
