@@ -23,6 +23,10 @@ The successor chain, from the generation prompt's last token:
 * thinking off (the template already wrote ``<think>\\n\\n</think>\\n\\n``, last token ``ĊĊ``):
   ANSWER ``<|im_end|>``;
 * any other token: ``<|im_end|>``.
+
+The looping variant (``--loop``, :func:`ensure_checkpoint` with ``looping=True``) returns from the
+thought's last word to its first, so a thinking answer is THOUGHT repeated until ``max_tokens``:
+a model stuck in a loop, for the tests of loop detection and of the server's abort.
 """
 
 from __future__ import annotations
@@ -116,8 +120,9 @@ def _one_token(tok: Any, text: str) -> int:
     return int(ids[0])
 
 
-def successors(tok: Any) -> dict[int, int]:
-    """The chain: token id -> the id the model always answers next (others: ``<|im_end|>``)."""
+def successors(tok: Any, looping: bool = False) -> dict[int, int]:
+    """The chain: token id -> the id the model always answers next (others: ``<|im_end|>``);
+    ``looping``: the thought's last word leads back to its first, for ever."""
     think_open, think_close = _one_token(tok, THINK_OPEN), _one_token(tok, THINK_CLOSE)
     newline, blank = _one_token(tok, "\n"), _one_token(tok, "\n\n")
     thought = [_one_token(tok, " " + w) for w in THOUGHT_WORDS]
@@ -126,10 +131,13 @@ def successors(tok: Any) -> dict[int, int]:
     chain = [newline, think_open, *thought, think_close, blank, *answer, im_end]
     if len(set(chain)) != len(chain):
         raise RuntimeError("the chain repeats a token: it would loop")
-    return dict(itertools.pairwise(chain))
+    succ = dict(itertools.pairwise(chain))
+    if looping:
+        succ[thought[-1]] = thought[0]
+    return succ
 
 
-def build(target: Path) -> None:
+def build(target: Path, looping: bool = False) -> None:
     """Write the checkpoint (config, weights, tokenizer, template) into ``target``."""
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -162,7 +170,7 @@ def build(target: Path) -> None:
         model.model.embed_tokens.weight.copy_(torch.eye(HIDDEN))
         for norm in (model.model.norm, *(m for layer in model.model.layers for m in _norms(layer))):
             norm.weight.fill_(1.0)
-        succ = successors(tok)
+        succ = successors(tok, looping)
         head = model.lm_head.weight
         for token in range(HIDDEN):
             head[succ.get(token, im_end), token] = MARGIN
@@ -189,21 +197,22 @@ class CheckpointUnavailable(RuntimeError):
     """The tiny checkpoint is not cached and could not be built."""
 
 
-def checkpoint_dir(cache: Path, python: Path) -> Path:
+def checkpoint_dir(cache: Path, python: Path, looping: bool = False) -> Path:
     """Where the checkpoint of this recipe, built by ``python``'s environment, is cached."""
     recipe = Path(__file__).read_bytes() + str(python.parent.parent.name).encode()
-    return cache / f"tiny-qwen3-{hashlib.sha256(recipe).hexdigest()[:12]}"
+    name = "tiny-qwen3-loop" if looping else "tiny-qwen3"
+    return cache / f"{name}-{hashlib.sha256(recipe).hexdigest()[:12]}"
 
 
-def ensure_checkpoint(cache: Path, python: Path) -> Path:
+def ensure_checkpoint(cache: Path, python: Path, looping: bool = False) -> Path:
     """The cached checkpoint's directory, building it first (atomically) when it is missing."""
-    target = checkpoint_dir(cache, python)
+    target = checkpoint_dir(cache, python, looping)
     if (target / "config.json").is_file():
         return target
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".build-{target.name}-"))
     try:
-        cmd = [str(python), "-m", "tests.real_sglang.checkpoint", str(tmp)]
+        cmd = [str(python), "-m", "tests.real_sglang.checkpoint", str(tmp), *(["--loop"] if looping else [])]
         res = subprocess.run(
             cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ""}
         )
@@ -220,6 +229,6 @@ def ensure_checkpoint(cache: Path, python: Path) -> Path:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m tests.real_sglang.checkpoint DIR")
-    build(Path(sys.argv[1]))
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--loop"]):
+        sys.exit("usage: python -m tests.real_sglang.checkpoint DIR [--loop]")
+    build(Path(sys.argv[1]), looping=sys.argv[2:] == ["--loop"])

@@ -27,6 +27,8 @@ SERVED_NAME = "tiny-qwen3"
 SIM_MODEL_PATH = "/models/tiny-qwen3"
 #: The marker's tests may need a build on a cold cache: far more than the suite's 300 s default.
 SETUP_TIMEOUT = 3600
+#: Requests the looping servers run at once (a second one waits in the queue).
+LOOPING_RUNNING = 1
 
 
 @dataclass
@@ -94,27 +96,52 @@ def tiny_model(sglang_python: Path) -> Path:
     pytest.fail(problem, pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def tiny_looping_model(sglang_python: Path) -> Path:
+    """The tiny checkpoint whose thought loops for ever (the same recipe, ``looping=True``)."""
+    problem = ""
+    try:
+        return ensure_checkpoint(cache_root(), sglang_python, looping=True)
+    except CheckpointUnavailable as exc:
+        problem = str(exc)
+    pytest.fail(problem, pytrace=False)
+
+
+def _real_server(python: Path, model: Path, factory: pytest.TempPathFactory, *extra: str) -> Iterator[Target]:
+    log = factory.mktemp("real-sglang") / "sglang.log"
+    server, startup = start_ready(
+        python,
+        model,
+        free_port(),
+        log,
+        lambda started: watch_startup(started.url, 600, alive=started),
+        api_key=API_KEY,
+        extra=("--served-model-name", SERVED_NAME, *extra),
+    )
+    try:
+        yield Target("real", server.url, str(model), startup)
+        server.check_no_standin_calls()
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
 def real_target(
     sglang_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Target]:
     """One real server for a module's tests (stopped at its end), with an API key and a served name."""
-    log = tmp_path_factory.mktemp("real-sglang") / "sglang.log"
-    port = free_port()
-    server, startup = start_ready(
-        sglang_python,
-        tiny_model,
-        port,
-        log,
-        lambda started: watch_startup(started.url, 600, alive=started),
-        api_key=API_KEY,
-        extra=("--served-model-name", SERVED_NAME),
+    yield from _real_server(sglang_python, tiny_model, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def real_looping_target(
+    sglang_python: Path, tiny_looping_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Target]:
+    """A real server of the looping checkpoint: every thought loops until ``max_tokens``; one
+    request runs at a time (a second one waits)."""
+    yield from _real_server(
+        sglang_python, tiny_looping_model, tmp_path_factory, "--max-running-requests", str(LOOPING_RUNNING)
     )
-    try:
-        yield Target("real", server.url, str(tiny_model), startup)
-        server.check_no_standin_calls()
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +161,31 @@ def sim_target() -> Iterator[Target]:
         yield Target("sim", sim.url, SIM_MODEL_PATH, watch_startup(sim.url, 30))
 
 
+@pytest.fixture(scope="module")
+def sim_looping_target() -> Iterator[Target]:
+    """A simulator whose every sample loops, decoding at about the CPU engine's pace, one request
+    running at a time."""
+    sim = start_simulator(
+        model=SIM_MODEL_PATH,
+        served_model_name=SERVED_NAME,
+        context_length=CONTEXT_LENGTH,
+        api_key=API_KEY,
+        loop_share=1.0,
+        time_scale=0.5,
+        max_running_requests=LOOPING_RUNNING,
+    )
+    with sim:
+        yield Target("sim", sim.url, SIM_MODEL_PATH, watch_startup(sim.url, 30))
+
+
 @pytest.fixture(params=["sim", pytest.param("real", marks=pytest.mark.real_sglang)])
 def target(request: pytest.FixtureRequest) -> Target:
     """Each contract test runs against the simulator and against the real release."""
     return request.getfixturevalue(f"{request.param}_target")  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=["sim", pytest.param("real", marks=pytest.mark.real_sglang)])
+def looping_target(request: pytest.FixtureRequest) -> Target:
+    """A server whose every thought loops: the simulator (``--loop-share 1``) and the release
+    serving the looping checkpoint."""
+    return request.getfixturevalue(f"{request.param}_looping_target")  # type: ignore[no-any-return]
