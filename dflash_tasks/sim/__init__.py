@@ -2,12 +2,14 @@
 
 It answers like SGLang 0.5.23 with ``--reasoning-parser qwen3`` and EAGLE/MTP speculative decoding
 (see ``docs/sglang.md``): ``POST /v1/chat/completions`` (non-stream, with per-request
-``meta_info`` when asked), ``GET /health``, ``/health_generate``, ``/ready``, ``/server_info``,
-``/model_info`` (and the deprecated ``/get_server_info``, ``/get_model_info``), ``/v1/models`` and
-``/metrics``; ``--api-key`` is enforced as SGLang does. Output lengths are lognormal and
-deterministic per ``(--seed, prompt)``, and so is each request's accept length; each request holds
-one of ``--max-running-requests`` slots for
-``completion_tokens / --tokens-per-second * --time-scale`` seconds, later ones wait in FIFO order.
+``meta_info`` when asked, or streamed: :mod:`dflash_tasks.sim.streaming`), ``GET /health``,
+``/health_generate``, ``/ready``, ``/server_info``, ``/model_info`` (and the deprecated
+``/get_server_info``, ``/get_model_info``), ``/v1/models`` and ``/metrics``; ``--api-key`` is
+enforced as SGLang does. Output lengths are lognormal and deterministic per ``(--seed, prompt)``,
+and so is each request's accept length; each request holds one of ``--max-running-requests``
+slots for ``completion_tokens / --tokens-per-second * --time-scale`` seconds, later ones wait in
+FIFO order. ``--loop-share`` makes a share of the samples loop until ``max_tokens``
+(:mod:`dflash_tasks.sim.textgen`).
 Start-up: the port refuses connections for ``--load-seconds``, then ``/health`` answers 503 for
 ``--startup-seconds`` (chat is served meanwhile), then 200.
 
