@@ -16,19 +16,17 @@ tokens it generated. So does SGLang: the closed connection cancels the response'
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from dflash_tasks.sim.batch import DecodeBatch, DecodeSeq
+from dflash_tasks.sim.config import FaultSpec, SimConfig
 from dflash_tasks.sim.protocol import ChatRequest, spec_details
-from dflash_tasks.sim.scheduler import Gone, QueueFull, Stopped
+from dflash_tasks.sim.scheduler import Gone, QueueFull, SlotScheduler, Stopped
 from dflash_tasks.sim.sse import DONE, ChunkHead, ReasoningStream, error_event, usage
 from dflash_tasks.sim.textgen import IM_END_TOKEN_ID, Plan, prompt_rng, span_tokens
-
-if TYPE_CHECKING:
-    from dflash_tasks.sim.batch import DecodeBatch, DecodeSeq
-    from dflash_tasks.sim.config import FaultSpec
-    from dflash_tasks.sim.engine import SimEngine
 
 #: Writes one piece of a streamed body; raises ``OSError`` when the client is gone.
 Write = Callable[[bytes], None]
@@ -50,6 +48,36 @@ def emission_points(total: int, accept: float, interval: int) -> list[int]:
             points.append(done)
             sent = done
     return points
+
+
+class StreamingEngine(Protocol):
+    """What a stream needs of the simulator's engine (:class:`dflash_tasks.sim.engine.SimEngine`)."""
+
+    config: SimConfig
+    scheduler: SlotScheduler
+    batch: DecodeBatch | None
+
+    @property
+    def stopping_event(self) -> threading.Event: ...
+
+    def plan(self, req: ChatRequest, fault: FaultSpec | None) -> tuple[Plan, Plan, int, bool]: ...
+
+    def accept_length(self, req: ChatRequest, mean: float) -> float: ...
+
+    def account(
+        self,
+        req: ChatRequest,
+        plan: Plan,
+        generated: int,
+        mean_accept: float,
+        retractions: int,
+        aborted: bool,
+        client_gone: bool = False,
+    ) -> tuple[int, int]: ...
+
+    def count_gone_waiting(self) -> None: ...
+
+    def release_rid(self, request_id: str) -> None: ...
 
 
 class _FixedPace:
@@ -118,7 +146,9 @@ class _Client:
 class StreamJob:
     """One streamed chat request; call it with a writer and a disconnect check to serve it."""
 
-    def __init__(self, engine: SimEngine, req: ChatRequest, request_id: str, fault: FaultSpec | None) -> None:
+    def __init__(
+        self, engine: StreamingEngine, req: ChatRequest, request_id: str, fault: FaultSpec | None
+    ) -> None:
         self.engine, self.req, self.request_id, self.fault = engine, req, request_id, fault
 
     def __call__(self, write: Write, gone: GoneCheck) -> bool:
