@@ -158,24 +158,6 @@ def _field(value: Any) -> Field:
     return value if isinstance(value, int | float) else str(value)
 
 
-def accept_length(info: Mapping[str, Any]) -> float | None:
-    """Mean ``avg_spec_accept_length`` over the server's DP ranks (``/server_info``), if reported.
-
-    The server's lifetime figure: the fallback when samples carry no per-request stats.
-    """
-    states = info.get("internal_states")
-    values: list[float] = []
-    if isinstance(states, list):
-        for state in states:
-            value = state.get("avg_spec_accept_length") if isinstance(state, dict) else None
-            if isinstance(value, int | float) and value > 0:
-                values.append(float(value))
-    top = info.get("avg_spec_accept_length")  # some versions report it at the top level
-    if not values and isinstance(top, int | float) and top > 0:
-        values.append(float(top))
-    return sum(values) / len(values) if values else None
-
-
 class StatsListener:
     """:class:`WorkerStats` as a worker listener (``workers.listener``): the live-progress counters."""
 
@@ -307,7 +289,7 @@ class WorkerMonitor:
     def poll_accept_length(self) -> float | None:
         """The server's lifetime accept length (None while it reports none, or cannot answer)."""
         try:
-            value = accept_length(self._client.server_info(timeout=5.0))
+            value = self._client.server_info(timeout=5.0).lifetime_accept_length
         except DflashError as exc:
             log.debug("no accept length from the server: %s", exc)
             return None
