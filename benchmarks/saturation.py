@@ -51,8 +51,8 @@ from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.producer.inputs import read_input
 from tests.helpers import REPO
-from workers.generation import WorkerIdentity, build_request, make_record, make_turn
-from workers.sglang_client import SGLangClient
+from workers.generation import WorkerIdentity, make_record, make_turn
+from workers.sglang_client import ChatRequest, SGLangClient
 
 SLOTS = 48
 #: A request lasts 2,300 / 40 * 0.025 = 1.4 s on average (57 s unscaled), 2.6 s at most (4,096 tokens).
@@ -115,7 +115,7 @@ def direct_client(urls: list[str], inp: Path, out: Path) -> tuple[float, float, 
                 return
             started = time.monotonic()
             try:
-                completion = client.chat(build_request(spec, sample.messages, f"direct-L{sample.line}"))
+                completion = client.chat(ChatRequest(spec, sample.messages, f"direct-L{sample.line}"))
             except Exception as exc:
                 failures[0] += 1
                 turn = make_turn(sample.messages, None, str(exc), time.monotonic() - started, 1)

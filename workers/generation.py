@@ -1,4 +1,4 @@
-"""Generating one turn: the request body, retries with backoff; and building the turn and sample records."""
+"""Generating one turn: retries with backoff; and building the turn and sample records."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from dflash_tasks.core.continuation import joined, prefix_message
 from dflash_tasks.core.errors import RetryableError, SampleRejected, ServerUnavailable
@@ -16,7 +15,7 @@ from dflash_tasks.core.record import Record, Turn, Usage, outcome_of
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.core.states import FailureKind, RecordStatus
 from workers.monitor.listener import NO_LISTENER, WorkerListener
-from workers.sglang_client import Completion, ServerIdentity, SGLangClient
+from workers.sglang_client import ChatRequest, Completion, ServerIdentity, SGLangClient
 
 _EMPTY = Completion("", "", "", 0, 0, 0)
 
@@ -44,40 +43,6 @@ class WorkerIdentity:
     server: ServerIdentity | None = None
 
 
-def build_request(spec: GenerationSpec, messages: list[dict[str, str]], rid: str) -> dict[str, Any]:
-    """The ``/v1/chat/completions`` body for one turn (``docs/sglang.md``).
-
-    The limit goes out under both names: SGLang 0.5.23 reads ``max_completion_tokens`` first (and
-    marks ``max_tokens`` deprecated), releases that predate it ignore the unknown field and read
-    ``max_tokens``. ``return_meta_info`` asks for the per-request speculative-decoding numbers;
-    older releases ignore it too.
-    """
-    return {
-        "model": spec.model,
-        "messages": messages,
-        "max_completion_tokens": spec.max_tokens,
-        "max_tokens": spec.max_tokens,
-        "temperature": spec.temperature,
-        "top_p": spec.top_p,
-        "top_k": spec.top_k,
-        "n": 1,
-        "stream": False,
-        "chat_template_kwargs": template_kwargs(spec),
-        "separate_reasoning": True,
-        "return_meta_info": True,
-        "rid": rid,
-    }
-
-
-def template_kwargs(spec: GenerationSpec) -> dict[str, bool]:
-    """The chat template's switches: thinking, and with ``history_reasoning: keep`` Qwen3.6's
-    ``preserve_thinking`` (render the earlier turns' reasoning the request carries)."""
-    kwargs = {"enable_thinking": spec.thinking}
-    if spec.keeps_history_reasoning:
-        kwargs["preserve_thinking"] = True
-    return kwargs
-
-
 def generate_turn(
     client: SGLangClient,
     spec: GenerationSpec,
@@ -97,9 +62,7 @@ def generate_turn(
     then goes back to the queue). A 400 is a permanent failure.
     """
     started = time.monotonic()
-    answer = _send(
-        client, lambda rid: build_request(spec, messages, rid), policy, rid_prefix, sleep, listener
-    )
+    answer = _send(client, lambda rid: ChatRequest(spec, messages, rid), policy, rid_prefix, sleep, listener)
     latency = time.monotonic() - started
     if isinstance(answer, _Failed):
         return make_turn(added, None, answer.error, latency, answer.attempts, answer.failure)
@@ -130,10 +93,10 @@ def continue_turn(
     prefixed = [*messages, prefix_message(cut, continuation.opener)]
     budget = dataclasses.replace(spec, max_tokens=continuation.budget)
 
-    def body(rid: str) -> dict[str, Any]:
-        return build_request(budget, prefixed, rid) | {"continue_final_message": True}
+    def request(rid: str) -> ChatRequest:
+        return ChatRequest(budget, prefixed, rid, continues=True)
 
-    answer = _send(client, body, policy, rid_prefix, sleep, listener)
+    answer = _send(client, request, policy, rid_prefix, sleep, listener)
     if isinstance(answer, _Failed):
         return cut
     c, attempts = answer
@@ -160,7 +123,7 @@ class _Failed:
 
 def _send(
     client: SGLangClient,
-    body: Callable[[str], dict[str, Any]],
+    request: Callable[[str], ChatRequest],
     policy: RetryPolicy,
     rid_prefix: str,
     sleep: Callable[[float], None],
@@ -171,7 +134,7 @@ def _send(
     for attempt in range(1, policy.attempts + 1):
         rid = f"{rid_prefix}-{attempt}"  # unique per delivery, sample, turn and attempt
         try:
-            return client.chat(body(rid)), attempt
+            return client.chat(request(rid)), attempt
         except SampleRejected as exc:
             listener.request_failed(exc, False)
             return _Failed(str(exc), attempt, FailureKind.PERMANENT)

@@ -16,10 +16,11 @@ from celery import Celery
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.celery_app import TASK_NAME, configure
 from dflash_tasks.coord.planner import plan_job, queue_missing, registered_location
-from dflash_tasks.coord.publish import publish_chunks, queued_chunks, task_id
+from dflash_tasks.coord.publish import publish_chunks, publish_repairs, queued_chunks, task_id
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import RetryableError
 from dflash_tasks.core.job import output_key
+from dflash_tasks.core.repair import RepairUnit
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.store import LocalStore
 from tests.helpers import free_port, redis_url
@@ -141,6 +142,17 @@ def test_publishing_to_a_broker_that_is_down_is_retryable(chunks: list[int]) -> 
     try:
         with pytest.raises(RetryableError, match=r"broker error while publishing chunks \(0 sent\)"):
             publish_chunks(app, JOB, chunks, queue="q")
+    finally:
+        app.close()
+
+
+def test_publishing_repair_rounds_to_a_broker_that_is_down_is_retryable() -> None:
+    app = Celery("ut-down", set_as_current=False)
+    configure(app, CommonSettings.load({}, broker_url=f"redis://127.0.0.1:{free_port()}/0", queue="q"))
+    app.conf.broker_connection_timeout = 1
+    try:
+        with pytest.raises(RetryableError, match=r"broker error while publishing repair rounds \(0 sent\)"):
+            publish_repairs(app, JOB, [RepairUnit(3, 1)], queue="q")
     finally:
         app.close()
 

@@ -30,8 +30,7 @@ from dflash_tasks.monitoring.status import render
 from dflash_tasks.store import LocalStore
 from tests.helpers import RedisServer, free_port
 from workers.monitor.live_stats import WorkerStats
-from workers.monitor.worker_monitor import accept_length
-from workers.sglang_client import SGLangClient, parse_completion
+from workers.sglang_client import ChatRequest, SGLangClient, parse_completion
 
 NOW = 1_764_000_000.0  # a multiple of the bucket width, so the window is easy to reason about
 HOUR = 3600.0
@@ -267,14 +266,6 @@ def test_no_accept_length_at_all() -> None:
     assert "spec " not in render(doc)
 
 
-def test_accept_length_from_server_info() -> None:
-    two_ranks = {"internal_states": [{"avg_spec_accept_length": 3.0}, {"avg_spec_accept_length": 3.5}]}
-    assert accept_length(two_ranks) == 3.25
-    assert accept_length({"internal_states": [{"last_gen_throughput": 1.0}]}) is None
-    assert accept_length({"avg_spec_accept_length": 2.5}) == 2.5
-    assert accept_length({}) is None
-
-
 def test_error_kinds_come_from_the_error_never_from_its_text() -> None:
     assert metrics.error_kind(RetryableError("HTTP 503: queue full", ErrorKind.HTTP_503)) == "http_503"
     assert metrics.error_kind(RetryableError("HTTP 503: looks like one")) == "other"  # no kind: not parsed
@@ -299,7 +290,9 @@ def test_the_client_sets_the_kind_of_each_failure() -> None:
         parse_completion(aborted)
     assert abort.value.kind == ErrorKind.ABORT
     with pytest.raises(RetryableError) as refused:
-        SGLangClient(f"http://127.0.0.1:{free_port()}", timeout=2).chat({"messages": []})
+        SGLangClient(f"http://127.0.0.1:{free_port()}", timeout=2).chat(
+            ChatRequest(GenerationSpec("m"), [], "r")
+        )
     assert refused.value.kind == ErrorKind.CONNECTION
 
 

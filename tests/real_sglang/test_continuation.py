@@ -17,7 +17,7 @@ from dflash_tasks.core.record import Turn
 from dflash_tasks.core.states import RecordStatus
 from tests.real_sglang.checkpoint import ANSWER, THINKING_COMPLETION_TOKENS, THOUGHT
 from tests.real_sglang.conftest import SETUP_TIMEOUT, Target
-from tests.real_sglang.test_contract import QUESTION, body, chat, client, post, spec
+from tests.real_sglang.test_contract import QUESTION, body, chat, client, post, request, spec
 from workers.generate.thought_opener import thought_opener
 from workers.generation import Continuation, RetryPolicy, continue_turn, make_turn
 
@@ -35,9 +35,9 @@ def _answer(target: Target, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_cut_thought_continued_by_the_worker_equals_the_uninterrupted_answer(target: Target) -> None:
-    whole = chat(target, body(target, max_tokens=BUDGET))
+    whole = chat(target, request(target, max_tokens=BUDGET))
     assert whole.finish_reason == "stop" and whole.reasoning and whole.content
-    cut_answer = chat(target, body(target, max_tokens=CUT))
+    cut_answer = chat(target, request(target, max_tokens=CUT))
     assert (cut_answer.finish_reason, cut_answer.completion_tokens, cut_answer.content) == ("length", CUT, "")
     cut = make_turn(QUESTION, cut_answer, None, 0.1, 1)
     opener = thought_opener(target.model_path)
@@ -94,9 +94,9 @@ def prefix_message_of(reasoning: str, opener: str) -> dict[str, str]:
 
 def test_without_the_flag_a_final_assistant_message_is_not_continued(target: Target) -> None:
     """SGLang reads it as the user's (``_handle_last_assistant_message``): a fresh answer."""
-    cut = chat(target, body(target, max_tokens=CUT))
+    cut = chat(target, request(target, max_tokens=CUT))
     prefixed = [*QUESTION, prefix_message_of(cut.reasoning, "<think>\n")]
-    fresh = chat(target, body(target, prefixed, max_tokens=BUDGET))
+    fresh = chat(target, request(target, prefixed, max_tokens=BUDGET))
     assert fresh.finish_reason == "stop" and fresh.content
     if target.kind == "real":
         assert (fresh.reasoning, fresh.completion_tokens) == (THOUGHT, THINKING_COMPLETION_TOKENS)

@@ -3,7 +3,8 @@ simulator with the same assertions, so that the simulator cannot drift from the 
 
 ``target`` runs each test twice: ``[sim]`` (``dflash_tasks.sim``) and ``[real]`` (SGLang 0.5.23 on
 its CPU engine, serving the tiny checkpoint; marked ``real_sglang``). Requests are built by our own
-``build_request`` and read by our own ``SGLangClient`` wherever the workers do so.
+``ChatRequest`` and read by our own ``SGLangClient`` (or, for a body the workers never send, by its
+reply reader) wherever the workers do so.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.states import ErrorKind
 from tests.real_sglang.checkpoint import ANSWER, THOUGHT
 from tests.real_sglang.conftest import SETUP_TIMEOUT, Target
-from workers.generation import build_request
 from workers.node.sglang_release import SGLANG_VERSION
-from workers.sglang_client import Completion, SGLangClient, parse_completion
+from workers.sglang_client import ChatRequest, Completion, SGLangClient, parse_completion, read_chat_reply
 
 pytestmark = pytest.mark.timeout(SETUP_TIMEOUT)
 
@@ -57,10 +57,15 @@ def spec(target: Target, **kw: Any) -> GenerationSpec:
     return GenerationSpec(model=target.served_name, **{"max_tokens": 512, **kw})
 
 
+def request(target: Target, messages: list[dict[str, str]] = QUESTION, **sampling: Any) -> ChatRequest:
+    """What a worker sends: ``messages`` with the job's sampling (``sampling`` overriding it)."""
+    return ChatRequest(spec(target, **sampling), messages, rid())
+
+
 def body(target: Target, messages: list[dict[str, str]] = QUESTION, **kw: Any) -> dict[str, Any]:
-    """Our own request body (``workers.generation.build_request``), with ``kw`` overriding fields."""
+    """Our own request body (``ChatRequest.body``), with ``kw`` overriding fields."""
     sampling = {k: kw.pop(k) for k in ("max_tokens", "thinking", "temperature") if k in kw}
-    return {**build_request(spec(target, **sampling), messages, rid()), **kw}
+    return {**request(target, messages, **sampling).body(), **kw}
 
 
 def post(target: Target, payload: dict[str, Any], key: str | None = None) -> requests.Response:
@@ -72,8 +77,14 @@ def client(target: Target, key: str | None = None) -> SGLangClient:
     return SGLangClient(target.url, timeout=120, api_key=target.api_key if key is None else key)
 
 
-def chat(target: Target, payload: dict[str, Any]) -> Completion:
-    return client(target).chat(payload)
+def chat(target: Target, sent: ChatRequest) -> Completion:
+    return client(target).chat(sent)
+
+
+def read(target: Target, payload: dict[str, Any]) -> Completion:
+    """``payload`` sent as is, the reply read as the client reads it: for bodies that change fields
+    no :class:`ChatRequest` changes."""
+    return read_chat_reply(post(target, payload))
 
 
 # --- start-up ---------------------------------------------------------------------------------------
@@ -86,14 +97,14 @@ def test_health_says_ready_only_once_the_server_generates(target: Target) -> Non
     before = states[:first_generation]
     assert before and all(health in (0, 503) for _, health, _ in before), states  # not ahead of it
     # Once up, a generation works at once (the probe is a real one-token generation).
-    assert chat(target, body(target)).finish_reason == "stop"
+    assert chat(target, request(target)).finish_reason == "stop"
 
 
 # --- what we send, what we read -------------------------------------------------------------------------
 
 
 def test_a_thinking_answer_through_our_client(target: Target) -> None:
-    done = chat(target, body(target))
+    done = chat(target, request(target))
     assert done.finish_reason == "stop"
     assert done.reasoning and done.content
     for text in (done.reasoning, done.content):
@@ -106,7 +117,7 @@ def test_a_thinking_answer_through_our_client(target: Target) -> None:
 
 @pytest.mark.real_sglang
 def test_the_real_answer_is_the_checkpoints_chain(real_target: Target) -> None:
-    done = chat(real_target, body(real_target, temperature=1.5))
+    done = chat(real_target, request(real_target, temperature=1.5))
     assert (done.reasoning, done.content, done.finish_reason) == (THOUGHT, ANSWER, "stop")
     assert (done.reasoning_tokens, done.completion_tokens) == (28, 35)  # <think> … </think>, then 7 more
     assert done.meta is not None and all(getattr(done.meta, k) is None for k in SPEC_KEYS)
@@ -145,33 +156,33 @@ def test_thinking_off_gives_an_answer_without_reasoning(target: Target) -> None:
 
 @pytest.mark.parametrize("kwargs", [{"chat_template_kwargs": None}, {"chat_template_kwargs": {}}])
 def test_a_missing_thinking_flag_means_thinking(target: Target, kwargs: dict[str, Any]) -> None:
-    done = chat(target, body(target, **kwargs))
+    done = read(target, body(target, **kwargs))
     assert done.reasoning and done.reasoning_tokens > 0
 
 
 def test_max_completion_tokens_wins_and_max_tokens_alone_works(target: Target) -> None:
-    both = chat(target, body(target, max_completion_tokens=10, max_tokens=400))
+    both = read(target, body(target, max_completion_tokens=10, max_tokens=400))
     alone = body(target, max_tokens=10)
     del alone["max_completion_tokens"]
-    for done in (both, chat(target, alone)):
+    for done in (both, read(target, alone)):
         assert (done.finish_reason, done.completion_tokens) == ("length", 10)
 
 
 def test_a_small_budget_cuts_the_thought_and_leaves_no_answer(target: Target) -> None:
-    done = chat(target, body(target, max_tokens=10))
+    done = chat(target, request(target, max_tokens=10))
     assert (done.finish_reason, done.completion_tokens, done.reasoning_tokens) == ("length", 10, 10)
     assert done.reasoning and done.content == ""
 
 
 def test_a_multi_turn_history_is_rendered(target: Target) -> None:
-    first = chat(target, body(target))
+    first = chat(target, request(target))
     history = [
         {"role": "system", "content": "Be brief."},
         *QUESTION,
         {"role": "assistant", "content": first.content},
         {"role": "user", "content": "And 7 * 7?"},
     ]
-    second = chat(target, body(target, history))
+    second = chat(target, request(target, history))
     assert second.finish_reason == "stop" and second.reasoning and second.content
     assert second.prompt_tokens > first.prompt_tokens + 5
 
@@ -206,7 +217,7 @@ def test_a_bad_sample_gets_a_400_that_fails_only_it(
     assert resp.status_code == 400, resp.text
     assert resp.json()["object"] == "error" and message in resp.json()["message"]
     with pytest.raises(SampleRejected, match="HTTP 400"):
-        chat(target, payload)
+        read(target, payload)
 
 
 # --- the API key, route by route ---------------------------------------------------------------------------
@@ -232,7 +243,7 @@ def test_our_client_without_the_key(target: Target) -> None:
     with pytest.raises(ConfigError, match="HTTP 401"):
         keyless.identity()
     with pytest.raises(RetryableError, match="set DFLASH_SGLANG_API_KEY"):
-        keyless.chat(body(target))
+        keyless.chat(request(target))
     assert keyless.healthy()
 
 
@@ -248,6 +259,15 @@ def test_identity_served_name_path_and_version(target: Target) -> None:
     )
     info = requests.get(f"{target.url}/server_info", headers=target.auth, timeout=30).json()
     assert info["api_key"] == target.api_key  # in plain text: never stored or logged whole
+    kept = client(target).server_info()  # what the workers keep of it: the fields, never the key
+    assert (kept.model_path, kept.served_model_name, kept.version) == (
+        who.model_path,
+        who.served_model_name,
+        who.version,
+    )
+    assert target.api_key not in repr(kept)
+    # Unset, the real server states no cap (null; the simulator states its default): no tuner cap.
+    assert kept.max_running_requests == info["max_running_requests"]
     assert info["context_length"] == target.context_length and info["max_total_num_tokens"] > 0
     assert info["reasoning_parser"] == "qwen3" and isinstance(info["internal_states"], list)
     model = requests.get(f"{target.url}/model_info", headers=target.auth, timeout=30).json()
@@ -304,7 +324,7 @@ def _metric_names(text: str) -> set[str]:
 
 
 def test_the_metrics_we_read(target: Target) -> None:
-    chat(target, body(target))
+    chat(target, request(target))
     text = requests.get(f"{target.url}/metrics", timeout=30).text
     assert {f"sglang:{n}" for n in METRIC_NAMES} <= _metric_names(text)
     running = [line for line in text.splitlines() if line.startswith("sglang:num_running_reqs{")]
@@ -314,7 +334,7 @@ def test_the_metrics_we_read(target: Target) -> None:
 @pytest.mark.real_sglang
 def test_every_simulator_metric_is_a_real_one(sim_target: Target, real_target: Target) -> None:
     for target in (sim_target, real_target):
-        chat(target, body(target))
+        chat(target, request(target))
         assert _aborted_reply(target).json()["choices"][0]["finish_reason"] == "abort"  # its counter too
     sim = _metric_names(requests.get(f"{sim_target.url}/metrics", timeout=30).text)
     real = _metric_names(requests.get(f"{real_target.url}/metrics", timeout=30).text)

@@ -25,7 +25,7 @@ from tests.workers.conversation_support import generate_sample
 from workers.flow.request_pool import RequestPool
 from workers.generate.conversation import start_conversation
 from workers.generation import RetryPolicy, WorkerIdentity
-from workers.sglang_client import Completion, SGLangClient
+from workers.sglang_client import ChatRequest, Completion, SGLangClient
 
 WHO = WorkerIdentity(worker="gpu0@test", endpoint="http://sim")
 POLICY = RetryPolicy(attempts=3, backoff=0.001, backoff_max=0.002)
@@ -140,8 +140,8 @@ class DyingClient(SGLangClient):
         self._sim = sim
         self.answers = 0
 
-    def chat(self, payload: dict[str, Any]) -> Completion:
-        completion = super().chat(payload)
+    def chat(self, request: ChatRequest) -> Completion:
+        completion = super().chat(request)
         self.answers += 1
         if self.answers == 1:
             for kind in ("unhealthy", "reset"):

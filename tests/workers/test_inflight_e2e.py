@@ -113,3 +113,23 @@ def test_the_tuner_climbs_a_rising_curve_to_its_ceiling_and_shows_it(
         r'^dflash_tuner_tokens_per_second\{target="24",' + worker_label + r"\} [1-9]", metrics, re.M
     )
     assert re.search(r'^dflash_tuner_phase\{phase="[a-z ]+",reason="[^"]+",' + worker_label, metrics, re.M)
+
+
+def test_the_exported_target_is_the_pools_current_one_not_its_ceiling(procs: Processes) -> None:
+    sim = procs.simulator("--max-running-requests", "64")
+    port = free_port()
+    procs.env.update(DFLASH_METRICS_PORT=str(port), DFLASH_MAX_INFLIGHT="6")  # the tuner starts at 6
+    procs.worker(
+        sim, "gpu0", *("--max-inflight", "auto", "--inflight-ceiling", "24", "--inflight-floor", "4")
+    )
+    procs.env["DFLASH_METRICS_PORT"] = "0"
+
+    def exported() -> str | None:  # no job: no window is measured, the target stays where it started
+        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        found = re.search(
+            r'^dflash_max_inflight_requests\{[^}]*worker="gpu0@[^"]*"[^}]*\} (\S+)$', text, re.M
+        )
+        return found.group(1) if found else None
+
+    assert float(wait_until(exported, 10, "dflash_max_inflight_requests")) == 6.0  # not the ceiling, 24
+    assert "tuned 4-24 (from 6) in flight" in (procs.tmp / "gpu0.log").read_text()

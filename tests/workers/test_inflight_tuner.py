@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Callable
 
@@ -328,3 +329,49 @@ def test_above_the_start_a_persistent_queue_with_the_cache_in_use_does_not_cut_o
     assert (tuner.phase, tuner.target) == (Phase.SETTLED, 108)
     for _ in range(5):
         assert tuner.observe(_window(108, 2.8e5, 73.0, 35.0, 0.89)) == 108
+
+
+def settled_on_48() -> InflightTuner:
+    """A tuner settled on its start, 48, on a flat curve (no recheck for a long while)."""
+    tuner = InflightTuner(TunerConfig(recheck_windows=100))
+    drive(tuner, lambda t: 4000.0, 6)
+    assert (tuner.phase, tuner.target) == (Phase.SETTLED, 48)
+    return tuner
+
+
+@pytest.mark.parametrize(
+    ("trouble", "reason"), [({"retractions": 1}, Reason.RETRACTIONS), ({"token_usage": 0.96}, Reason.KV)]
+)
+def test_a_settled_tuner_that_runs_out_of_room_cuts_by_its_probe_step(
+    trouble: dict[str, float], reason: Reason
+) -> None:
+    tuner = settled_on_48()
+    window = Window(target=48, seconds=30, tokens_per_s=4000.0, running=48.0, **trouble)  # type: ignore[arg-type]
+    assert tuner.observe(window) == round(48 * (1 - TunerConfig().probe_step)) == 44  # not 47
+    assert (tuner.phase, tuner.reason, tuner.limit) == (Phase.SETTLED, reason, 48)
+
+
+def test_kv_use_at_the_threshold_is_not_past_it() -> None:
+    tuner = settled_on_48()
+    assert (
+        tuner.observe(Window(target=48, seconds=30, tokens_per_s=4000.0, running=48.0, token_usage=0.95))
+        == 48
+    )
+
+
+def steady_gain(per_step: float) -> Callable[[int], float]:
+    """A curve that gains ``per_step`` for every 1.5x (the climb's step) above 48."""
+    return lambda t: 4000.0 * (1 + per_step) ** (math.log(t / 48) / math.log(1.5))
+
+
+def test_a_curve_that_gains_two_percent_a_step_settles_where_it_started() -> None:
+    tuner = InflightTuner(TunerConfig())
+    tried = drive(tuner, steady_gain(0.02), 8)
+    assert (tuner.phase, tuner.target, tuner.reason) == (Phase.SETTLED, 48, Reason.FLAT), tried
+    assert max(tried) == 72, tried  # one step up, measured again, never further
+
+
+def test_a_curve_that_gains_four_percent_a_step_climbs() -> None:
+    tuner = InflightTuner(TunerConfig())
+    tried = drive(tuner, steady_gain(0.04), 8)
+    assert tried[:4] == [48, 72, 108, 162], tried  # past the climb's 3% threshold at every step

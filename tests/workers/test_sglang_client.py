@@ -1,4 +1,5 @@
-"""Tests for workers.sglang_client and workers.generation against the in-process simulator."""
+"""Tests for workers.sglang_client and workers.generation against the in-process simulator (the
+pure parsing, from known bodies: test_sglang_replies.py)."""
 
 from __future__ import annotations
 
@@ -22,15 +23,8 @@ from dflash_tasks.core.sample import Sample
 from dflash_tasks.core.spec_stats import spec_counts
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
 from tests.workers.conversation_support import generate_sample
-from workers.generation import RetryPolicy, WorkerIdentity, build_request, make_record, make_turn
-from workers.sglang_client import (
-    Completion,
-    MetaInfo,
-    ServerIdentity,
-    SGLangClient,
-    error_message,
-    parse_completion,
-)
+from workers.generation import RetryPolicy, WorkerIdentity, make_record, make_turn
+from workers.sglang_client import ChatRequest, Completion, MetaInfo, ServerIdentity, SGLangClient
 
 SPEC = GenerationSpec(model="Qwen/Qwen3-8B", max_tokens=2000)
 SAMPLE = Sample(id="q7", messages=[{"role": "user", "content": "What is 6*7? Explain."}], line=8)
@@ -55,9 +49,9 @@ class RecordingClient(SGLangClient):
         super().__init__(endpoint, timeout=timeout)
         self.payloads: list[dict[str, Any]] = []
 
-    def chat(self, payload: dict[str, Any]) -> Completion:
-        self.payloads.append(payload)
-        return super().chat(payload)
+    def chat(self, request: ChatRequest) -> Completion:
+        self.payloads.append(request.body())
+        return super().chat(request)
 
 
 def fast_policy(attempts: int = 3) -> RetryPolicy:
@@ -103,50 +97,19 @@ def stored(record: Record) -> dict[str, Any]:
     return dict(json.loads(record.to_json()))
 
 
-# -- the request body ------------------------------------------------------------------------------
-
-
-def test_build_request_follows_the_sglang_contract() -> None:
-    spec = GenerationSpec(
-        "Qwen/Qwen3-32B", max_tokens=1234, temperature=0.7, top_p=0.8, top_k=5, thinking=True
-    )
-    body = build_request(spec, SAMPLE.messages, "rid-1")
-    assert body == {
-        "model": "Qwen/Qwen3-32B",
-        "messages": SAMPLE.messages,
-        "max_completion_tokens": 1234,  # what 0.5.23 reads first
-        "max_tokens": 1234,  # what releases before max_completion_tokens read
-        "temperature": 0.7,
-        "top_p": 0.8,
-        "top_k": 5,
-        "n": 1,
-        "stream": False,
-        "chat_template_kwargs": {"enable_thinking": True},
-        "separate_reasoning": True,
-        "return_meta_info": True,
-        "rid": "rid-1",
-    }
-    json.dumps(body)  # JSON-serialisable as sent
-
-
-def test_build_request_thinking_off() -> None:
-    body = build_request(GenerationSpec("m", thinking=False), SAMPLE.messages, "r")
-    assert body["chat_template_kwargs"] == {"enable_thinking": False}
-
-
 # -- successful completions over HTTP ------------------------------------------------------------------
 
 
 def test_completion_splits_and_strips_reasoning_and_content(sim: RunningSimulator) -> None:
     raw = requests.post(
-        f"{sim.url}/v1/chat/completions", json=build_request(SPEC, SAMPLE.messages, "raw-1"), timeout=10
+        f"{sim.url}/v1/chat/completions", json=ChatRequest(SPEC, SAMPLE.messages, "raw-1").body(), timeout=10
     ).json()
     message = raw["choices"][0]["message"]
     # SGLang 0.5.23 does not strip: the answer starts with blank lines, the reasoning with "\n".
     assert message["content"] != message["content"].strip()
     assert message["reasoning_content"] != message["reasoning_content"].strip()
 
-    completion = SGLangClient(sim.url).chat(build_request(SPEC, SAMPLE.messages, "client-1"))
+    completion = SGLangClient(sim.url).chat(ChatRequest(SPEC, SAMPLE.messages, "client-1"))
     assert completion.reasoning == message["reasoning_content"].strip()
     assert completion.content == message["content"].strip()
     assert completion.reasoning and completion.content
@@ -162,7 +125,7 @@ def test_completion_splits_and_strips_reasoning_and_content(sim: RunningSimulato
 
 def test_thinking_off_gives_empty_reasoning(sim: RunningSimulator) -> None:
     spec = GenerationSpec("m", max_tokens=100, thinking=False)
-    completion = SGLangClient(sim.url).chat(build_request(spec, SAMPLE.messages, "off-1"))
+    completion = SGLangClient(sim.url).chat(ChatRequest(spec, SAMPLE.messages, "off-1"))
     assert completion.reasoning == ""
     assert completion.content and completion.content == completion.content.strip()
     assert completion.reasoning_tokens == 0
@@ -171,7 +134,7 @@ def test_thinking_off_gives_empty_reasoning(sim: RunningSimulator) -> None:
 
 def test_length_limit_reports_finish_reason(sim: RunningSimulator) -> None:
     spec = GenerationSpec("m", max_tokens=10)
-    completion = SGLangClient(sim.url).chat(build_request(spec, SAMPLE.messages, "len-1"))
+    completion = SGLangClient(sim.url).chat(ChatRequest(spec, SAMPLE.messages, "len-1"))
     assert completion.finish_reason == "length"
     assert completion.completion_tokens == 10
     assert completion.content == "" and completion.reasoning
@@ -204,7 +167,8 @@ def test_health_and_server_info(sim: RunningSimulator) -> None:
     assert client.endpoint == sim.url
     assert client.healthy()
     info = client.server_info()
-    assert info["max_running_requests"] == 48
+    assert (info.max_running_requests, info.decode_graph_ceiling, info.version) == (48, 48, "0.5.23")
+    assert client.max_running_requests() == client.decode_graph_ceiling() == 48
     fault(sim, kind="unhealthy", count=1)
     assert not client.healthy()
     assert client.healthy()
@@ -231,7 +195,7 @@ def test_too_long_prompt_is_rejected_with_the_server_message() -> None:
         spec = GenerationSpec("m", max_tokens=16)
         client = SGLangClient(sim.url)
         with pytest.raises(SampleRejected) as info:
-            client.chat(build_request(spec, long_sample.messages, "long-1"))
+            client.chat(ChatRequest(spec, long_sample.messages, "long-1"))
         assert str(info.value) == (
             "HTTP 400: The input (254 tokens) is longer than the model's context length (64 tokens)."
         )
@@ -287,7 +251,7 @@ def test_transient_faults_are_retried(sim: RunningSimulator, kind: str, error: s
     client = SGLangClient(sim.url)
     fault(sim, kind=kind, count=1)
     with pytest.raises(RetryableError) as info:
-        client.chat(build_request(SPEC, SAMPLE.messages, f"{kind}-direct"))
+        client.chat(ChatRequest(SPEC, SAMPLE.messages, f"{kind}-direct"))
     assert not isinstance(info.value, ServerUnavailable)
     assert error in str(info.value)
 
@@ -302,7 +266,7 @@ def test_client_timeout_is_retried(sim: RunningSimulator) -> None:
     fault(sim, kind="hang", count=1, hang_seconds=5)
     client = SGLangClient(sim.url, timeout=0.15)
     with pytest.raises(RetryableError, match="timed out"):
-        client.chat(build_request(SPEC, SAMPLE.messages, "hang-1"))
+        client.chat(ChatRequest(SPEC, SAMPLE.messages, "hang-1"))
     fault(sim, kind="hang", count=1, hang_seconds=5)
     record, _ = generate(client)
     assert record["status"] == "ok" and record["attempts"] == 2
@@ -327,7 +291,7 @@ def test_stopped_server_raises_server_unavailable() -> None:
     assert generate(client)[0]["status"] == "ok"  # keep-alive connection open, then the server dies
     sim.stop()
     with pytest.raises(RetryableError, match="connection error"):
-        client.chat(build_request(SPEC, SAMPLE.messages, "dead-1"))
+        client.chat(ChatRequest(SPEC, SAMPLE.messages, "dead-1"))
     sleeps = Sleeps()
     with pytest.raises(ServerUnavailable) as info:
         generate_sample(client, SPEC, SAMPLE, WHO, fast_policy(attempts=3), PREFIX, sleep=sleeps)
@@ -383,164 +347,16 @@ def test_samples_with_long_common_id_prefix_do_not_collide() -> None:
         sim.stop()
 
 
-# -- error_message over SGLang's error envelopes (reference §4.1) ---------------------------------------
-
-
-def response(status: int, body: bytes | str, reason: str = "") -> requests.Response:
-    resp = requests.Response()
-    resp.status_code = status
-    resp._content = body.encode() if isinstance(body, str) else body
-    resp.reason = reason
-    resp.encoding = "utf-8"
-    return resp
-
-
-@pytest.mark.parametrize(
-    ("status", "body", "expected"),
-    [
-        (
-            400,
-            {
-                "object": "error",
-                "message": "The input (9 tokens) is longer",
-                "type": "BadRequestError",
-                "param": None,
-                "code": 400,
-            },
-            "The input (9 tokens) is longer",
-        ),
-        (
-            400,
-            {
-                "object": "error",
-                "message": "1 validation error [{'loc': 'temperature'}]",
-                "type": "Bad Request",
-                "param": None,
-                "code": 400,
-            },
-            "1 validation error [{'loc': 'temperature'}]",
-        ),
-        (
-            503,
-            {
-                "object": "error",
-                "message": "The request queue is full.",
-                "type": "503",
-                "param": None,
-                "code": 503,
-            },
-            "The request queue is full.",
-        ),
-        (400, {"error": {"message": "sampling_params invalid"}}, "sampling_params invalid"),
-        (400, {"error": "unknown key 'foo' in sampling_params"}, "unknown key 'foo' in sampling_params"),
-        (
-            404,
-            {
-                "error": {
-                    "message": "The model 'x' does not exist",
-                    "type": "invalid_request_error",
-                    "param": "model",
-                    "code": "model_not_found",
-                }
-            },
-            "The model 'x' does not exist",
-        ),
-    ],
-)
-def test_error_message_envelopes(status: int, body: dict[str, Any], expected: str) -> None:
-    assert error_message(response(status, json.dumps(body))) == expected
-
-
-def test_error_message_non_json_and_empty_bodies() -> None:
-    assert error_message(response(502, "<html>Bad Gateway</html>")) == "<html>Bad Gateway</html>"
-    assert error_message(response(502, "x" * 2000)) == "x" * 500
-    assert error_message(response(500, b"", reason="Internal Server Error")) == "Internal Server Error"
-    assert error_message(response(500, b"")) == "no message"
-
-
-def test_error_message_unknown_json_shapes() -> None:
-    assert "Not Found" in error_message(response(404, json.dumps({"detail": "Not Found"})))
-    assert error_message(response(500, json.dumps(["a", "b"]))) == "['a', 'b']"
-    assert len(error_message(response(500, json.dumps({"detail": "y" * 2000})))) == 500
-
-
 def test_http_error_statuses_map_to_error_types(sim: RunningSimulator) -> None:
     client = SGLangClient(sim.url)
     # 400 from a real endpoint: empty messages.
     with pytest.raises(SampleRejected, match=r"^HTTP 400: Messages cannot be empty\.$"):
-        client.chat({"model": "m", "messages": [], "max_tokens": 10})
+        client.chat(ChatRequest(GenerationSpec("m", max_tokens=10), [], "r400"))
     # 404 is not a sample problem: retryable.
     bad = SGLangClient(sim.url + "/nope")
     with pytest.raises(RetryableError, match="HTTP 404") as info:
-        bad.chat(build_request(SPEC, SAMPLE.messages, "r404"))
+        bad.chat(ChatRequest(SPEC, SAMPLE.messages, "r404"))
     assert not isinstance(info.value, SampleRejected)
-
-
-# -- parse_completion --------------------------------------------------------------------------------
-
-
-def body(
-    message: Any = None, usage: Any = None, finish: Any = "stop", meta_info: Any = None, **extra: Any
-) -> bytes:
-    choice = {"index": 0, "message": message, "finish_reason": finish}
-    if meta_info is not None:
-        choice["meta_info"] = meta_info
-    return json.dumps({"choices": [choice], "usage": usage, **extra}).encode()
-
-
-def test_parse_completion_null_fields() -> None:
-    c = parse_completion(body({"role": "assistant", "content": None, "reasoning_content": None}))
-    assert c == Completion("", "", "stop", 0, 0, 0)
-    c = parse_completion(body(None, None, None))
-    assert c == Completion("", "", "", 0, 0, 0)
-
-
-def test_parse_completion_strips_and_reads_usage() -> None:
-    usage = {
-        "prompt_tokens": 31,
-        "completion_tokens": 1259,
-        "reasoning_tokens": 1180,
-        "completion_tokens_details": {"reasoning_tokens": 1180},
-    }
-    c = parse_completion(
-        body({"content": "\n\nThe answer is 42. ", "reasoning_content": "\nLet me think\n"}, usage)
-    )
-    assert c == Completion("Let me think", "The answer is 42.", "stop", 31, 1259, 1180)
-
-
-def test_parse_completion_reasoning_tokens_from_details_only() -> None:
-    usage = {"prompt_tokens": 1, "completion_tokens": 9, "completion_tokens_details": {"reasoning_tokens": 7}}
-    assert parse_completion(body({"content": "a"}, usage)).reasoning_tokens == 7
-    usage = {
-        "prompt_tokens": 1,
-        "completion_tokens": 9,
-        "reasoning_tokens": 0,
-        "completion_tokens_details": None,
-    }
-    assert parse_completion(body({"content": "a"}, usage)).reasoning_tokens == 0
-
-
-@pytest.mark.parametrize(
-    "raw",
-    [
-        b"",
-        b"{",
-        b"[]",
-        b"null",
-        b'{"choices": []}',
-        b'{"choices": null}',
-        b'{"choices": [null]}',
-        b'{"x": 1}',
-    ],
-)
-def test_parse_completion_malformed_is_retryable(raw: bytes) -> None:
-    with pytest.raises(RetryableError, match=rf"invalid response body \({len(raw)} bytes\)"):
-        parse_completion(raw)
-
-
-def test_parse_completion_abort_is_retryable() -> None:
-    with pytest.raises(RetryableError, match="abort"):
-        parse_completion(body({"content": "partial", "reasoning_content": "half"}, finish="abort"))
 
 
 # -- server identity, the info endpoints and the API key -------------------------------------------
@@ -567,10 +383,10 @@ def test_every_call_but_health_carries_the_api_key() -> None:
     try:
         client = SGLangClient(sim.url, api_key=KEY)
         assert client.healthy()
-        assert client.server_info()["model_path"] == "org/m"
-        assert client.model_info()["served_model_name"] == "org/m"
+        assert client.server_info().model_path == "org/m"
+        assert client.model_info().served_model_name == "org/m"
         assert client.identity() == ServerIdentity("org/m", "org/m", "0.5.23")
-        completion = client.chat(build_request(SPEC, SAMPLE.messages, "key-1"))
+        completion = client.chat(ChatRequest(SPEC, SAMPLE.messages, "key-1"))
         assert completion.completion_tokens > 0 and completion.meta is not None
         assert KEY not in repr(client)
 
@@ -580,7 +396,7 @@ def test_every_call_but_health_carries_the_api_key() -> None:
             with pytest.raises(ConfigError, match=r"HTTP 401 Unauthorized; .*DFLASH_SGLANG_API_KEY"):
                 call()
         with pytest.raises(RetryableError, match=r"^HTTP 401: Unauthorized \(.*DFLASH_SGLANG_API_KEY"):
-            keyless.chat(build_request(SPEC, SAMPLE.messages, "nokey-1"))
+            keyless.chat(ChatRequest(SPEC, SAMPLE.messages, "nokey-1"))
         wrong = SGLangClient(sim.url, api_key="sk-wrong")
         with pytest.raises(ConfigError) as info:
             wrong.server_info()
@@ -588,6 +404,18 @@ def test_every_call_but_health_carries_the_api_key() -> None:
         assert sim_stats(sim)["requests_total"] == 1  # only the keyed chat reached the engine
     finally:
         sim.stop()
+
+
+def test_an_api_key_that_is_no_header_value_stops_the_worker_and_is_never_shown() -> None:
+    key = "sk-" + "k3y" * 6 + "\n"  # read from a file with its line end
+    client = SGLangClient("http://127.0.0.1:1", api_key=key)
+    for call in (client.server_info, client.identity, client.load):
+        with pytest.raises(ConfigError, match="DFLASH_SGLANG_API_KEY") as info:
+            call()
+        assert key.strip() not in str(info.value) and info.value.__cause__ is None
+    with pytest.raises(ConfigError) as info:
+        client.chat(ChatRequest(SPEC, SAMPLE.messages, "r"))
+    assert key.strip() not in str(info.value) and info.value.__suppress_context__
 
 
 class OldRelease(BaseHTTPRequestHandler):
@@ -634,7 +462,7 @@ def old_release() -> Iterator[str]:
 def test_old_release_falls_back_to_the_deprecated_info_endpoints(old_release: str) -> None:
     client = SGLangClient(old_release, api_key=KEY)
     assert client.identity() == ServerIdentity("/m/old", "old", "0.4.6")  # served name from server_info
-    assert client.server_info()["version"] == "0.4.6"  # straight to the alias once it is known
+    assert client.server_info().version == "0.4.6"  # straight to the alias once it is known
     assert client.healthy()
     bearer = f"Bearer {KEY}"
     assert OldRelease.seen == [
@@ -660,10 +488,10 @@ def test_a_server_still_loading_has_no_identity_yet() -> None:
 
 
 def test_meta_info_is_parsed_from_the_first_choice(sim: RunningSimulator) -> None:
-    payload = build_request(SPEC, SAMPLE.messages, "meta-1")
+    payload = ChatRequest(SPEC, SAMPLE.messages, "meta-1").body()
     raw = requests.post(f"{sim.url}/v1/chat/completions", json=payload, timeout=10).json()
     expected = raw["choices"][0]["meta_info"]
-    meta = SGLangClient(sim.url).chat({**payload, "rid": "meta-2"}).meta
+    meta = SGLangClient(sim.url).chat(ChatRequest(SPEC, SAMPLE.messages, "meta-2")).meta
     assert meta == MetaInfo(
         spec_verify_ct=expected["spec_verify_ct"],
         spec_accept_length=expected["spec_accept_length"],
@@ -674,16 +502,6 @@ def test_meta_info_is_parsed_from_the_first_choice(sim: RunningSimulator) -> Non
         num_retractions=0,
     )
     assert expected["cached_tokens"] == 0 < raw["usage"]["prompt_tokens"] - 1
-
-
-def test_meta_info_absent_or_partial() -> None:
-    assert parse_completion(body({"content": "a"})).meta is None  # an old release: no meta_info
-    partial = {"id": "x", "completion_tokens": 3, "cached_tokens": 2, "num_retractions": 1}
-    assert parse_completion(body({"content": "a"}, meta_info=partial)).meta == MetaInfo(
-        cached_tokens=2, num_retractions=1
-    )  # no speculative decoding: no spec_* keys
-    odd = {"spec_verify_ct": "7", "spec_accept_length": -1.0, "cached_tokens": 2.5, "num_retractions": True}
-    assert parse_completion(body({"content": "a"}, meta_info=odd)).meta == MetaInfo()
 
 
 def test_records_store_meta_info_and_the_server_identity(sim: RunningSimulator) -> None:

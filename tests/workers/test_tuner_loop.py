@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from dflash_tasks.core.spec_stats import SampleCounts
+from dflash_tasks.core.record import Record
+from dflash_tasks.core.spec_stats import SampleCounts, sample_counts
 from workers.flow.inflight_tuner import InflightTuner, Phase, TunerConfig, Window
 from workers.flow.request_pool import RequestPool
 from workers.flow.tuner_loop import TunerLoop
@@ -163,3 +164,30 @@ def test_the_servers_running_cap_reaches_the_tuner(pool: RequestPool) -> None:
     loop = TunerLoop(InflightTuner(TunerConfig()), pool, lambda: ServerLoad(), running_cap=lambda: 256)
     loop._learn_running_cap()
     assert loop.tuner.config.server_running_cap == 256
+
+
+def test_a_window_carries_the_retractions_of_its_samples_and_of_the_server(pool: RequestPool) -> None:
+    # a sample whose two turns were retracted 2 and 1 times (meta_info), finished inside the window
+    turns = [
+        {"status": "ok", "usage": {"completion_tokens": 10}, "meta_info": {"num_retractions": n}}
+        for n in (2, 1)
+    ]
+    retracted = sample_counts(Record.from_dict({"id": "r", "status": "ok", "user_turns": 2, "turns": turns}))
+    assert retracted.retractions == 3
+    reads = 0
+
+    def load() -> ServerLoad:  # the server's gauge: 2 retracted at one reading
+        nonlocal reads
+        reads += 1
+        if reads == 1:
+            loop.sample_done("job", retracted)
+        return ServerLoad(running=48, gen_throughput=900, retracted=2 if reads == 3 else 0)
+
+    loop = TunerLoop(InflightTuner(TunerConfig()), pool, load, window_seconds=0.3, sample_seconds=0.02)
+    release = hold(pool, 48)
+    try:
+        window = loop.measure()
+    finally:
+        release.set()
+    assert window is not None and reads >= 3
+    assert window.retractions == 3 + 2

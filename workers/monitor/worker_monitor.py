@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
@@ -27,24 +27,6 @@ log = logging.getLogger(__name__)
 
 #: How often a worker asks its server for the accept length (s).
 ACCEPT_POLL_SECONDS = 15.0
-
-
-def accept_length(info: Mapping[str, Any]) -> float | None:
-    """Mean ``avg_spec_accept_length`` over the server's DP ranks (``/server_info``), if reported.
-
-    The server's lifetime figure: the fallback when samples carry no per-request stats.
-    """
-    states = info.get("internal_states")
-    values: list[float] = []
-    if isinstance(states, list):
-        for state in states:
-            value = state.get("avg_spec_accept_length") if isinstance(state, dict) else None
-            if isinstance(value, int | float) and value > 0:
-                values.append(float(value))
-    top = info.get("avg_spec_accept_length")  # some versions report it at the top level
-    if not values and isinstance(top, int | float) and top > 0:
-        values.append(float(top))
-    return sum(values) / len(values) if values else None
 
 
 class WorkerMonitor:
@@ -100,7 +82,7 @@ class WorkerMonitor:
     def poll_accept_length(self) -> float | None:
         """The server's lifetime accept length (None while it reports none, or cannot answer)."""
         try:
-            value = accept_length(self._client.server_info(timeout=5.0))
+            value = self._client.server_info(timeout=5.0).lifetime_accept_length
         except DflashError as exc:
             log.debug("no accept length from the server: %s", exc)
             return None

@@ -1,0 +1,64 @@
+"""What we send: one ``/v1/chat/completions`` request (``docs/sglang.md``, "The chat request")."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_tasks.core.job import GenerationSpec
+
+#: The chat route (OpenAI-compatible).
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One chat request: the job's generation spec, the conversation so far and a request id.
+
+    ``rid`` must be unique among the server's requests in flight (SGLang rejects a duplicate);
+    ``continues``: the last message is the assistant's thought so far, which the answer continues
+    (``continue_final_message``).
+    """
+
+    spec: GenerationSpec
+    messages: Sequence[Mapping[str, str]]
+    rid: str
+    continues: bool = False
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body, non-streaming.
+
+        The limit goes out under both names: SGLang 0.5.23 reads ``max_completion_tokens`` first
+        (and marks ``max_tokens`` deprecated), releases that predate it ignore the unknown field
+        and read ``max_tokens``. ``return_meta_info`` asks for the per-request speculative-decoding
+        numbers; older releases ignore it too.
+        """
+        spec = self.spec
+        body: dict[str, Any] = {
+            "model": spec.model,
+            "messages": list(self.messages),
+            "max_completion_tokens": spec.max_tokens,
+            "max_tokens": spec.max_tokens,
+            "temperature": spec.temperature,
+            "top_p": spec.top_p,
+            "top_k": spec.top_k,
+            "n": 1,
+            "stream": False,
+            "chat_template_kwargs": template_kwargs(spec),
+            "separate_reasoning": True,
+            "return_meta_info": True,
+            "rid": self.rid,
+        }
+        if self.continues:
+            body["continue_final_message"] = True
+        return body
+
+
+def template_kwargs(spec: GenerationSpec) -> dict[str, bool]:
+    """The chat template's switches: thinking, and with ``history_reasoning: keep`` Qwen3.6's
+    ``preserve_thinking`` (render the earlier turns' reasoning the request carries)."""
+    kwargs = {"enable_thinking": spec.thinking}
+    if spec.keeps_history_reasoning:
+        kwargs["preserve_thinking"] = True
+    return kwargs
