@@ -92,6 +92,33 @@ def test_jsonl_parquet_shards_save_to_disk_and_s3_stage_identical_records(
     assert (first[0].id, first[0].line, first[0].source) == ("p0", 1, None)
 
 
+def test_a_parquet_row_group_is_read_a_batch_at_a_time_not_whole(tmp_path: Path) -> None:
+    import random
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    pad = random.Random(0)
+    items = [{"id": f"p{i}", "prompt": pad.randbytes(1000).hex()} for i in range(30_000)]
+    path = tmp_path / "one-row-group.parquet"
+    pq.write_table(pa.Table.from_pylist(items), path, row_group_size=len(items), compression="none")
+    size_mb = path.stat().st_size / 2**20  # ~58 MB in one row group
+    code = (
+        "import sys, pyarrow as pa\n"
+        "from dflash_tasks.producer.mix import read_input\n"
+        "n = sum(1 for _ in read_input(sys.argv[1]))\n"
+        "print(n, pa.default_memory_pool().max_memory() / 2**20)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(path)], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    rows_read, peak_mb = res.stdout.split()
+    assert int(rows_read) == len(items)
+    # A batch of 4,096 rows is ~8 MB here: Arrow's peak is a few batches, not the row group.
+    assert float(peak_mb) < size_mb / 2, (peak_mb, size_mb)
+
+
 def test_column_flags_and_a_system_prompt(tmp_path: Path) -> None:
     table = pa.Table.from_pylist([{"uid": 7, "instruction": "write a poem", "output": "..."}])
     pq.write_table(table, tmp_path / "alpaca.parquet")
@@ -211,6 +238,25 @@ def test_an_unreadable_shard_stops_staging_by_name_and_keeps_what_was_staged(tmp
         stage([str(shards)], out)
     assert sorted(p.name for p in (out / "inputs").iterdir())[:1] == ["chunk-000000.jsonl"]
     assert not (out / MANIFEST_KEY).exists()  # a re-run stages again; nothing staged was lost
+
+
+def test_a_file_that_breaks_off_in_a_job_of_several_sources_names_source_file_and_line(
+    tmp_path: Path,
+) -> None:
+    import gzip
+
+    a = write_jsonl(tmp_path / "a.jsonl", rows(100, "a"))
+    data = gzip.compress("".join(json.dumps(r) + "\n" for r in rows(3000, "b")).encode())
+    (tmp_path / "b.jsonl.gz").write_bytes(data[: len(data) // 2])  # cut off halfway
+    out = tmp_path / "o"
+    with pytest.raises(InputError) as info:
+        stage([str(a), f"{tmp_path / 'b.jsonl.gz'},name=chat"], out)
+    message = str(info.value)
+    assert message.startswith(
+        f"source 'chat': {tmp_path / 'b.jsonl.gz'}: gzip stream is corrupt or truncated after line "
+    )
+    assert int(message.split("after line ")[1].split(":")[0]) > 0
+    assert (out / "inputs" / "chunk-000000.jsonl").exists() and not (out / MANIFEST_KEY).exists()
 
 
 @pytest.mark.parametrize(
