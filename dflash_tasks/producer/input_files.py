@@ -134,7 +134,8 @@ class LocalTree:
 
 
 class S3Tree:
-    """The objects of one ``s3://`` location, listed once (key, size, ETag) when first asked."""
+    """The objects of one ``s3://`` location, listed once (key, size, ETag) when first asked; its
+    answers are about that location (the one ``list_files`` is given with it)."""
 
     def __init__(self, location: str, settings: CommonSettings | None = None) -> None:
         self.location = location

@@ -67,7 +67,9 @@ class S3ObjectFile(io.RawIOBase):
             return 0
         failures = 0
         while True:
-            body = self._streams.pop(self._pos, None) or self._open_at(self._pos)
+            body = self._streams.pop(self._pos, None)
+            if body is None:
+                body = self._open_at(self._pos)
             try:
                 data = body.read(want)
             except _BODY_ERRORS as exc:
