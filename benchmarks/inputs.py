@@ -53,7 +53,7 @@ S3_FORMATS = ("jsonl.gz", "parquet")
 
 def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
     rows = int(opts.get("rows", QUICK if opts.quick else FULL))
-    chosen = opts.params.get("formats", ",".join(CHAT_FORMATS)).split(",")
+    chosen = _formats(opts)
     check(set(chosen) <= set(CHAT_FORMATS), f"--set formats: choose among {', '.join(CHAT_FORMATS)}")
     paths = cached_chat_formats(rows)
     figures: Figures = {"rows": float(rows), "load_avg_1m_before": os.getloadavg()[0]}
@@ -123,7 +123,14 @@ def _s3_copies(work: Path, paths: dict[str, Path]) -> Iterator[tuple[dict[str, s
         server.stop()
 
 
+def _formats(opts: Options) -> list[str]:
+    return opts.params.get("formats", ",".join(CHAT_FORMATS)).split(",")
+
+
 def goals(opts: Options) -> list[Goal]:
+    """Parquet against JSONL, when both are staged."""
+    if not {"jsonl", "parquet"} <= set(_formats(opts)):
+        return []
     return [
         Goal("parquet_vs_jsonl_per_row", "<=", 1.0, "Parquet staged at least as fast per row as JSONL"),
         Goal(
