@@ -23,6 +23,7 @@ from benchmarks.common import RESULTS_DIR, Benchmark, Figures, Options, median_f
 NAMES = (
     "saturation",
     "scale",
+    "inputs",
     "overhead",
     "tune",
     "loss_tokens",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 from benchmarks.common import CACHE_DIR, say
@@ -82,28 +83,56 @@ def cached_prompts(count: int, size: int = 1024) -> Path:
     return path
 
 
-def cached_chat_inputs(count: int, size: int = 1024, shard_rows: int = 250_000) -> tuple[Path, Path]:
-    """The same ``count`` chat prompts (``{"id", "messages"}``, the Hub's usual shape) as one JSONL
-    file and as a folder of Parquet shards, in ``benchmarks/.cache/``, generated on first use."""
+#: The input formats :func:`cached_chat_formats` writes, by the name the inputs benchmark gives them.
+CHAT_FORMATS = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet", "arrow")
+
+
+def cached_chat_formats(count: int, size: int = 1024, shard_rows: int = 250_000) -> dict[str, Path]:
+    """The same ``count`` chat prompts (``{"id", "messages"}``, the Hub's usual shape) in every
+    format of :data:`CHAT_FORMATS`, in ``benchmarks/.cache/``, generated on first use: one JSONL
+    file plain, gzipped and zstd-compressed; Parquet shards of ``shard_rows`` rows (one row group
+    each, as ``pyarrow`` writes them by default); Arrow IPC stream shards of 1,000-row batches
+    (what a ``save_to_disk`` folder holds)."""
+    import gzip
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    jsonl = CACHE_DIR / f"chat-{count}-{size}.jsonl"
-    shards = CACHE_DIR / f"chat-{count}-{size}-parquet"
-    if jsonl.exists() and shards.exists():
-        return jsonl, shards
-    say(f"generating {count:,} chat prompts as JSONL and Parquet shards into {CACHE_DIR} (once) ...")
+    base = CACHE_DIR / f"chat-{count}-{size}"
+    paths = {
+        "jsonl": base.with_name(base.name + ".jsonl"),
+        "jsonl.gz": base.with_name(base.name + ".jsonl.gz"),
+        "jsonl.zst": base.with_name(base.name + ".jsonl.zst"),
+        "parquet": base.with_name(base.name + "-parquet"),
+        "arrow": base.with_name(base.name + "-arrow"),
+    }
+    if all(p.exists() for p in paths.values()):
+        return paths
+    say(f"generating {count:,} chat prompts in {len(paths)} formats into {CACHE_DIR} (once) ...")
     sentences = _sentences(random.Random(0), 2000)
-    tmp = shards.with_name(f".{shards.name}.tmp-{os.getpid()}")
-    tmp.mkdir(parents=True)
-    with open(jsonl.with_name(f".{jsonl.name}.tmp"), "w", buffering=1 << 20) as fh:
+    tmp = {k: p.with_name(f".{p.name}.tmp-{os.getpid()}") for k, p in paths.items()}
+    tmp["parquet"].mkdir(parents=True)
+    tmp["arrow"].mkdir(parents=True)
+    with (
+        open(tmp["jsonl"], "wb", buffering=1 << 20) as plain,
+        gzip.open(tmp["jsonl.gz"], "wb", compresslevel=6) as gz,
+        pa.output_stream(str(tmp["jsonl.zst"]), compression="zstd") as zst,
+    ):
         for first in range(0, count, shard_rows):
             rows = [
                 {"id": f"s{i}", "messages": [{"role": "user", "content": _prompt_text(i, sentences, size)}]}
                 for i in range(first, min(count, first + shard_rows))
             ]
-            fh.writelines(json.dumps(r) + "\n" for r in rows)
-            pq.write_table(pa.Table.from_pylist(rows), tmp / f"train-{first // shard_rows:05d}.parquet")
-    os.replace(jsonl.with_name(f".{jsonl.name}.tmp"), jsonl)
-    os.replace(tmp, shards)
-    return jsonl, shards
+            text = "".join(json.dumps(r) + "\n" for r in rows).encode()
+            for fh in (plain, gz, zst):
+                fh.write(text)
+            table = pa.Table.from_pylist(rows)
+            shard = f"train-{first // shard_rows:05d}"
+            pq.write_table(table, tmp["parquet"] / f"{shard}.parquet")
+            with pa.ipc.new_stream(str(tmp["arrow"] / f"{shard}.arrow"), table.schema) as writer:
+                writer.write_table(table, max_chunksize=1000)
+    for key, path in paths.items():
+        if path.is_dir():  # an older cache's copy of this format
+            shutil.rmtree(path)
+        os.replace(tmp[key], path)
+    return paths

@@ -49,7 +49,7 @@ from benchmarks.common import (
 from benchmarks.prompts import write_prompts
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.sample import Sample
-from dflash_tasks.producer.inputs import read_input
+from dflash_tasks.producer.mix import read_input
 from tests.helpers import REPO
 from workers.generation import WorkerIdentity, make_record, make_turn
 from workers.sglang_client import ChatRequest, SGLangClient

@@ -14,20 +14,12 @@ The input is synthetic, about 1 KB per prompt in the four accepted shapes, gener
   ``replan_half_done_redis_lost_s`` (the same after FLUSHALL: the other half is queued again),
   ``replan_all_done_s`` (every chunk stored, the queue empty).
 
-The input formats row (``--set format_rows=N``, default 5,000,000; ``--quick``: 100,000; 0 skips
-it): the same chat prompts (``{"id", "messages"}``, ~1 KB) as one JSONL file and as Parquet shards
-of 250,000 rows, each staged and queued by the same command on a fresh output root:
-``stage_jsonl_chat_s`` / ``stage_parquet_s`` (wall time), ``peak_mb_jsonl`` / ``peak_mb_parquet``
-(the command's peak resident memory) and ``parquet_vs_jsonl_per_row`` (time per row, Parquet over
-JSONL).
+The same prompts staged from each input format (time and memory): the ``inputs`` benchmark.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +37,8 @@ from benchmarks.common import (
     stack,
     workspace,
 )
-from benchmarks.prompts import cached_chat_inputs, cached_prompts
+from benchmarks.prompts import cached_prompts
 from dflash_tasks.core.job import chunk_name
-from tests.helpers import REPO
 
 FULL = 913_786
 QUICK = 100_000
@@ -119,44 +110,7 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         figures["replan_max_s"] = max(
             figures[k] for k in ("replan_half_done_s", "replan_half_done_redis_lost_s", "replan_all_done_s")
         )
-        figures.update(format_row(opts, procs, work))
     return figures, {"summary": summary}
-
-
-def format_row(opts: Options, procs: Any, work: Path) -> Figures:
-    """Stage the same chat prompts from JSONL and from Parquet shards: time and peak memory."""
-    rows = int(opts.get("format_rows", 100_000 if opts.quick else 5_000_000))
-    if rows <= 0:
-        return {}
-    jsonl, shards = cached_chat_inputs(rows)
-    figures: Figures = {"format_rows": float(rows)}
-    for label, location in (("jsonl", jsonl), ("parquet", shards)):
-        out = work / f"out-{label}"
-        say(f"stage + enqueue {rows:,} chat prompts from {label} ...")
-        seconds, peak_kb, stdout = _timed(procs, enqueue_args(location, out, "--json"))
-        check(int(last_json(stdout)["samples"]) == rows, f"{label}: not every row staged")
-        key = "stage_jsonl_chat_s" if label == "jsonl" else "stage_parquet_s"
-        figures[key], figures[f"peak_mb_{label}"] = seconds, peak_kb / 1024
-        say(f"{label}: {seconds:.1f}s, peak {peak_kb / 1024:.0f} MB")
-    figures["parquet_vs_jsonl_per_row"] = figures["stage_parquet_s"] / figures["stage_jsonl_chat_s"]
-    return figures
-
-
-def _timed(procs: Any, args: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak resident KB, stdout) of ``enqueue args`` under GNU time."""
-    started = time.monotonic()
-    res = subprocess.run(
-        ["/usr/bin/time", "-f", "PEAK_KB %M", sys.executable, "-m", "dflash_tasks.producer.enqueue", *args],
-        cwd=REPO,
-        env=procs.env,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    seconds = time.monotonic() - started
-    check(res.returncode == 0, f"enqueue exited {res.returncode}: {res.stderr[-2000:]}")
-    peak = [line for line in res.stderr.splitlines() if line.startswith("PEAK_KB ")][-1]
-    return seconds, float(peak.split()[1]), res.stdout
 
 
 def goals(opts: Options) -> list[Goal]:
@@ -164,7 +118,6 @@ def goals(opts: Options) -> list[Goal]:
         Goal("stage_enqueue_s", "<=", 60, "stage + enqueue the input (2-core machine)"),
         Goal("redis_job_mb", "<=", 64, "Redis memory of the queued job"),
         Goal("replan_max_s", "<=", 15, "slowest resume re-plan"),
-        Goal("parquet_vs_jsonl_per_row", "<=", 1.0, "Parquet staged at least as fast per row as JSONL"),
     ]
 
 

@@ -36,7 +36,8 @@ from typing import Any
 from dflash_tasks.core.errors import DflashError, RetryableError
 from dflash_tasks.core.settings import MonitorSettings, redact_url
 from dflash_tasks.monitoring.live_yield import describe_yield
-from dflash_tasks.producer.inputs import InvalidLine, read_input
+from dflash_tasks.producer.inputs import InvalidLine
+from dflash_tasks.producer.mix import read_input
 from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from workers.node.main import port_in_use
 from workers.node.procs import Child, stop_all

@@ -281,7 +281,7 @@ def generation(inp: Path, logs: Iterable[dict[str, Any] | str]) -> Generation:
     A prompt that two samples share may be generated twice without waste.
     """
     from dflash_tasks.core.sample import Sample
-    from dflash_tasks.producer.inputs import read_input
+    from dflash_tasks.producer.mix import read_input
     from dflash_tasks.sim.requestlog import sample_key
 
     want = Counter(sample_key(item.messages) for item in read_input(inp) if isinstance(item, Sample))

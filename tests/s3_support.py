@@ -3,7 +3,9 @@
 Both listen on loopback (a proxy may be given another local address: the chaos run puts one on
 each network-namespace link). The proxy sits between boto3 and moto and, on request, answers
 503 SlowDown / 500 InternalError, resets connections (before or after forwarding), truncates
-response bodies, or refuses requests signed with a given access key (403 InvalidAccessKeyId,
+response bodies (``truncate``: half, then a reset, which may discard what the client had not read
+yet; ``cut``: half, then a clean close, so the client reads the half and then finds it short),
+or refuses requests signed with a given access key (403 InvalidAccessKeyId,
 as AWS does for unknown keys; moto itself does not check credentials).
 """
 
@@ -18,6 +20,7 @@ import sys
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -126,12 +129,13 @@ class MotoServer:
 class Rule:
     """Fire ``kind`` on every ``every``-th request matching method and path, ``count`` times."""
 
-    kind: str  # slowdown | internal | forbidden | reset | reset_after_forward | truncate
+    kind: str  # slowdown | internal | forbidden | reset | reset_after_forward | truncate | cut
     count: int
     method: str = "PUT"
     path_contains: str = ""
     every: int = 1
     seen: int = 0
+    then: Callable[[], None] | None = None  # truncate, cut: run before the half body is sent
 
     def take(self, method: str, path: str) -> bool:
         if self.count <= 0 or method != self.method or self.path_contains not in path:
@@ -156,6 +160,7 @@ class _State:
     rules: list[Rule] = field(default_factory=list)
     seen: list[Seen] = field(default_factory=list)
     fired: Counter[str] = field(default_factory=Counter)
+    then: dict[int, Callable[[], None]] = field(default_factory=dict)  # request thread -> its callback
     deny_access_key: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -183,10 +188,19 @@ class FaultProxy:
         return f"http://{host!s}:{port}"
 
     def inject(
-        self, kind: str, count: int, method: str = "PUT", path_contains: str = "", every: int = 1
+        self,
+        kind: str,
+        count: int,
+        method: str = "PUT",
+        path_contains: str = "",
+        every: int = 1,
+        then: Callable[[], None] | None = None,
     ) -> None:
+        """Fire ``kind`` as :class:`Rule` says. With ``truncate`` or ``cut``, ``then`` runs once the
+        response is read from upstream, before its half is sent: e.g. to replace the object
+        between a read and its resumption."""
         with self.state.lock:
-            self.state.rules.append(Rule(kind, count, method, path_contains, every))
+            self.state.rules.append(Rule(kind, count, method, path_contains, every, then=then))
 
     def deny(self, access_key: str) -> None:
         """Answer 403 InvalidAccessKeyId to every request signed with ``access_key``."""
@@ -211,6 +225,13 @@ class FaultProxy:
         with self.state.lock:
             return sum(r.count for r in self.state.rules)
 
+    def _then(self) -> None:
+        """Run the callback of the rule that fired on this thread's request, if any."""
+        with self.state.lock:
+            then = self.state.then.pop(threading.get_ident(), None)
+        if then is not None:
+            then()
+
     def _decide(self, method: str, path: str, headers: dict[str, str]) -> str:
         with self.state.lock:
             fault = ""
@@ -221,6 +242,8 @@ class FaultProxy:
                 for rule in self.state.rules:
                     if rule.take(method, path):
                         fault = rule.kind
+                        if rule.then is not None:
+                            self.state.then[threading.get_ident()] = rule.then
                         break
             self.state.seen.append(Seen(method, path, headers, fault))
             if fault:
@@ -286,10 +309,11 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        if fault == "truncate" and self.command == "GET" and len(data) > 1:
+        if fault in ("truncate", "cut") and self.command == "GET" and len(data) > 1:
+            self.proxy._then()  # done before the client can see the body break off, or resume it
             self.wfile.write(data[: len(data) // 2])
             self.wfile.flush()
-            return self._reset()
+            return self._reset() if fault == "truncate" else self._cut()
         if self.command != "HEAD":
             self.wfile.write(data)
 
@@ -320,6 +344,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+
+    def _cut(self) -> None:
+        """End the connection cleanly (FIN) after a short body: what was sent arrives, then EOF."""
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_WR)
+        self.close_connection = True
 
     def _reset(self) -> None:
         """Close the connection with a TCP RST, no response."""

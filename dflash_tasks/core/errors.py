@@ -11,6 +11,7 @@ DflashError
     ├── JobMismatch         the output root holds a different job
     └── StoreError          the output store is unusable (missing bucket, permissions)
         ├── CorruptObject   a stored object does not match the checksum recorded when written
+        ├── ObjectChanged   an object read in parts was replaced (or deleted) between them
         └── BadRecord       a stored output line is not a valid record (names the field)
 """
 
@@ -71,6 +72,10 @@ class StoreError(PermanentError):
 
 class CorruptObject(StoreError):
     """A stored object's bytes do not match the SHA-256 recorded when it was written."""
+
+
+class ObjectChanged(StoreError):
+    """An object read in several requests is no longer the version the first one read (its ETag)."""
 
 
 class BadRecord(StoreError):

@@ -27,7 +27,7 @@ from dflash_tasks.core.job import output_key, repair_key
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.producer.enqueue_args import add_column_flags, columns_from_args
-from dflash_tasks.producer.inputs import InvalidLine, read_input
+from dflash_tasks.producer.inputs import InvalidLine
 from dflash_tasks.producer.mix import InputMix
 from dflash_tasks.producer.sources import parse_sources
 from dflash_tasks.producer.staging import read_invalid
@@ -75,13 +75,13 @@ class Verification:
 
 
 def verify(input_path: str | InputMix, store: Store) -> Verification:
-    """Account for every line of ``input_path`` (a JSONL file, or the job's sources) in ``store``."""
+    """Account for every line of ``input_path`` (the job's sources, or one location) in ``store``."""
     result = Verification()
     job, manifest = load_job(store), load_manifest(store)
     mode = job.spec.turns if job is not None else "all"
     expected: dict[str, int] = {}  # sample id -> its user turns
     lines: dict[str, int] = {}  # sample id -> its input line
-    items = input_path.read() if isinstance(input_path, InputMix) else read_input(input_path)
+    items = (input_path if isinstance(input_path, InputMix) else InputMix.of(input_path)).read()
     for item in items:
         result.lines += 1
         if isinstance(item, InvalidLine):

@@ -3,20 +3,19 @@
 Formats: ``jsonl`` (plain, gzip or zstd), ``parquet`` and ``arrow`` (Arrow IPC, stream or file:
 what a Hugging Face ``save_to_disk`` folder holds). A location is one file, a folder (a
 ``save_to_disk`` folder is read in its ``state.json`` order; any other folder, such as a Hub
-snapshot, yields its files of one format, sorted, hidden ones skipped) or a glob. A file whose
-content is another format than its name or ``format=`` says is refused, naming what it is and the
-option that reads it.
+snapshot, yields its files of one format, sorted, hidden ones skipped) or a glob, on the local
+disk or in S3 alike (:mod:`dflash_tasks.producer.input_files`). A file whose content is another
+format than its name or ``format=`` says is refused, naming what it is and the option that reads it.
 """
 
 from __future__ import annotations
 
-import glob
 import json
-import os
 from dataclasses import dataclass
 from typing import Final
 
 from dflash_tasks.core.errors import InputError
+from dflash_tasks.producer.input_files import FileTree, InputFile, head, is_glob
 
 FORMATS: Final = ("jsonl", "parquet", "arrow")
 _SUFFIXES: Final = (
@@ -42,7 +41,7 @@ _MAGIC: Final = (
 class InputFiles:
     """The files of one location, in reading order, and their format."""
 
-    files: tuple[str, ...]
+    files: tuple[InputFile, ...]
     format: str
 
 
@@ -55,73 +54,70 @@ def format_of_name(name: str) -> str | None:
     return None
 
 
-def sniff(path: str) -> tuple[str, str] | None:
-    """(format, description) from the file's first bytes, or None for text (JSONL)."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot open input file: {exc}") from exc
+def sniff(data: bytes) -> tuple[str, str] | None:
+    """(format, description) from a file's first bytes, or None for text (JSONL)."""
     for magic, fmt, what in _MAGIC:
-        if head.startswith(magic):
+        if data.startswith(magic):
             return fmt, what
     return None
 
 
-def check_content(path: str, fmt: str, option: str) -> None:
+def check_content(file: InputFile, fmt: str, option: str) -> None:
     """Refuse a file whose bytes are another format than ``fmt``, naming the option that reads it."""
-    found = sniff(path)
+    found = sniff(head(file))
     if found is None:
         if fmt != "jsonl":
-            raise InputError(f"{path}: not a {fmt} file (it reads as text: JSONL? {option}=jsonl reads it)")
+            raise InputError(
+                f"{file.name}: not a {fmt} file (it reads as text: JSONL? {option}=jsonl reads it)"
+            )
         return
     actual, what = found
     if actual == fmt:
         return
     if not actual:
-        raise InputError(f"{path}: this is {what}, not {fmt}: unpack it and give the files inside")
-    raise InputError(f"{path}: this is {what}, not {fmt}: read it with {option}={actual}")
+        raise InputError(f"{file.name}: this is {what}, not {fmt}: unpack it and give the files inside")
+    raise InputError(f"{file.name}: this is {what}, not {fmt}: read it with {option}={actual}")
 
 
-def list_local(location: str, fmt: str | None, option: str) -> InputFiles:
-    """The files of a local ``location`` (file, folder or glob) and their format."""
-    if any(ch in location for ch in "*?["):
-        files = sorted(f for f in glob.glob(location, recursive=True) if os.path.isfile(f))
+def list_files(tree: FileTree, location: str, fmt: str | None, option: str) -> InputFiles:
+    """The files ``location`` (file, folder or glob) names in ``tree``, and their format."""
+    if is_glob(location):
+        files = tree.matching(location)
         if not files:
             raise InputError(f"{location}: no file matches")
         return _one_format(location, files, fmt, option)
-    if not os.path.exists(location):
-        raise InputError(f"{location}: input file not found")
-    if not os.path.isdir(location):
-        found = fmt or format_of_name(location) or _sniffed(location)
-        check_content(location, found, option)
-        return InputFiles((location,), found)
-    if os.path.exists(os.path.join(location, "dataset_dict.json")):
-        splits = sorted(d for d in os.listdir(location) if os.path.isdir(os.path.join(location, d)))
+    single = tree.file(location)
+    if single is not None:
+        found = fmt or format_of_name(single.name) or _sniffed(single)
+        check_content(single, found, option)
+        return InputFiles((single,), found)
+    entries = dict(tree.under(location))
+    if "dataset_dict.json" in entries:
+        splits = sorted({rel.split("/")[0] for rel in entries if "/" in rel})
+        example = f"{location.rstrip('/')}/{splits[0] if splits else 'train'}"
         raise InputError(
             f"{location}: a Hugging Face DatasetDict with splits {', '.join(splits) or 'none'}: "
-            f"give one split's folder, e.g. {os.path.join(location, splits[0] if splits else 'train')}"
+            f"give one split's folder, e.g. {example}"
         )
-    state = os.path.join(location, "state.json")
-    if os.path.exists(state):
-        return InputFiles(_save_to_disk_files(location, state), "arrow")
-    files = sorted(_walk(location))
+    if "state.json" in entries:
+        return InputFiles(_save_to_disk_files(location, entries), "arrow")
+    files = [f for rel, f in entries.items() if format_of_name(rel)]
     if not files:
         raise InputError(f"{location}: the folder holds no .jsonl, .parquet or .arrow file")
     return _one_format(location, files, fmt, option)
 
 
-def _sniffed(path: str) -> str:
-    found = sniff(path)
+def _sniffed(file: InputFile) -> str:
+    found = sniff(head(file))
     return found[0] if found is not None and found[0] else "jsonl"
 
 
-def _one_format(location: str, files: list[str], fmt: str | None, option: str) -> InputFiles:
+def _one_format(location: str, files: list[InputFile], fmt: str | None, option: str) -> InputFiles:
     if fmt is not None:
         for f in files:
             check_content(f, fmt, option)
         return InputFiles(tuple(files), fmt)
-    named = {f: format_of_name(f) for f in files}
+    named = {f.name: format_of_name(f.name) for f in files}
     kinds = {k for k in named.values() if k}
     if len(kinds) > 1:
         raise InputError(
@@ -129,30 +125,21 @@ def _one_format(location: str, files: list[str], fmt: str | None, option: str) -
             "give a glob that matches one, e.g. DIR/**/*.parquet"
         )
     found = kinds.pop() if kinds else _sniffed(files[0])
-    chosen = [f for f in files if named[f] in (found, None)]
+    chosen = [f for f in files if named[f.name] in (found, None)]
     for f in chosen:
         check_content(f, found, option)
     return InputFiles(tuple(chosen), found)
 
 
-def _walk(root: str) -> list[str]:
-    """Data files under ``root`` (hidden folders and files skipped; symlinks to blobs followed)."""
-    out: list[str] = []
-    for folder, dirs, names in os.walk(root, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        out += [os.path.join(folder, n) for n in names if not n.startswith(".") and format_of_name(n)]
-    return out
-
-
-def _save_to_disk_files(location: str, state: str) -> tuple[str, ...]:
+def _save_to_disk_files(location: str, entries: dict[str, InputFile]) -> tuple[InputFile, ...]:
+    state = entries["state.json"]
     try:
-        with open(state, encoding="utf-8") as fh:
-            doc = json.load(fh)
+        with state.open() as fh:
+            doc = json.loads(fh.read())
         names = [str(item["filename"]) for item in doc["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{state}: not a Hugging Face save_to_disk state file: {exc}") from None
-    files = tuple(os.path.join(location, n) for n in names)
-    for f in files:
-        if not os.path.isfile(f):
-            raise InputError(f"{f}: named in {state} but missing")
-    return files
+        raise InputError(f"{state.name}: not a Hugging Face save_to_disk state file: {exc}") from None
+    missing = [n for n in names if n not in entries]
+    if missing:
+        raise InputError(f"{location.rstrip('/')}/{missing[0]}: named in {state.name} but missing")
+    return tuple(entries[n] for n in names)

@@ -1,15 +1,13 @@
-"""Read a JSONL prompt file, one line at a time, into chat samples.
+"""JSONL prompt files, one line at a time: their lines, each line's prompt, and what is wrong with one.
 
-Each line of the input (plain, gzip or zstd: by the name's ``.gz``/``.zst`` or the file's magic
-bytes) yields exactly one item: a :class:`Sample` ready to send to a chat endpoint, or an
-:class:`InvalidLine` saying precisely why the line cannot be used. So ``valid + invalid == lines``
-always holds, and a bad line never stops the run. Only a file that cannot be read at all (missing,
-a directory, a corrupt or truncated compressed stream, or a file of another format) raises
-:class:`~dflash_tasks.core.errors.InputError`.
+A file (plain, gzip or zstd: by the name's ``.gz``/``.zst`` or the file's magic bytes, local or in
+S3) is streamed line by line. A line yields its prompt, or an :class:`InvalidLine` saying precisely
+why it cannot be used, so a bad line never stops the run. Only a file that cannot be read at all
+(a corrupt or truncated compressed stream, an S3 object replaced while it is read) raises
+:class:`~dflash_tasks.core.errors.InputError`, naming the file and the line after which it stopped.
 
-The accepted shapes are :mod:`dflash_tasks.producer.prompt_row`'s. An optional ``"id"`` (string
-or integer) names the sample; without one the id is ``"L<line number>"``. Ids must be unique
-across the file. Parquet, Arrow and several sources in one job: :mod:`dflash_tasks.producer.mix`.
+The accepted shapes are :mod:`dflash_tasks.producer.prompt_row`'s. Reading a job's input, of one
+source or several: :mod:`dflash_tasks.producer.mix`.
 """
 
 from __future__ import annotations
@@ -19,34 +17,24 @@ import hashlib
 import io
 import json
 import os
-import stat
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Final
+from typing import Any, Final
 
 import pyarrow as pa
 
-from dflash_tasks.core.errors import InputError
-from dflash_tasks.core.sample import Sample
-from dflash_tasks.producer.input_formats import check_content
-from dflash_tasks.producer.prompt_row import (
-    ColumnMap,
-    RowIds,
-    RowInvalid,
-    check_encodable,
-    parse_row,
-    type_name,
-)
+from dflash_tasks.core.errors import DflashError, InputError
+from dflash_tasks.producer.input_files import InputFile, is_local_folder
+from dflash_tasks.producer.prompt_row import ColumnMap, RowInvalid, check_encodable, parse_row, type_name
 
-__all__ = ["InvalidLine", "input_fingerprint", "read_input", "summarize_invalid"]
+__all__ = ["InvalidLine", "input_fingerprint", "jsonl_lines", "parse_json_line", "summarize_invalid"]
 
 GZIP_MAGIC: Final = b"\x1f\x8b"
 ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
 _BLOCK: Final = 1 << 20
 _UTF8_BOM: Final = b"\xef\xbb\xbf"
 _READ_ERRORS: Final = (OSError, EOFError, zlib.error, pa.ArrowException)
-_PLAIN: Final = ColumnMap()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,19 +45,6 @@ class InvalidLine:
     line: int  # the line (a row of Parquet or Arrow) in ``file``
     reason: str
     source: str | None = None  # the source's name, in a job of several sources
-
-
-def read_input(path: str | os.PathLike[str], columns: ColumnMap = _PLAIN) -> Iterator[Sample | InvalidLine]:
-    """Stream ``path`` and yield one Sample or InvalidLine per line, in order.
-
-    A missing file, a directory or a file of another format raises InputError at once; a corrupt
-    or truncated compressed stream raises InputError when reached, after the lines before it have
-    been yielded.
-    """
-    name = os.fspath(path)
-    _check_file(name)
-    check_content(name, "jsonl", f"--input {name},format")
-    return _read(name, columns)
 
 
 def input_fingerprint(path: str | os.PathLike[str]) -> str:
@@ -105,23 +80,16 @@ def summarize_invalid(invalid: Iterable[InvalidLine], limit: int = 10) -> str:
 
 
 def _check_file(name: str) -> None:
-    try:
-        mode = os.stat(name).st_mode
-    except FileNotFoundError:
-        raise InputError(f"{name}: input file not found") from None
-    except OSError as exc:
-        raise InputError(f"{name}: cannot access input file: {exc}") from exc
-    if stat.S_ISDIR(mode):
+    if is_local_folder(name):
         raise InputError(f"{name}: input path is a directory, not a file")
 
 
-def _compression(name: str) -> str | None:
+def _compression(name: str, stream: io.BufferedReader[io.RawIOBase]) -> str | None:
     if name.endswith(".gz"):
         return "gzip"
     if name.endswith(".zst"):
         return "zstd"
-    with open(name, "rb") as fh:
-        head = fh.read(4)
+    head = stream.peek(4)[:4]
     return "gzip" if head.startswith(GZIP_MAGIC) else "zstd" if head == ZSTD_MAGIC else None
 
 
@@ -144,52 +112,51 @@ class _ArrowRaw(io.RawIOBase):
         super().close()
 
 
-def _open(name: str) -> tuple[BinaryIO | io.BufferedIOBase | gzip.GzipFile, str | None]:
+def _decoded(name: str, raw: io.RawIOBase) -> tuple[io.BufferedIOBase | gzip.GzipFile, str | None]:
+    """The file's decompressed bytes, and its compression."""
     try:
-        kind = _compression(name)
+        buffered = io.BufferedReader(raw, _BLOCK)
+        kind = _compression(name, buffered)
         if kind == "gzip":
             # No large buffer on top: on a truncated stream, lines buffered ahead would be lost.
-            return gzip.open(name, "rb"), kind
+            return gzip.GzipFile(fileobj=buffered, mode="rb"), kind
         if kind == "zstd":
-            return io.BufferedReader(_ArrowRaw(pa.input_stream(name, compression="zstd")), _BLOCK), kind
-        return open(name, "rb", buffering=_BLOCK), None
+            return io.BufferedReader(_ArrowRaw(pa.input_stream(buffered, compression="zstd")), _BLOCK), kind
+        return buffered, None
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"{name}: cannot open input file: {exc}") from exc
 
 
-def jsonl_lines(name: str) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw line) of a JSONL file; a broken compressed stream raises InputError."""
-    fh, kind = _open(name)
-    with fh:
-        lines = enumerate(fh, 1)
-        lineno = 0
-        while True:
-            try:
-                lineno, raw = next(lines)
-            except StopIteration:
-                return
-            except _READ_ERRORS as exc:
-                what = f"{kind} stream is corrupt or truncated" if kind else "read failed"
-                where = f"after line {lineno}" if lineno else "before the first line"
-                raise InputError(f"{name}: {what} {where}: {exc}") from exc
-            if lineno == 1 and raw.startswith(_UTF8_BOM):
-                raw = raw[len(_UTF8_BOM) :]
-            yield lineno, raw
+def jsonl_lines(file: InputFile) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw line) of a JSONL file, streamed; a broken stream raises InputError."""
+    name = file.name
+    with file.open() as raw:
+        fh, kind = _decoded(name, raw)
+        with fh:
+            lines = enumerate(fh, 1)
+            lineno = 0
+            while True:
+                try:
+                    lineno, raw_line = next(lines)
+                except StopIteration:
+                    return
+                except _READ_ERRORS as exc:
+                    what = f"{kind} stream is corrupt or truncated" if kind else "read failed"
+                    raise InputError(f"{name}: {what} {_after(lineno)}: {exc}") from exc
+                except DflashError as exc:  # from the store: an object replaced, or a failure past retries
+                    raise InputError(f"{name}: read stopped {_after(lineno)}: {exc}") from exc
+                if lineno == 1 and raw_line.startswith(_UTF8_BOM):
+                    raw_line = raw_line[len(_UTF8_BOM) :]
+                yield lineno, raw_line
 
 
-def count_lines(name: str) -> int:
-    """The lines :func:`jsonl_lines` yields for ``name``."""
-    return sum(1 for _ in jsonl_lines(name))
+def _after(lineno: int) -> str:
+    return f"after line {lineno}" if lineno else "before the first line"
 
 
-def _read(name: str, columns: ColumnMap) -> Iterator[Sample | InvalidLine]:
-    ids = RowIds()
-    for lineno, raw in jsonl_lines(name):
-        try:
-            ident, messages = parse_json_line(raw, columns)
-            yield Sample(ids.claim(ident, lineno), messages, lineno)
-        except RowInvalid as exc:
-            yield InvalidLine(name, lineno, exc.args[0])
+def count_lines(file: InputFile) -> int:
+    """The lines :func:`jsonl_lines` yields for ``file``."""
+    return sum(1 for _ in jsonl_lines(file))
 
 
 def parse_json_line(raw: bytes, columns: ColumnMap) -> tuple[str | None, list[dict[str, str]]]:

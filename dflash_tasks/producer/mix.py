@@ -1,5 +1,9 @@
 """The job's input: one source or several, read in order into one stream of samples.
 
+This is the one way prompts are read: a single ``--input`` is a mix of one source
+(:meth:`InputMix.of`, :func:`read_input`), and every format and place (local or S3) is read by
+the same per-source loop.
+
 Each row of a source yields one :class:`Sample` or one :class:`InvalidLine` (naming its source,
 file and row), unless the source's quota leaves it out. A source's quota is its row count, or its
 ``limit``, or, when the sources have weights, its share of the largest mix they can supply (the
@@ -21,18 +25,20 @@ import json
 import os
 import random
 from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.errors import ConfigError, InputError
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.producer.arrow_rows import arrow_rows, count_rows
+from dflash_tasks.producer.input_files import InputFile
 from dflash_tasks.producer.input_formats import InputFiles
 from dflash_tasks.producer.inputs import InvalidLine, count_lines, jsonl_lines, parse_json_line
-from dflash_tasks.producer.prompt_row import RowIds, RowInvalid, parse_row
-from dflash_tasks.producer.sources import Located, SourceSpec
+from dflash_tasks.producer.prompt_row import ColumnMap, RowIds, RowInvalid, parse_row
+from dflash_tasks.producer.sources import Located, SourceSpec, default_name
+
+_ANY_SHAPE = ColumnMap()
 
 
 @dataclass(slots=True)
@@ -65,6 +71,12 @@ class InputMix:
         self.figures = [SourceFigures(s.name) for s in specs]
         self._counts: list[int] = []
 
+    @classmethod
+    def of(cls, location: str | os.PathLike[str], columns: ColumnMap = _ANY_SHAPE) -> InputMix:
+        """The job's input when it is one location read as it is (``--input LOCATION``)."""
+        name = os.fspath(location)
+        return cls([SourceSpec(name, default_name(name), columns=columns)])
+
     @property
     def tagged(self) -> bool:
         """Samples carry their source (a job of several sources)."""
@@ -96,16 +108,28 @@ class InputMix:
         return "mix:sha256:" + digest, ", ".join(s.name for s in self.specs), doc
 
     def read(self) -> Iterator[Sample | InvalidLine]:
-        """Every chosen row of every source, in order, as a Sample or an InvalidLine."""
-        with ExitStack() as stack:
-            files = [stack.enter_context(loc.files()) for loc in self._located]
-            quotas = self._quotas(files) if self.sampled else [None] * len(files)
-            line = 0
-            for i, (spec, found, quota) in enumerate(zip(self.specs, files, quotas, strict=True)):
-                left = self._counts[i] if quota is not None else None
-                for item in self._source(spec, found, (quota, left), self.figures[i], line):
+        """Every chosen row of every source, in order, as a Sample or an InvalidLine.
+
+        The sources' files are listed, and a file of another format refused, before this returns;
+        a file that breaks off while it is read raises InputError naming the source (in a job of
+        several), the file and the row after which it stopped.
+        """
+        found = [loc.files() for loc in self._located]
+        quotas: list[int | None] = self._quotas(found) if self.sampled else [None] * len(found)
+        return self._rows(found, quotas)
+
+    def _rows(self, found: list[InputFiles], quotas: list[int | None]) -> Iterator[Sample | InvalidLine]:
+        line = 0
+        for i, (spec, files, quota) in enumerate(zip(self.specs, found, quotas, strict=True)):
+            left = self._counts[i] if quota is not None else None
+            try:
+                for item in self._source(spec, files, (quota, left), self.figures[i], line):
                     line += 1
                     yield item
+            except InputError as exc:
+                if not self.tagged:
+                    raise
+                raise InputError(f"source {spec.name!r}: {exc}") from exc
 
     def _quotas(self, files: list[InputFiles]) -> list[int | None]:
         counts = self._counts = [sum(_count(f, found.format) for f in found.files) for found in files]
@@ -131,8 +155,8 @@ class InputMix:
         chooser = random.Random(f"{self.seed}:{spec.name}")
         ids = RowIds("line" if found.format == "jsonl" else "row")
         tag = spec.name if self.tagged else None
-        for name in found.files:
-            for row_in_file, raw in _rows(name, found.format, spec):
+        for file in found.files:
+            for row_in_file, raw in _rows(file, found.format, spec):
                 rows += 1
                 if need is not None and left is not None:
                     take = need > 0 and chooser.random() * left < need
@@ -150,18 +174,26 @@ class InputMix:
                     ident = ids.claim(ident, rows)
                 except RowInvalid as exc:
                     figures.invalid += 1
-                    yield InvalidLine(name, row_in_file, exc.args[0], tag)
+                    yield InvalidLine(file.name, row_in_file, exc.args[0], tag)
                     continue
                 figures.samples += 1
                 yield Sample(ident if tag is None else f"{tag}:{ident}", messages, line, tag)
             figures.rows = rows
 
 
-def _rows(name: str, fmt: str, spec: SourceSpec) -> Iterator[tuple[int, Any]]:
+def read_input(
+    location: str | os.PathLike[str], columns: ColumnMap = _ANY_SHAPE
+) -> Iterator[Sample | InvalidLine]:
+    """Every row of one location (a file, folder or glob, local or ``s3://``), as a job of that
+    one source reads it; its files are listed before this returns."""
+    return InputMix.of(location, columns).read()
+
+
+def _rows(file: InputFile, fmt: str, spec: SourceSpec) -> Iterator[tuple[int, Any]]:
     if fmt == "jsonl":
-        return jsonl_lines(name)
-    return arrow_rows(name, fmt, spec.columns)
+        return jsonl_lines(file)
+    return arrow_rows(file, fmt, spec.columns)
 
 
-def _count(name: str, fmt: str) -> int:
-    return count_lines(name) if fmt == "jsonl" else count_rows(name, fmt)
+def _count(file: InputFile, fmt: str) -> int:
+    return count_lines(file) if fmt == "jsonl" else count_rows(file, fmt)

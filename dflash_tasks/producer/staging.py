@@ -19,7 +19,7 @@ from dflash_tasks.core.conversation import blank_answers, count_turns
 from dflash_tasks.core.errors import InputError
 from dflash_tasks.core.job import INVALID_KEY, MANIFEST_KEY, Manifest, input_key
 from dflash_tasks.core.sample import Sample, encode_chunk
-from dflash_tasks.producer.inputs import InvalidLine, read_input, summarize_invalid
+from dflash_tasks.producer.inputs import InvalidLine, summarize_invalid
 from dflash_tasks.producer.mix import InputMix
 from dflash_tasks.store import Store
 
@@ -61,8 +61,8 @@ class NoValidSample(InputError):
 def stage_input(
     source: str | Path | InputMix, store: Store | None, job_id: str, chunk_size: int, turns: str = "all"
 ) -> StagingReport:
-    """Read ``source`` (a JSONL path, or the job's sources), write chunk inputs, ``invalid.jsonl``
-    and the manifest to ``store``.
+    """Read ``source`` (the job's sources, or one location read as it is), write chunk inputs,
+    ``invalid.jsonl`` and the manifest to ``store``.
 
     ``turns`` is the job's turns mode: with ``all`` the source's old answers are staged blank
     (they only mark where turns end), and the manifest counts each chunk's turns.
@@ -72,8 +72,8 @@ def stage_input(
     invalid: list[InvalidLine] = []
     samples = chunks = 0
     chunk_turns: list[int] = []
-    mix = source if isinstance(source, InputMix) else None
-    items = mix.read() if mix is not None else read_input(source)  # type: ignore[arg-type]
+    mix = source if isinstance(source, InputMix) else InputMix.of(source)
+    items = mix.read()
     spans: dict[str, list[int]] = {}  # source -> [first chunk, last chunk]
     with _Writer(store, WRITERS) as writer:
         for index, batch in enumerate(chunked(items, chunk_size, invalid.append)):
@@ -146,8 +146,8 @@ class _Writer:
                 self._pool.shutdown(wait=True)
 
 
-def _source_figures(mix: InputMix | None, spans: dict[str, list[int]]) -> list[dict[str, Any]] | None:
-    if mix is None or not mix.tagged:
+def _source_figures(mix: InputMix, spans: dict[str, list[int]]) -> list[dict[str, Any]] | None:
+    if not mix.tagged:
         return None
     for figures in mix.figures:
         figures.first_chunk, figures.last_chunk = spans.get(figures.name, [None, None])

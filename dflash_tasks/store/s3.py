@@ -14,6 +14,8 @@ endpoint from ``AWS_ENDPOINT_URL`` (read by boto3 itself) or ``--s3-endpoint-url
   are retried by botocore (standard mode, 10 retries), then raised as
   :class:`~dflash_tasks.core.errors.RetryableError`; configuration problems (no bucket, access
   denied, no credentials) as :class:`~dflash_tasks.core.errors.StoreError` naming bucket and cause.
+* Input files (any key, not only this store's) are listed with :meth:`S3Store.objects` and read
+  with :meth:`S3Store.open_object`: streamed, and pinned to the listed version by ``If-Match``.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ from botocore.exceptions import (
 )
 from urllib3.exceptions import HTTPError as Urllib3HTTPError
 
-from dflash_tasks.core.errors import CorruptObject, RetryableError, StoreError
+from dflash_tasks.core.errors import CorruptObject, ObjectChanged, RetryableError, StoreError
 from dflash_tasks.store.base import check_key
+from dflash_tasks.store.s3_object import S3ObjectFile
 
 #: Metadata field (``x-amz-meta-sha256``) holding the hex SHA-256 of the object's body.
 SHA256_METADATA = "sha256"
@@ -280,16 +283,34 @@ class S3Store:
         except (BotoCoreError, ClientError, Urllib3HTTPError, OSError) as exc:
             raise self._translate(exc, doing) from None
 
-    def download(self, key: str, path: str) -> None:
-        """Stream object ``key`` (a raw key) into the file ``path``, 1 MiB at a time."""
-        doing = f"reading s3://{self._bucket}/{key}"
+    def open_object(self, key: str, etag: str, size: int) -> S3ObjectFile:
+        """Object ``key`` (a raw key) as a seekable, streamed file of the version listed with ``etag``
+        and ``size``: read-only access to input files (see :mod:`dflash_tasks.store.s3_object`)."""
+        name = f"s3://{self._bucket}/{key}"
+        return S3ObjectFile(name, size, lambda start: self._body_from(key, etag, start), self._translate)
+
+    def _body_from(self, key: str, etag: str, start: int) -> Any:
+        """The streaming body of ``key`` from byte ``start``, only while its ETag is still ``etag``."""
+        name = f"s3://{self._bucket}/{key}"
+        doing = f"reading {name} at byte {start:,}"
+        condition = {"IfMatch": etag} if etag else {}
         try:
-            body = self._client.get_object(Bucket=self._bucket, Key=key)["Body"]
-            with open(path, "wb") as fh:
-                for block in body.iter_chunks(1 << 20):
-                    fh.write(block)
-        except (BotoCoreError, ClientError, Urllib3HTTPError, OSError) as exc:
+            response = self._client.get_object(
+                Bucket=self._bucket, Key=key, Range=f"bytes={start}-", **condition
+            )
+        except ClientError as exc:
+            code = _code(exc)
+            if code in ("PreconditionFailed", "412"):
+                raise ObjectChanged(
+                    f"{name} was replaced while it was read (at byte {start:,}): its ETag is no longer "
+                    f"{etag}, the version this run listed and the job's input fingerprint names"
+                ) from None
+            if code in ("NoSuchKey", "404"):
+                raise ObjectChanged(f"{name} was deleted while it was read (at byte {start:,})") from None
             raise self._translate(exc, doing) from None
+        except (BotoCoreError, Urllib3HTTPError, OSError) as exc:
+            raise self._translate(exc, doing) from None
+        return response["Body"]
 
     def check_writable(self) -> None:
         """Fail now, naming bucket and cause, when this store cannot be listed, written or read."""

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from dflash_tasks.core.errors import InputError
 from dflash_tasks.core.sample import Sample
-from dflash_tasks.producer.inputs import InvalidLine, input_fingerprint, read_input, summarize_invalid
+from dflash_tasks.producer.inputs import InvalidLine, input_fingerprint, summarize_invalid
+from dflash_tasks.producer.mix import read_input
 
 Line = str | bytes | dict[str, Any] | list[Any]
 
@@ -466,8 +467,8 @@ def test_missing_file_raises_at_call_time(tmp_path: Path) -> None:
         input_fingerprint(missing)
 
 
-def test_directory_raises(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="is a directory"):
+def test_a_directory_is_a_folder_source_and_no_file_to_fingerprint(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"the folder holds no \.jsonl, \.parquet or \.arrow file"):
         read_input(tmp_path)
     with pytest.raises(InputError, match="is a directory"):
         input_fingerprint(tmp_path)

@@ -4,6 +4,9 @@ mixes; bad input named by source, file and row."""
 from __future__ import annotations
 
 import json
+import random
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ from dflash_tasks.producer.sources import parse_sources
 from dflash_tasks.producer.staging import stage_input
 from dflash_tasks.store import LocalStore
 from tests.e2e.test_pipeline_e2e import enqueue_args
-from tests.helpers import Processes
+from tests.helpers import REPO, Processes
 from tests.s3_support import MotoServer, aws_env
 
 ROWS = 300
@@ -90,6 +93,60 @@ def test_jsonl_parquet_shards_save_to_disk_and_s3_stage_identical_records(
         assert other.manifest == report.manifest, name
     first = decode_chunk(expected["chunk-000000.jsonl"])
     assert (first[0].id, first[0].line, first[0].source) == ("p0", 1, None)
+
+
+def big_table(rows: int = 30_000) -> pa.Table:
+    """``rows`` prompts of 2 KB of incompressible text: ~58 MB."""
+    pad = random.Random(0)
+    return pa.Table.from_pylist([{"id": f"p{i}", "prompt": pad.randbytes(1000).hex()} for i in range(rows)])
+
+
+#: Run in a fresh process: read the file, print the rows, Arrow's peak allocation and how much the
+#: resident memory grew, in MB (the libraries are loaded first, so that only the reading counts).
+_READ_AND_MEASURE = """
+import sys, pyarrow as pa, pyarrow.parquet
+from dflash_tasks.producer.mix import read_input
+def kb(field): return int(open("/proc/self/status").read().split(field + ":")[1].split()[0])
+before = kb("VmRSS")
+n = sum(1 for _ in read_input(sys.argv[1]))
+print(n, pa.default_memory_pool().max_memory() / 2**20, (kb("VmHWM") - before) / 1024)
+"""
+
+
+def read_and_measure(path: Path) -> tuple[int, float, float]:
+    """(rows, Arrow's peak MB, resident memory grown MB) of reading ``path`` in a fresh process."""
+    res = subprocess.run(
+        [sys.executable, "-c", _READ_AND_MEASURE, str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows_read, arrow_mb, grown_mb = res.stdout.split()
+    return int(rows_read), float(arrow_mb), float(grown_mb)
+
+
+def test_a_parquet_row_group_is_read_a_batch_at_a_time_not_whole(tmp_path: Path) -> None:
+    table = big_table()
+    path = tmp_path / "one-row-group.parquet"
+    pq.write_table(table, path, row_group_size=len(table), compression="none")
+    size_mb = path.stat().st_size / 2**20
+    rows_read, arrow_mb, _ = read_and_measure(path)
+    assert rows_read == len(table)
+    # A batch of 4,096 rows is ~8 MB here: Arrow's peak is a few batches, not the row group.
+    assert arrow_mb < size_mb / 2, (arrow_mb, size_mb)
+
+
+def test_an_arrow_file_is_read_a_batch_at_a_time_not_mapped(tmp_path: Path) -> None:
+    table = big_table()
+    path = tmp_path / "data-00000-of-00001.arrow"
+    with pa.ipc.new_stream(str(path), table.schema) as writer:  # as save_to_disk writes a shard
+        writer.write_table(table, max_chunksize=1000)
+    size_mb = path.stat().st_size / 2**20
+    rows_read, _, grown_mb = read_and_measure(path)
+    assert rows_read == len(table)
+    # Mapped, every page read would count as the process's memory: the whole file.
+    assert grown_mb < size_mb / 2, (grown_mb, size_mb)
 
 
 def test_column_flags_and_a_system_prompt(tmp_path: Path) -> None:
@@ -211,6 +268,25 @@ def test_an_unreadable_shard_stops_staging_by_name_and_keeps_what_was_staged(tmp
         stage([str(shards)], out)
     assert sorted(p.name for p in (out / "inputs").iterdir())[:1] == ["chunk-000000.jsonl"]
     assert not (out / MANIFEST_KEY).exists()  # a re-run stages again; nothing staged was lost
+
+
+def test_a_file_that_breaks_off_in_a_job_of_several_sources_names_source_file_and_line(
+    tmp_path: Path,
+) -> None:
+    import gzip
+
+    a = write_jsonl(tmp_path / "a.jsonl", rows(100, "a"))
+    data = gzip.compress("".join(json.dumps(r) + "\n" for r in rows(3000, "b")).encode())
+    (tmp_path / "b.jsonl.gz").write_bytes(data[: len(data) // 2])  # cut off halfway
+    out = tmp_path / "o"
+    with pytest.raises(InputError) as info:
+        stage([str(a), f"{tmp_path / 'b.jsonl.gz'},name=chat"], out)
+    message = str(info.value)
+    assert message.startswith(
+        f"source 'chat': {tmp_path / 'b.jsonl.gz'}: gzip stream is corrupt or truncated after line "
+    )
+    assert int(message.split("after line ")[1].split(":")[0]) > 0
+    assert (out / "inputs" / "chunk-000000.jsonl").exists() and not (out / MANIFEST_KEY).exists()
 
 
 @pytest.mark.parametrize(

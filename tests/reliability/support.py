@@ -30,7 +30,7 @@ import requests
 
 from dflash_tasks.coord.publish import queued_chunks
 from dflash_tasks.core.sample import Sample
-from dflash_tasks.producer.inputs import read_input
+from dflash_tasks.producer.mix import read_input
 from tests.helpers import REPO, Processes, RedisServer, free_port, generation, read_records, wait_until
 
 MODEL = "Qwen/Qwen3-8B"

@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from dflash_tasks.core.sample import Sample
-from dflash_tasks.producer.inputs import InvalidLine, read_input
+from dflash_tasks.producer.inputs import InvalidLine
+from dflash_tasks.producer.mix import read_input
 from tests.helpers import Processes, RedisServer, generation, processes, read_records
 from tests.reliability.support import (
     Collector,
