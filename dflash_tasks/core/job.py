@@ -19,6 +19,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dflash_tasks.core.budget import BUDGET_POLICIES, DEFAULT_MAX_TOKENS, FIXED, HORIZON
 from dflash_tasks.core.errors import JobMismatch, StoreError
 from dflash_tasks.core.quality import QualitySettings
 from dflash_tasks.core.trainer_view import TrainerView
@@ -40,10 +41,15 @@ HISTORY_REASONING = ("drop", "keep")
 
 @dataclass(frozen=True, slots=True)
 class GenerationSpec:
-    """What to generate. Defaults follow Qwen3's thinking-mode recommendation."""
+    """What to generate. Defaults follow Qwen3's thinking-mode recommendation.
+
+    ``budget_policy``: ``fixed``, every request gets ``max_tokens``; ``horizon`` (``--max-tokens
+    horizon``), each request gets the trainer's horizon (:mod:`dflash_tasks.core.budget`) and
+    ``max_tokens`` is the trainer's ``max_length``, the budget where no tokenizer is at hand.
+    """
 
     model: str
-    max_tokens: int = 4096
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.6
     top_p: float = 0.95
     top_k: int = 20
@@ -51,8 +57,13 @@ class GenerationSpec:
     chunk_size: int = 64
     turns: str = "all"
     history_reasoning: str = "drop"
+    budget_policy: str = FIXED
 
     def __post_init__(self) -> None:
+        if self.budget_policy not in BUDGET_POLICIES:
+            raise ValueError(
+                f"budget_policy must be one of {', '.join(BUDGET_POLICIES)}, got {self.budget_policy!r}"
+            )
         if self.turns not in TURNS_MODES:
             raise ValueError(f"turns must be one of {', '.join(TURNS_MODES)}, got {self.turns!r}")
         if self.history_reasoning not in HISTORY_REASONING:
@@ -65,25 +76,37 @@ class GenerationSpec:
     def keeps_history_reasoning(self) -> bool:
         return self.history_reasoning == "keep"
 
+    @property
+    def at_horizon(self) -> bool:
+        """Whether each request's budget is the trainer's horizon (``--max-tokens horizon``)."""
+        return self.budget_policy == HORIZON
+
     def identity(self) -> dict[str, Any]:
-        """The fields that name the job. ``turns: last`` and ``history_reasoning: drop`` are left
-        out: jobs made before those fields existed behaved so, and keep their ids."""
+        """The fields that name the job. ``turns: last``, ``history_reasoning: drop`` and
+        ``budget_policy: fixed`` are left out: jobs made before those fields existed behaved so,
+        and keep their ids."""
         doc = asdict(self)
         if doc["turns"] == "last":
             del doc["turns"]
         if doc["history_reasoning"] == "drop":
             del doc["history_reasoning"]
+        if doc["budget_policy"] == FIXED:
+            del doc["budget_policy"]
         return doc
 
     def sampling(self) -> dict[str, Any]:
-        """Sampling parameters as recorded on every output record."""
-        return {
+        """Sampling parameters as recorded on every output record (``budget_policy`` only for
+        ``horizon``: a fixed budget's records are written as before)."""
+        doc: dict[str, Any] = {
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
             "enable_thinking": self.thinking,
         }
+        if self.at_horizon:
+            doc["budget_policy"] = HORIZON
+        return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +178,7 @@ class JobDefinition:
             "job_id": self.job_id,
             "input_fingerprint": self.input_fingerprint,
             "input_name": self.input_name,
-            "spec": asdict(self.spec),
+            "spec": _spec_doc(self.spec),
             "quality": self.quality.to_dict(),
             "trainer": self.trainer.to_dict(),
         }
@@ -186,6 +209,14 @@ class JobDefinition:
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"{where} is not a valid dflash job file: {exc}") from None
+
+
+def _spec_doc(spec: GenerationSpec) -> dict[str, Any]:
+    """``job.json``'s ``spec`` (``budget_policy`` only for ``horizon``: others as before it existed)."""
+    doc = asdict(spec)
+    if doc["budget_policy"] == FIXED:
+        del doc["budget_policy"]
+    return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +331,8 @@ def check_same_job(existing: JobDefinition, wanted: JobDefinition, output_uri: s
     for name in old:
         if old[name] != new.get(name):
             diffs.append(f"{name}: the output has {old[name]!r}, this run asks for {new.get(name)!r}")
+    if existing.spec.at_horizon and wanted.spec.at_horizon and old["max_tokens"] != new["max_tokens"]:
+        diffs.append("(under --max-tokens horizon, max_tokens is the trainer's --train-max-length)")
     raise JobMismatch(
         f"{output_uri} already holds job {existing.job_id}, which differs from this run:\n  - "
         + "\n  - ".join(diffs)

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self
 
+from dflash_tasks.core.budget import DEFAULT_MAX_TOKENS, parse_max_tokens
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.repetition import RepetitionSettings
 
@@ -96,6 +97,9 @@ class CommonSettings:
                 continue
             if field.name == "max_inflight" and raw.strip().lower() == AUTO_INFLIGHT:
                 tune = True  # DFLASH_MAX_INFLIGHT=auto means what --max-inflight auto means
+                continue
+            if field.name == "max_tokens":  # a number or "horizon", as --max-tokens takes
+                values[field.name] = _max_tokens(raw)
                 continue
             values[field.name] = _coerce(field.name, field.type, raw)
         if tune:
@@ -173,7 +177,19 @@ class ProducerSettings(ProgressSettings):
     #: ``min_chars=N,min_repeats=N,max_period=N`` (docs/quality.md, "Loops"); empty: the defaults.
     repetition: str = ""
 
+    # --- a new job's spec ---
+    #: Completion budget of each request of a new job (``--max-tokens``): a number of tokens, or
+    #: ``horizon``: each request's budget is the trainer's ``max_length`` less its row's prefix
+    #: (docs/quality.md, "The budget").
+    max_tokens: int | str = DEFAULT_MAX_TOKENS
+
     def _check_own(self) -> None:
+        try:
+            parsed = parse_max_tokens(self.max_tokens)
+        except ConfigError as exc:
+            raise ConfigError(f"max_tokens: {exc}") from None
+        if parsed != self.max_tokens:
+            raise ConfigError(f"max_tokens must be an int or {parsed!r}, got {self.max_tokens!r}")
         if self.repair_rounds < 0:
             raise ConfigError(f"repair_rounds must be >= 0, got {self.repair_rounds}")
         if not self.repair_spacing_seconds >= 0:
@@ -386,6 +402,13 @@ def _coerce(name: str, kind: Any, raw: str) -> Any:
     except ValueError:
         raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind_name}") from None
     return raw
+
+
+def _max_tokens(raw: str) -> int | str:
+    try:
+        return parse_max_tokens(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{ENV_PREFIX}MAX_TOKENS={raw!r}: {exc}") from None
 
 
 #: ``--max-inflight auto``: the worker tunes its target (``tune_inflight``).

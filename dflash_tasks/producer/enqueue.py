@@ -124,16 +124,26 @@ def prepare(
     """Define the job and check it against what the output root already holds.
 
     With ``--repair-truncated``, ``--max-tokens`` is the budget for the truncated samples, not the
-    job's: the job keeps its own, and gets an amendment naming the new one.
+    job's: the job keeps its own, and gets an amendment naming the new one. ``--max-tokens``
+    defaults to ``DFLASH_MAX_TOKENS`` (``settings``); under ``horizon`` the job's ``max_tokens`` is
+    the trainer's ``max_length`` (the job's own on a re-run without ``--train-max-length``).
     """
-    spec = spec_from_args(args)
     store = open_store(args.output, settings)
     existing = load_job(store)
+    default = settings.max_tokens if isinstance(settings, ProducerSettings) else None
+    view = view_from_args(args, existing.trainer if existing is not None else None)
+    spec = spec_from_args(args, default, view.max_length)
     budget = None
     if args.repair_truncated:
         if existing is None:
             raise ConfigError(f"--repair-truncated: {args.output} holds no job yet; run the job first")
-        budget, spec = args.max_tokens, dataclasses.replace(spec, max_tokens=existing.spec.max_tokens)
+        if spec.at_horizon or existing.spec.at_horizon:
+            raise ConfigError(
+                "--repair-truncated: a --max-tokens horizon job is cut at the trainer's horizon, where "
+                "the trainer cuts its rows anyway; give a number of tokens above the job's (for a job "
+                "with a fixed budget)"
+            )
+        budget, spec = spec.max_tokens, dataclasses.replace(spec, max_tokens=existing.spec.max_tokens)
         if budget <= existing.spec.max_tokens:
             raise ConfigError(
                 f"--repair-truncated --max-tokens {budget}: the job's samples were generated with "
@@ -310,7 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         settings = ProducerSettings.load(
-            broker_url=args.broker_url, queue=args.queue, s3_endpoint_url=args.s3_endpoint_url
+            broker_url=args.broker_url,
+            queue=args.queue,
+            s3_endpoint_url=args.s3_endpoint_url,
+            max_tokens=args.max_tokens,
         )
         result = enqueue(args, settings)
         print_summary(result, args.dry_run)

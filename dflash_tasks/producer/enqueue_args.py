@@ -6,12 +6,13 @@ import argparse
 import dataclasses
 from typing import Any
 
+from dflash_tasks.core.budget import FIXED, HORIZON, parse_max_tokens
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.job import HISTORY_REASONING, TURNS_MODES, GenerationSpec
 from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.quality import GATES, QualitySettings
 from dflash_tasks.core.repetition import SPEC_HELP, RepetitionSettings
-from dflash_tasks.core.trainer_view import add_trainer_flags
+from dflash_tasks.core.trainer_view import DEFAULT_TRAIN_MAX_LENGTH, add_trainer_flags
 from dflash_tasks.producer.prompt_row import ColumnMap
 
 DESCRIPTION = "stage a prompt file and queue one task per chunk"
@@ -44,7 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", help="the model's served name or the last part of its path, e.g. Qwen3-8B (required)"
     )
     spec = _SPEC_DEFAULTS  # the job spec holds the only defaults
-    p.add_argument("--max-tokens", type=int, default=spec["max_tokens"], help="default %(default)s")
+    p.add_argument(
+        "--max-tokens",
+        type=_max_tokens,
+        metavar="N|horizon",
+        help=f"completion budget of each request (default {spec['max_tokens']}); horizon: the trainer's "
+        "--train-max-length less the request's row prefix, so nothing past what the trainer sees is "
+        "paid for [DFLASH_MAX_TOKENS]",
+    )
     p.add_argument("--temperature", type=float, default=spec["temperature"], help="default %(default)s")
     p.add_argument("--top-p", type=float, default=spec["top_p"], help="default %(default)s")
     p.add_argument("--top-k", type=int, default=spec["top_k"], help="default %(default)s")
@@ -146,10 +154,28 @@ def columns_from_args(args: argparse.Namespace) -> ColumnMap:
         raise ConfigError(f"--messages-column, --prompt-column: {exc}") from None
 
 
-def spec_from_args(args: argparse.Namespace) -> GenerationSpec:
+def _max_tokens(text: str) -> int | str:
+    try:
+        return parse_max_tokens(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def spec_from_args(
+    args: argparse.Namespace, max_tokens: int | str | None = None, max_length: int | None = None
+) -> GenerationSpec:
+    """The job spec the flags ask for. ``max_tokens``: the budget when ``--max-tokens`` is not given
+    (``DFLASH_MAX_TOKENS``; default the spec's); under ``horizon`` the spec's ``max_tokens`` is the
+    trainer's ``max_length``."""
     check_model_name(args.model or "")
+    value = args.max_tokens if args.max_tokens is not None else max_tokens
+    value = _SPEC_DEFAULTS["max_tokens"] if value is None else value
+    if value == HORIZON:
+        policy, budget = HORIZON, max_length or DEFAULT_TRAIN_MAX_LENGTH
+    else:
+        policy, budget = FIXED, int(value)
     checks = [
-        (args.max_tokens >= 1, f"--max-tokens must be >= 1, got {args.max_tokens}"),
+        (budget >= 1, f"--max-tokens must be >= 1, got {budget}"),
         (args.temperature >= 0, f"--temperature must be >= 0, got {args.temperature}"),
         (0 < args.top_p <= 1, f"--top-p must be in (0, 1], got {args.top_p}"),
         (args.top_k == -1 or args.top_k >= 1, f"--top-k must be -1 or >= 1, got {args.top_k}"),
@@ -160,7 +186,7 @@ def spec_from_args(args: argparse.Namespace) -> GenerationSpec:
             raise ConfigError(message)
     return GenerationSpec(
         model=args.model,
-        max_tokens=args.max_tokens,
+        max_tokens=budget,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
@@ -168,6 +194,7 @@ def spec_from_args(args: argparse.Namespace) -> GenerationSpec:
         chunk_size=args.chunk_size,
         turns=args.turns,
         history_reasoning=args.history_reasoning,
+        budget_policy=policy,
     )
 
 

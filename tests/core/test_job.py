@@ -41,6 +41,7 @@ CHANGED: dict[str, Any] = {
     "chunk_size": 32,
     "turns": "last",
     "history_reasoning": "keep",
+    "budget_policy": "horizon",
 }
 
 
@@ -89,6 +90,22 @@ def test_a_job_json_from_before_the_turns_field_is_a_last_turn_job_with_its_old_
         check_same_job(old, JobDefinition.create(FP, "x", SPEC), "/out")
 
 
+def test_a_horizon_job_records_its_policy_and_a_fixed_one_writes_what_it_always_did() -> None:
+    fixed = JobDefinition.create(FP, "x", SPEC)
+    assert "budget_policy" not in json.loads(fixed.to_json())["spec"]
+    assert "budget_policy" not in SPEC.sampling() and not SPEC.at_horizon
+    spec = dataclasses.replace(SPEC, budget_policy="horizon")
+    job = JobDefinition.create(FP, "x", spec)
+    assert json.loads(job.to_json())["spec"]["budget_policy"] == "horizon"
+    assert JobDefinition.from_json(job.to_json(), "job.json") == job
+    assert spec.sampling()["budget_policy"] == "horizon" and spec.at_horizon
+    wider = JobDefinition.create(FP, "x", dataclasses.replace(spec, max_tokens=8192))
+    with pytest.raises(JobMismatch, match="max_tokens is the trainer's --train-max-length"):
+        check_same_job(job, wider, "/out")
+    with pytest.raises(ValueError, match="budget_policy must be one of fixed, horizon"):
+        GenerationSpec("m", budget_policy="cheap")
+
+
 def test_turns_must_be_all_or_last() -> None:
     with pytest.raises(ValueError, match="turns must be one of all, last, got 'some'"):
         GenerationSpec("m", turns="some")
@@ -129,7 +146,9 @@ def test_job_json_round_trip() -> None:
     assert doc["job_id"] == job.job_id
     assert doc["input_fingerprint"] == FP
     assert doc["input_name"] == "in.jsonl.gz"
-    assert doc["spec"] == dataclasses.asdict(spec)
+    fields = dataclasses.asdict(spec)
+    assert fields.pop("budget_policy") == "fixed"  # left out of a fixed job's job.json, as before
+    assert doc["spec"] == fields
     assert data.endswith(b"\n")
     assert JobDefinition.from_json(data, "job.json") == job
 

@@ -324,8 +324,9 @@ def test_each_role_has_the_fields_its_processes_read() -> None:
     common = {"broker_url", "queue", "redis_prefix", "visibility_timeout", "lease_seconds", "s3_endpoint_url"}
     progress = common | {"progress_seconds", "gpu_hour_usd"}
     assert names(CommonSettings) == common
-    assert names(ProducerSettings) == progress | {"repair_rounds", "repair_spacing_seconds", "repetition"}
-    assert not names(WorkerSettings) & {"repair_rounds", "repair_spacing_seconds", "repetition"}
+    producer = {"repair_rounds", "repair_spacing_seconds", "repetition", "max_tokens"}
+    assert names(ProducerSettings) == progress | producer
+    assert not names(WorkerSettings) & producer
     assert names(MonitorSettings) == progress | {"flower_password", "page_basic_auth"}
     worker = names(WorkerSettings)
     assert progress < worker and not worker & {"flower_password", "page_basic_auth"}
@@ -456,3 +457,29 @@ def test_a_number_in_the_max_inflight_variable_leaves_the_tuner_to_its_own_varia
     assert tuned.max_inflight == 32 and tuned.tune_inflight
     with pytest.raises(ConfigError, match=r"DFLASH_MAX_INFLIGHT='lots' is not a valid int"):
         WorkerSettings.load({"DFLASH_MAX_INFLIGHT": "lots"})
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("horizon", "horizon"), (" Horizon ", "horizon"), ("8192", 8192), ("1", 1)]
+)
+def test_the_max_tokens_variable_takes_what_the_enqueue_flag_takes(raw: str, expected: int | str) -> None:
+    from dflash_tasks.producer.enqueue_args import build_parser
+
+    assert ProducerSettings.load({"DFLASH_MAX_TOKENS": raw}).max_tokens == expected
+    args = build_parser().parse_args(["--input", "x", "--output", "y", "--max-tokens", raw])
+    assert args.max_tokens == expected
+    assert ProducerSettings.load({}, max_tokens=args.max_tokens).max_tokens == expected
+    assert ProducerSettings.load({}).max_tokens == 4096
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "lots", "4096.5", ""])
+def test_a_bad_max_tokens_is_refused_by_the_variable_and_the_flag_alike(raw: str) -> None:
+    from dflash_tasks.producer.enqueue_args import build_parser
+
+    if raw:  # an empty variable is unset
+        with pytest.raises(ConfigError, match=r"DFLASH_MAX_TOKENS=.*expected a number of tokens"):
+            ProducerSettings.load({"DFLASH_MAX_TOKENS": raw})
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--input", "x", "--output", "y", "--max-tokens", raw])
+    with pytest.raises(ConfigError, match="max_tokens"):
+        ProducerSettings(max_tokens="8192").validate()  # a number is an int, as the loader makes it

@@ -68,3 +68,15 @@ def test_a_bad_loop_rule_names_the_flag_or_the_variable() -> None:
         quality_from_args(build_parser().parse_args([*JOB, "--repetition", "min_chars=x"]))
     with pytest.raises(ConfigError, match="DFLASH_REPETITION='sometimes'"):
         ProducerSettings.load({"DFLASH_REPETITION": "sometimes"})
+
+
+def test_max_tokens_horizon_records_the_policy_and_the_trainers_max_length() -> None:
+    base = ["--input", "p", "--output", "o", "--model", "M"]
+    spec = spec_from_args(build_parser().parse_args([*base, "--max-tokens", "horizon"]), None, 8192)
+    assert spec == GenerationSpec(model="M", max_tokens=8192, budget_policy="horizon")
+    # DFLASH_MAX_TOKENS (the settings' value) where the flag is not given; the flag over it
+    from_env = spec_from_args(build_parser().parse_args(base), "horizon", 2048)
+    assert (from_env.budget_policy, from_env.max_tokens) == ("horizon", 2048)
+    flag = spec_from_args(build_parser().parse_args([*base, "--max-tokens", "300"]), "horizon", 2048)
+    assert (flag.budget_policy, flag.max_tokens) == ("fixed", 300)
+    assert spec_from_args(build_parser().parse_args(base), 1000, 2048).max_tokens == 1000
