@@ -11,7 +11,8 @@ generates, and bills, only the new tokens; its reasoning parser reads the prefix
 The horizon is the trainer's ``max_length``: a turn's row is its prompt plus its completion, so a
 continuation may add up to ``max_length - prompt_tokens - completion_tokens`` tokens; a thought
 cut past it trains as it is (the trainer cuts the row there anyway). With ``--repair-truncated
---max-tokens N`` the turn's completion is continued up to ``N`` tokens instead.
+--max-tokens N`` the turn's completion is continued up to ``N`` tokens instead. A job generated
+with ``--max-tokens horizon`` has nothing to continue: every request already ran to the horizon.
 
 The continued turn is one :class:`~dflash_tasks.core.record.Turn` holding the whole text, with one
 :class:`~dflash_tasks.core.record.Part` per request (see :mod:`dflash_tasks.core.record`).
@@ -23,6 +24,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from dflash_tasks.core.budget import HORIZON
 from dflash_tasks.core.record import Part, Record, Turn, Usage
 
 #: What the model writes before its thought when the template does not (Qwen3's output).
@@ -53,10 +55,21 @@ def continuation_budget(turn: Turn, horizon: int, max_tokens: int | None = None)
 
 
 def record_budget(record: Record, horizon: int, max_tokens: int | None = None) -> int:
-    """:func:`continuation_budget` of an ok record's last turn (only a last turn can be cut)."""
-    if not record.ok:
+    """:func:`continuation_budget` of an ok record's last turn (only a last turn can be cut).
+
+    0 for a record generated under ``--max-tokens horizon``: each of its requests was given the
+    trainer's horizon, counted on the row as the trainer renders it (:mod:`dflash_tasks.core.budget`),
+    so a cut thought is cut there already (the server's prompt tokens, which this function counts
+    otherwise, can be fewer than the trainer's, e.g. without its template's system prompt).
+    """
+    if not record.ok or generated_at_horizon(record):
         return 0
     return continuation_budget(record.turns[-1], horizon, max_tokens)
+
+
+def generated_at_horizon(record: Record) -> bool:
+    """Whether ``record`` was generated under ``--max-tokens horizon`` (its ``sampling``)."""
+    return (record.sampling or {}).get("budget_policy") == HORIZON
 
 
 def opener_for(generation_prompt: str) -> str:

@@ -112,3 +112,12 @@ def test_speculative_counts_of_a_continued_turn_add_each_requests_own() -> None:
 def test_nothing_to_continue_past_the_horizon(budget: int) -> None:
     done = HORIZON - 100 - budget
     assert continuation_budget(cut(100, done).turns[0], HORIZON) == 0
+
+
+def test_a_thought_cut_under_the_horizon_budget_is_never_continued() -> None:
+    """Its request was given the trainer's horizon counted on the row as the trainer renders it
+    (its template's system prompt included), which the server's prompt tokens can fall short of."""
+    generated = replace(cut(100, 1000), sampling={"max_tokens": HORIZON, "budget_policy": "horizon"})
+    assert continuation_budget(generated.turns[0], HORIZON) == 2996  # by the server's prompt tokens
+    assert not needs_repair(generated, horizon=HORIZON) and to_continue(generated, None, HORIZON) == 0
+    assert to_continue(replace(generated, sampling={"max_tokens": HORIZON}), None, HORIZON) == 2996
