@@ -24,6 +24,7 @@ from dflash_tasks.core.states import Cause, Delivery
 from workers.checks.chunk_yield import yield_counters
 from workers.checks.live_gate import record_chunk_and_judge
 from workers.generate.conversation import start_conversation
+from workers.generate.request_budget import request_budget
 from workers.leased_work import ChunkContext, checked_records, run_leased, served_model_path, write_once
 from workers.recovery.retrying import retry_transient
 
@@ -55,9 +56,18 @@ class ChunkWork:
         samples = decode_chunk(job.store.read(input_key(self.chunk)), input_key(self.chunk))
         spec = job.definition.spec
         who = dataclasses.replace(ctx.identity, server=ctx.server.current)  # what the records name
+        budget = request_budget(ctx.loss_counts, self.job_id, job.definition, who.server)
         return [
             start_conversation(
-                ctx.pool, ctx.client, spec, s, who, ctx.policy, rid_prefix, listener=ctx.listener
+                ctx.pool,
+                ctx.client,
+                spec,
+                s,
+                who,
+                ctx.policy,
+                rid_prefix,
+                listener=ctx.listener,
+                budget=budget,
             )
             for s in samples
         ]

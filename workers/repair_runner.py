@@ -32,6 +32,7 @@ from dflash_tasks.core.states import Cause, Delivery
 from dflash_tasks.store.records import read_current
 from workers.checks.chunk_yield import yield_counters
 from workers.generate.conversation import start_conversation
+from workers.generate.request_budget import request_budget
 from workers.generate.thought_opener import thought_opener
 from workers.generation import Continuation
 from workers.leased_work import ChunkContext, checked_records, run_leased, served_model_path, write_once
@@ -103,6 +104,7 @@ def _start(
     longer = spec if unit.max_tokens is None else dataclasses.replace(spec, max_tokens=unit.max_tokens)
     who = dataclasses.replace(ctx.identity, server=ctx.server.current)
     opener = thought_opener(who.server.model_path if who.server is not None else None)
+    horizon = request_budget(ctx.loss_counts, job.job_id, job, who.server)
     futures = []
     for old in targets:
         budget = to_continue(old, unit.max_tokens, job.trainer.max_length)
@@ -120,6 +122,7 @@ def _start(
                 kept=old.turns[:-1],  # the failed, truncated or cut turn is the last
                 repair=unit.round,
                 resume=(old.turns[-1], Continuation(opener, budget)) if budget else None,
+                budget=horizon,
             )
         )
     return futures

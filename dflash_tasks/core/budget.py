@@ -12,7 +12,7 @@ that margin is paid past the horizon per request. A prefix at or past ``max_leng
 :data:`HORIZON_FLOOR` tokens: every sample gets an answer, none of which the trainer sees.
 
 The worker computes it per request with the served model's tokenizer
-(:mod:`workers.request_budget`); where it cannot read one, every request gets the job's
+(:mod:`workers.generate.request_budget`); where it cannot read one, every request gets the job's
 ``max_tokens``, which a horizon job records as the trainer's ``max_length``.
 """
 

@@ -19,7 +19,7 @@ them). ``validator`` leaves out every truncated row, so SpecForge's validator ac
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,7 @@ class Candidate:
     cut_at_max_tokens: bool = False  # its last turn hit max_tokens
     tokens: RowTokens | None = None  # the trainer's view, once counted
     source: str | None = None  # the record's input source (a job of several)
+    turn: int | None = None  # the per-turn layout: the index of the turn it trains; None: every one
 
 
 def record_checks(record: Record, thinking: bool) -> set[str]:
@@ -91,7 +92,11 @@ def per_turn_candidates(
         if not plain_id:
             row |= {"id": f"{record.id}#turn{index}", "source_id": record.id, "assistant_turn_index": index}
         c = Candidate(
-            record.id, row, turn.usage.completion_tokens, cut_at_max_tokens=turn.finish_reason == "length"
+            record.id,
+            row,
+            turn.usage.completion_tokens,
+            cut_at_max_tokens=turn.finish_reason == "length",
+            turn=index,
         )
         c.reasons += _turn_reasons(turn, thinking, drop_checks)
         earlier = frozenset(i for i, m in enumerate(messages[:-1]) if m["role"] == "assistant")
@@ -101,6 +106,23 @@ def per_turn_candidates(
         out.append(c)
         history.append({"role": "assistant", "content": turn.content, "reasoning_content": None})
     return out
+
+
+def prefix_messages(
+    inputs: Sequence[Sequence[Mapping[str, Any]]], answered: Sequence[Turn], per_turn: bool
+) -> list[dict[str, Any]]:
+    """The messages of the row that will train the next turn, before its answer: each answered
+    turn's input and answer (its reasoning too in the ``conversation`` layout; the ``per-turn``
+    layout drops earlier reasoning), then the next turn's input (``inputs[len(answered)]``)."""
+    messages: list[dict[str, Any]] = []
+    for added, turn in zip(inputs, answered, strict=False):
+        messages += [{"role": m["role"], "content": m["content"], "reasoning_content": None} for m in added]
+        reasoning = None if per_turn else turn.reasoning
+        messages.append({"role": "assistant", "content": turn.content, "reasoning_content": reasoning})
+    next_input = inputs[len(answered)]
+    return messages + [
+        {"role": m["role"], "content": m["content"], "reasoning_content": None} for m in next_input
+    ]
 
 
 def _turn_reasons(turn: Turn, thinking: bool, drop_checks: frozenset[str]) -> Iterator[tuple[str, str]]:

@@ -190,16 +190,27 @@ class LossTokenCounter:
         self._pattern = self.markers.pattern()
         self._backend = _untruncated_copy(tokenizer)
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], generation: bool = False) -> str:
+        """The row's text as the trainer renders it (``generation``: with the generation prompt)."""
         if self.system_prompt and (not messages or messages[0].get("role") != "system"):
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
         return _render(
             self.tokenizer,
             messages,
             thinking=self._render_thinking,
-            generation=False,
+            generation=generation,
             preserve_thinking=self.preserve_thinking,
         )
+
+    def prompt_tokens(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """The tokens of a row's prefix: ``messages`` (up to the turn being generated) as the trainer
+        renders them, and the generation prompt after them (the model's answer starts there)."""
+        return len(self._backend.encode(self.render(messages, generation=True), add_special_tokens=False))
+
+    @functools.cached_property
+    def closing_tokens(self) -> int:
+        """The tokens the template writes after an answer (its end of turn, ``<|im_end|>\n``)."""
+        return len(self._backend.encode(self.markers.end_of_turn, add_special_tokens=False))
 
     def count(self, messages: Sequence[Mapping[str, Any]]) -> RowTokens:
         return self.count_many([messages])[0]

@@ -51,6 +51,11 @@ class RecordCounter:
         # what `auto` picks under this view (the live yield plans the default export's layout)
         self.earlier_trained = earlier_turns_trained(whole)
 
+    @property
+    def whole(self) -> LossTokenCounter:
+        """The counter of whole conversations under the job's view (every assistant turn)."""
+        return self._whole
+
     def counted(self, records: Sequence[Record]) -> list[Record]:
         """``records`` with their ``loss_counts`` (failed records: their ok turns' per-turn rows)."""
         whole = [

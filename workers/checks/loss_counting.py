@@ -42,7 +42,8 @@ class LossCountCache:
             return records
 
     def counter(self, job_id: str, job: JobDefinition, model_path: str | None) -> RecordCounter | None:
-        """The job's counter for the served model at ``model_path``; None where this worker cannot count."""
+        """The job's counter with the tokenizer at ``model_path`` (loaded once), or None where this
+        worker cannot count (the request budgets of ``--max-tokens horizon`` use it too)."""
         if not model_path:
             return None
         key = (job_id, model_path)

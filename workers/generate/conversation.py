@@ -8,15 +8,18 @@ A turn that fails, hits ``max_tokens`` or has no answer ends the conversation th
 :class:`~dflash_tasks.core.record.Record` for the outcomes): a record never has a hole. A repair
 round continues a failed conversation: the turns it ``kept`` are not sent again; a turn whose thought
 was cut (``resume``) is continued where it stopped, and the conversation goes on after it.
+Under ``--max-tokens horizon`` each request's ``max_tokens`` is its own (a :data:`TurnBudget`, see
+:mod:`workers.generate.request_budget`); the record names the job's sampling parameters.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
@@ -36,6 +39,10 @@ from workers.generation import (
 from workers.monitor.listener import NO_LISTENER, WorkerListener
 from workers.sglang_client import SGLangClient
 
+#: A turn's ``max_tokens`` from the conversation's inputs (each turn's new messages) and the turns
+#: answered before it.
+TurnBudget = Callable[[Sequence[Sequence[Mapping[str, Any]]], Sequence[Turn]], int]
+
 
 class Conversation:
     """One sample's progress: the turns answered so far, the next request, and the final record."""
@@ -49,8 +56,10 @@ class Conversation:
         kept: Sequence[Turn] = (),
         repair: int | None = None,
         resume: tuple[Turn, Continuation] | None = None,
+        budget: TurnBudget | None = None,
     ) -> None:
         self.spec = spec
+        self.budget = budget
         self.resume = resume  # the cut turn to continue first, until it is sent
         self.sample = sample
         self.who = who
@@ -71,6 +80,12 @@ class Conversation:
         reasonings = [t.reasoning for t in self.turns] if self.spec.keeps_history_reasoning else None
         messages = request_messages(self.inputs, answers, reasonings)
         return messages, self.inputs[index], f"{self._rid_prefix}-T{index + 1}"
+
+    def request_spec(self) -> GenerationSpec:
+        """The spec the next request is sent with: the job's, its ``max_tokens`` the turn's budget."""
+        if self.budget is None:
+            return self.spec
+        return dataclasses.replace(self.spec, max_tokens=self.budget(self.inputs, self.turns))
 
     def add(self, turn: Turn) -> None:
         self.turns.append(turn)
@@ -106,6 +121,7 @@ def start_conversation(
     kept: Sequence[Turn] = (),
     repair: int | None = None,
     resume: tuple[Turn, Continuation] | None = None,
+    budget: TurnBudget | None = None,
 ) -> Future[Record]:
     """Run ``sample``'s turns through ``pool``, each queued when the previous one returns.
 
@@ -113,8 +129,9 @@ def start_conversation(
     turn waiting in the pool and sends no further turn. A repair round (``repair``, its number)
     passes the answered turns it keeps (``kept``, complete ones): the conversation goes on from
     the next turn; with ``resume`` (a cut turn and how to continue it) that turn is continued first.
+    ``budget``: each request's ``max_tokens`` (``--max-tokens horizon``); None: the spec's.
     """
-    conversation = Conversation(spec, sample, who, rid_prefix, kept, repair, resume)
+    conversation = Conversation(spec, sample, who, rid_prefix, kept, repair, resume, budget)
     send = functools.partial(generate_turn, sleep=sleep, listener=listener)
     extend = functools.partial(continue_turn, sleep=sleep, listener=listener)
     result: Future[Record] = Future()
@@ -123,12 +140,13 @@ def start_conversation(
 
     def submit_next() -> None:
         messages, added, rid = conversation.next_request()
+        resume = conversation.take_resume()
+        request = conversation.request_spec() if resume is None else spec
         with lock:
             if result.cancelled():
                 return
-            resume = conversation.take_resume()
             if resume is None:
-                turn = pool.submit(send, client, spec, messages, added, policy, rid)
+                turn = pool.submit(send, client, request, messages, added, policy, rid)
             else:
                 cut, how = resume
                 turn = pool.submit(extend, client, spec, messages, cut, how, policy, f"{rid}C")

@@ -1,0 +1,40 @@
+"""A model directory whose tokenizer counts the simulator's output exactly as the simulator does.
+
+:mod:`dflash_tasks.sim.tokenizer` fits the simulator's words to within about 1% (its think markers
+and their newlines are a few tokens more); the budget tests check rows to the token, so they use
+this one: a word-level model over :data:`SIM_PIECES`, one token per simulator token (``<think>\\n``,
+``\\n</think>\\n\\n``, each word with the space or ``. `` before it, the last one with its full
+stop), every other stretch of text one token of its own. A row's tokens are then its prompt's plus
+exactly the completion tokens the simulator reported.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, SPECIAL
+
+SIM_PIECES = r"<think>\n|\n</think>\n\n|(?:\. | )?[A-Za-z]+\.?"
+
+
+def build_exact_model_dir(where: Path, template: str = QWEN3_TEMPLATE, name: str = "exact-qwen3") -> Path:
+    """The model directory ``where/name`` (the tokenizer and ``template``); returns its path."""
+    path = where / name
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(SIM_PIECES), behavior="isolated")
+    tokenizer.add_special_tokens(SPECIAL)
+    tokenizer.save(str(path / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": template,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": "[UNK]",
+        "model_max_length": 1_000_000,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return path
