@@ -102,6 +102,9 @@ class RowPlanner:
         self._stored_key: str | None = None  # the view under which a worker's stored count applies
         self._resolved = False
         self._seen: set[str] = set()
+        #: When a dict (the preflight's small sample): each written row's loss tokens, by sample id
+        #: and turn index (None: a conversation row).
+        self.written_loss: dict[tuple[str, int | None], int] | None = None
 
     @property
     def per_turn(self) -> bool:
@@ -250,6 +253,8 @@ class RowPlanner:
             self.summary.add(c.tokens)
             self.yields.trainable += c.tokens.loss_tokens
             self.yields.lost_to_max_length += c.tokens.lost_to_max_length
+            if self.written_loss is not None:
+                self.written_loss[(c.sample_id, c.turn)] = c.tokens.loss_tokens
         if self.options.keep_failed:
             c.row["error"] = None
         return c.row

@@ -28,11 +28,14 @@ from dflash_tasks.core.quality import (
     evaluate_gates,
     judged,
 )
+from dflash_tasks.core.record import Record
+from dflash_tasks.core.row_planner import RowPlanner
 from dflash_tasks.core.source_quality import SourceTally
 from dflash_tasks.core.trainable import TrainableSummary, TrainableTally
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.core.yields import YieldTally
 from dflash_tasks.monitoring.progress_bar import format_duration
+from dflash_tasks.producer.preflight_budget import BudgetProjection, project_budgets, render_budgets
 from dflash_tasks.producer.preflight_yield import planned_yield, usd_per_million_trainable, what_would_raise
 from dflash_tasks.store import Store
 from dflash_tasks.store.records import read_current
@@ -98,11 +101,19 @@ class PreflightReport:
     source_failures: dict[str, list[str]] = field(default_factory=dict)  # source -> gates its samples fail
     yields: YieldTally | None = None  # the default export's yield on the sample (None without a job)
     layout: str = ""  # the layout that export would write
+    budgets: tuple[BudgetProjection, ...] = ()  # the chosen --max-tokens against the alternatives
 
     def generated_tokens_per_s(self) -> float:
         """Completion tokens/s of the full run at the projected rate."""
         mean = statistics.fmean(self.output_tokens) if self.output_tokens else 0.0
         return self.projected_rate() * mean
+
+    def usd_per_million_generated(self) -> float | None:
+        """A million generated tokens' cost at the projected rate; None without a price or a rate."""
+        rate = self.generated_tokens_per_s()
+        if self.gpu_hour_usd <= 0 or rate <= 0:
+            return None
+        return self.workers * self.gpu_hour_usd / 3600 / rate * 1e6
 
     def usd_per_million_trainable(self) -> float | None:
         if self.yields is None:
@@ -153,6 +164,7 @@ class PreflightReport:
             "layout": self.layout or None,
             "usd_per_million_trainable": _rounded(self.usd_per_million_trainable()),
             "raise_yield": self.low_yield(),
+            "budgets": [b.to_dict(self.usd_per_million_generated()) for b in self.budgets] or None,
         }
 
     def render(self) -> str:
@@ -182,6 +194,7 @@ class PreflightReport:
             if raise_it := self.low_yield():
                 lines.append(f"  low yield: what would raise it ({self.layout} layout)")
                 lines += [f"    - {line}" for line in raise_it]
+            lines += render_budgets(list(self.budgets), self.usd_per_million_generated())
         rate = self.projected_rate()
         if rate > 0:
             eta = self.remaining / rate
@@ -277,7 +290,17 @@ def judge(
         },
         yields=None if plan is None else plan.yields,
         layout="" if plan is None else plan.layout,
+        budgets=_budgets(plan, records, job),
     )
+
+
+def _budgets(
+    plan: RowPlanner | None, records: list[Record], job: JobDefinition | None
+) -> tuple[BudgetProjection, ...]:
+    """The chosen budget against the alternatives, where the sample's loss tokens were counted."""
+    if plan is None or job is None or not plan.counted or plan.written_loss is None:
+        return ()
+    return tuple(project_budgets(records, plan.written_loss, plan.view.max_length, job.spec, plan.yields))
 
 
 def _rounded(value: float | None) -> float | None:

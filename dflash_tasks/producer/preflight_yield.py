@@ -19,8 +19,10 @@ YIELD_TARGET = 0.95  # below this share of generated tokens trained on, the pref
 
 
 def planned_yield(job: JobDefinition, view: TrainerView, records: Iterable[Record]) -> RowPlanner:
-    """The default export's plan of ``records`` (``report`` plans the same): its ``yields``, ``layout``."""
+    """The default export's plan of ``records`` (``report`` plans the same): its ``yields``,
+    ``layout`` and each written row's loss tokens (``written_loss``)."""
     planner = RowPlanner(job, view, ExportOptions())
+    planner.written_loss = {}
     for _ in planner.rows(records):
         pass
     return planner
@@ -38,8 +40,7 @@ def what_would_raise(tally: YieldTally, layout: str) -> list[str]:
             (
                 cut,
                 "thoughts cut at max_tokens short of the trainer's horizon: `enqueue --wait` continues "
-                "them in its repair rounds (continuation); a budget at the horizon (--max-tokens at "
-                "least --train-max-length) cuts none short of it",
+                "them in its repair rounds (continuation); --max-tokens horizon cuts none short of it",
             )
         )
     if tally.counted and tally.untrained > 0:
@@ -53,8 +54,7 @@ def what_would_raise(tally: YieldTally, layout: str) -> list[str]:
         losses.append(
             (
                 tally.lost_to_max_length,
-                "tokens past the trainer's max_length: a --max-tokens budget at the trainer's horizon "
-                "stops paying for them",
+                "tokens past the trainer's max_length: --max-tokens horizon stops paying for them",
             )
         )
     other = {k: v for k, v in tally.dropped.items() if k != "truncated" and v}
