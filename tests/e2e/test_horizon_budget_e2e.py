@@ -98,3 +98,51 @@ def test_every_request_runs_to_the_trainers_horizon_and_not_past_it(procs: Proce
             assert generated_end >= MAX_LENGTH  # the trainer's cut lies inside generated text ...
             assert loss == untruncated - (tokens - MAX_LENGTH)  # ... and its loss runs up to the cut
     assert manifest["yield"]["yield"] >= 0.95
+
+
+def test_the_preflights_projection_of_a_smaller_budget_is_what_that_budget_generates(
+    procs: Processes, tmp_path: Path
+) -> None:
+    """A job at 8,192 projects 4,096 from its preflight sample; the same job run at 4,096 generates
+    and trains exactly that (the simulator answers a prompt the same way every time)."""
+    inp = tmp_path / "convos.jsonl"
+    write_conversations(inp, 24)
+    model_dir = build_sim_model_dir(tmp_path / "models", name="Qwen3-8B")
+    sim = procs.simulator(
+        "--time-scale", "0.0001", "--model-path", str(model_dir), "--served-model-name", MODEL,
+        "--mean-output-tokens", "3000",
+    )  # fmt: skip
+    procs.worker(sim, "gpu0")
+    lenient = ("--max-share", "truncated_by_trainer=1", "--max-share", "truncated=1", "--chunk-size", "8")
+    wide = procs.run(
+        "dflash_tasks.producer.enqueue",
+        *enqueue_args(inp, tmp_path / "wide", "--max-tokens", "8192", "--preflight", "24", *lenient),
+        "--gpu-hour-usd", "3.6", "--wait",
+    )  # fmt: skip
+    assert wide.returncode == 0, wide.stderr
+    preflight = json.loads((tmp_path / "wide" / "preflight.json").read_text())
+    budgets = {b["max_tokens"]: b for b in preflight["budgets"]}
+    assert set(budgets) == {"horizon", 4096, 8192, 32768} and budgets[8192]["chosen"]
+    assert budgets[8192]["generated_tokens"] == preflight["yield"]["generated_tokens"]
+    assert "budget            projected on this sample" in wide.stderr
+    assert "8,192 (chosen)" in wide.stderr and "per million trainable" in wide.stderr
+    projected = budgets[4096]
+    assert not projected["lower_bound"] and projected["generated_tokens"] < budgets[8192]["generated_tokens"]
+    assert budgets[32768]["lower_bound"] == any(
+        t["finish_reason"] == "length" for r in read_records(tmp_path / "wide") for t in r["turns"]
+    )
+
+    narrow = procs.run(
+        "dflash_tasks.producer.enqueue",
+        *enqueue_args(inp, tmp_path / "narrow", "--max-tokens", "4096", "--no-preflight"),
+        "--chunk-size", "8", "--wait",
+    )  # fmt: skip
+    assert narrow.returncode == 0, narrow.stderr
+    report = procs.run("dflash_tasks.report", "--output", str(tmp_path / "narrow"), "--json")
+    got = last_json(report.stdout)["yield"]
+    assert isinstance(got, dict)
+    assert (got["generated_tokens"], got["trainable_tokens"]) == (
+        projected["generated_tokens"],
+        projected["trainable_tokens"],
+    )
+    assert got["yield"] == projected["yield"]
