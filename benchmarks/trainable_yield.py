@@ -9,8 +9,14 @@ three ways and counted under SpecForge's ``qwen3.5`` template at ``max_length`` 
 
 * ``old``: the previous defaults (``--layout conversation --mode validator``, ``max_tokens`` 4,096);
 * ``new``: today's defaults (``--layout auto --mode trainer``: per-turn rows, the horizon rule);
-* ``new_horizon_budget``: today's defaults with each request's budget at the trainer's horizon
-  (``max_length`` less the row's prompt tokens): nothing is generated past what the trainer sees.
+* ``new_horizon_budget``: today's defaults with ``--max-tokens horizon``: each request's budget
+  computed as the worker computes it (:class:`workers.request_budget.HorizonBudget`: ``max_length``
+  less the row's prefix under the trainer's template, plus its closing tokens);
+* ``new_horizon_last_turn``: a variant the worker does not implement, measured for comparison: the
+  horizon for each sample's last turn only, ``max_length`` for the turns before it (whose answers
+  the later turns need: a turn cut at its horizon ends the conversation there);
+* ``new_budget_8192`` and ``new_budget_32768``: today's defaults at those fixed budgets (SpecForge's
+  regeneration recipe uses 32,768), the same samples drawn.
 
 Figures per way: generated tokens, trainable tokens (our count), the yield, the cost per million
 trainable tokens at ``usd_per_m_generated`` (default $1 per million generated tokens), and, where
@@ -26,20 +32,25 @@ import os
 import random
 import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import Benchmark, Figures, Goal, Options, say
+from dflash_tasks.core.budget import HORIZON
 from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefinition, Manifest, output_key
 from dflash_tasks.core.loss_tokens import load_tokenizer
 from dflash_tasks.core.quality import QualitySettings, with_checks
-from dflash_tasks.core.record import Record, encode_records
-from dflash_tasks.core.row_planner import ExportOptions
+from dflash_tasks.core.record import Record, Turn, encode_records
+from dflash_tasks.core.row_planner import ExportOptions, earlier_turns_trained
+from dflash_tasks.core.states import RecordStatus
+from dflash_tasks.core.trainable import counter_for
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.output.export import export
 from dflash_tasks.sim.textgen import _ANSWER_TEXT, _REASONING_TEXT
 from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from dflash_tasks.store import LocalStore
+from workers.request_budget import HorizonBudget
 
 MAX_LENGTH = 4096
 TEMPLATE = "qwen3.5"
@@ -80,29 +91,52 @@ class Generator:
         return reasoning.strip(), content.lstrip("\n"), len(out), "length" if len(out) < len(full) else "stop"
 
 
-def make_records(gen: Generator, samples: int, model: str, horizon_budget: bool) -> list[Record]:
+def horizon_of(model: str, view: TrainerView) -> HorizonBudget:
+    """The worker's per-request budget for this job (the tokenizer, the trainer's template)."""
+    counter, _ = counter_for(replace(view, tokenizer=model), True, None)
+    assert counter is not None
+    return HorizonBudget(counter, not earlier_turns_trained(counter), view.max_length)
+
+
+def make_records(
+    gen: Generator, samples: int, model: str, budget: int | HorizonBudget, last_turn_only: bool = False
+) -> list[Record]:
+    """The job's records, each request cut at ``budget`` (``last_turn_only``: a horizon for the last
+    turn, ``MAX_LENGTH`` before it)."""
     records = []
     for i in range(samples):
         rng = random.Random(i)  # the same samples and lengths for every way
-        turns = []
-        history: list[dict[str, Any]] = []
-        for t in range(rng.choice((2, 3)) if i % 4 == 0 else 1):
+        turns: list[dict[str, Any]] = []
+        history: list[dict[str, Any]] = []  # the request's messages
+        inputs: list[list[dict[str, Any]]] = []
+        answered: list[Turn] = []
+        count = rng.choice((2, 3)) if i % 4 == 0 else 1
+        for t in range(count):
             user = {"role": "user", "content": f"alpha question {i} turn {t}"}
             history.append(user)
-            budget = MAX_LENGTH - gen.prompt_tokens(history) if horizon_budget else MAX_LENGTH
-            reasoning, content, tokens, finish = gen.turn(rng, max(1, budget))
+            inputs.append([user])
+            if isinstance(budget, int):
+                limit = budget
+            else:
+                limit = MAX_LENGTH if last_turn_only and t < count - 1 else budget(inputs, answered)
+            reasoning, content, tokens, finish = gen.turn(rng, limit)
             turns.append(
                 {
                     "input": [user],
                     "reasoning": reasoning,
                     "content": content,
                     "finish_reason": finish,
-                    "usage": {"prompt_tokens": 0, "completion_tokens": tokens, "reasoning_tokens": 0},
+                    "usage": {
+                        "prompt_tokens": gen.prompt_tokens(history),
+                        "completion_tokens": tokens,
+                        "reasoning_tokens": 0,
+                    },
                     "status": "ok",
                 }
             )
             if finish == "length":
                 break
+            answered.append(Turn(input=(user,), reasoning=reasoning, content=content, status=RecordStatus.OK))
             history.append({"role": "assistant", "content": content})
         doc = {"id": f"s{i}", "user_turns": len(turns), "turns": turns, "status": "ok"}
         doc["server"] = {"model_path": model}
@@ -148,10 +182,15 @@ def specforge_total(rows_path: Path, model: str, last_turn_only: bool, tmp: Path
     return sum(sums)
 
 
-WAYS = {
-    "old": (ExportOptions(layout="conversation", mode="validator"), False),
-    "new": (ExportOptions(), False),
-    "new_horizon_budget": (ExportOptions(), True),
+LAST_TURN = "horizon for the last turn"
+#: Each way: the export's options and the budget (tokens, "horizon", or :data:`LAST_TURN`).
+WAYS: dict[str, tuple[ExportOptions, int | str]] = {
+    "old": (ExportOptions(layout="conversation", mode="validator"), MAX_LENGTH),
+    "new": (ExportOptions(), MAX_LENGTH),
+    "new_horizon_budget": (ExportOptions(), HORIZON),
+    "new_horizon_last_turn": (ExportOptions(), LAST_TURN),
+    "new_budget_8192": (ExportOptions(), 8192),
+    "new_budget_32768": (ExportOptions(), 32768),
 }
 
 
@@ -166,13 +205,15 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         model = str(build_model_dir(tmp, QWEN3_TEMPLATE))
         gen = Generator(model, opts.get("mean_tokens", 2000))
         view = TrainerView(max_length=MAX_LENGTH, template=TEMPLATE)
-        made: dict[bool, Path] = {}
-        for way, (options, horizon_budget) in WAYS.items():
-            if horizon_budget not in made:
-                made[horizon_budget] = tmp / f"job-{horizon_budget}"
-                write_job(made[horizon_budget], make_records(gen, samples, model, horizon_budget))
+        made: dict[int | str, Path] = {}
+        for way, (options, budget) in WAYS.items():
+            if budget not in made:
+                made[budget] = tmp / f"job-{way}"
+                horizon = budget in (HORIZON, LAST_TURN)
+                per_request = horizon_of(model, view) if horizon else int(budget)
+                write_job(made[budget], make_records(gen, samples, model, per_request, budget == LAST_TURN))
             out = tmp / f"{way}.jsonl"
-            doc = export(str(made[horizon_budget]), out, "jsonl", options, view)
+            doc = export(str(made[budget]), out, "jsonl", options, view)
             y = doc["yield"]
             ratio = y["yield"] or 0.0
             figures[f"{way}_generated_tokens"] = float(y["generated_tokens"])
