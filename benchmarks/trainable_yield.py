@@ -10,7 +10,7 @@ three ways and counted under SpecForge's ``qwen3.5`` template at ``max_length`` 
 * ``old``: the previous defaults (``--layout conversation --mode validator``, ``max_tokens`` 4,096);
 * ``new``: today's defaults (``--layout auto --mode trainer``: per-turn rows, the horizon rule);
 * ``new_horizon_budget``: today's defaults with ``--max-tokens horizon``: each request's budget
-  computed as the worker computes it (:class:`workers.request_budget.HorizonBudget`: ``max_length``
+  computed as the worker computes it (:class:`workers.generate.request_budget.HorizonBudget`: ``max_length``
   less the row's prefix under the trainer's template, plus its closing tokens);
 * ``new_horizon_last_turn``: a variant the worker does not implement, measured for comparison: the
   horizon for each sample's last turn only, ``max_length`` for the turns before it (whose answers
@@ -50,7 +50,7 @@ from dflash_tasks.output.export import export
 from dflash_tasks.sim.textgen import _ANSWER_TEXT, _REASONING_TEXT
 from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from dflash_tasks.store import LocalStore
-from workers.request_budget import HorizonBudget
+from workers.generate.request_budget import HorizonBudget
 
 MAX_LENGTH = 4096
 TEMPLATE = "qwen3.5"
