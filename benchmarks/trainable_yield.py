@@ -42,9 +42,9 @@ from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefi
 from dflash_tasks.core.loss_tokens import load_tokenizer
 from dflash_tasks.core.quality import QualitySettings, with_checks
 from dflash_tasks.core.record import Record, Turn, encode_records
-from dflash_tasks.core.row_planner import ExportOptions, earlier_turns_trained
+from dflash_tasks.core.row_planner import ExportOptions
 from dflash_tasks.core.states import RecordStatus
-from dflash_tasks.core.trainable import counter_for
+from dflash_tasks.core.trainable import counter_for, earlier_turns_trained
 from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.output.export import export
 from dflash_tasks.sim.textgen import _ANSWER_TEXT, _REASONING_TEXT

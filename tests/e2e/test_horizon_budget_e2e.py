@@ -107,7 +107,7 @@ def test_the_preflights_projection_of_a_smaller_budget_is_what_that_budget_gener
     and trains exactly that (the simulator answers a prompt the same way every time)."""
     inp = tmp_path / "convos.jsonl"
     write_conversations(inp, 24)
-    model_dir = build_sim_model_dir(tmp_path / "models", name="Qwen3-8B")
+    model_dir = build_exact_model_dir(tmp_path / "models", name="Qwen3-8B")
     sim = procs.simulator(
         "--time-scale", "0.0001", "--model-path", str(model_dir), "--served-model-name", MODEL,
         "--mean-output-tokens", "3000",
