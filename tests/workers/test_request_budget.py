@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workers.loss_counting import LossCountCache
 
 from dflash_tasks.core.job import GenerationSpec, JobDefinition
 from dflash_tasks.core.loss_tokens import load_tokenizer
 from dflash_tasks.core.trainer_view import TrainerView
 from tests.core.test_record import turn
 from tests.exact_tokenizer import build_exact_model_dir
+from workers.checks.loss_counting import LossCountCache
 from workers.generate.request_budget import request_budget
 from workers.sglang_client import ServerIdentity
 
