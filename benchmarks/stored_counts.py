@@ -84,7 +84,7 @@ def _timed(*argv: str) -> tuple[float, float, str]:
         seconds = time.monotonic() - started
         out.seek(0)
         text = out.read().decode()
-    check(proc.returncode == 0, f"{' '.join(argv)} exited {proc.returncode}")
+    check(proc.returncode == 0, f"{' '.join(argv)} exited {proc.returncode}: {text[-2000:]}")
     return seconds, peak_kib / 1024, text
 
 
@@ -103,7 +103,7 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         model = str(build_model_dir(tmp / "model", QWEN3_TEMPLATE))
         gen = Generator(model, opts.get("mean_tokens", 300))
         job = _job(samples)
-        plain = make_records(gen, distinct_n, model, False)
+        plain = make_records(gen, distinct_n, model, MAX_LENGTH)  # the default budget
         started = time.monotonic()
         distinct = RecordCounter(job, model).counted(plain)
         figures["count_ms_per_record"] = (time.monotonic() - started) * 1000 / distinct_n
@@ -119,6 +119,7 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         _write(small_stored, job, distinct, distinct_n)
         s_plain, _, recount = _export_yield(small_plain, tmp / "plain.jsonl")
         s_stored, _, stored = _export_yield(small_stored, tmp / "stored.jsonl")
+        check(stored["yield"]["yield"] is not None, f"the export counted no yield: {stored['yield']}")
         check(recount["yield"] == stored["yield"], f"stored {stored['yield']} != recount {recount['yield']}")
         figures.update(
             recount_export_s=s_plain, stored_export_s=s_stored, small_yield=stored["yield"]["yield"]
