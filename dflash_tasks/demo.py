@@ -34,7 +34,8 @@ from types import FrameType
 from typing import Any
 
 from dflash_tasks.core.errors import DflashError, RetryableError
-from dflash_tasks.core.settings import MonitorSettings, redact_url
+from dflash_tasks.core.setting_values import redact_url
+from dflash_tasks.core.settings import MonitorSettings
 from dflash_tasks.monitoring.live_yield import describe_yield
 from dflash_tasks.producer.inputs import InvalidLine
 from dflash_tasks.producer.mix import read_input

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from dflash_tasks.core import settings as settings_module
-from dflash_tasks.core.settings import ENV_PREFIX, ROLES, CommonSettings
+from dflash_tasks.core.setting_values import ENV_PREFIX
+from dflash_tasks.core.settings import ROLES, CommonSettings
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = REPO / "docs" / "configuration.md"

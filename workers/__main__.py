@@ -16,14 +16,8 @@ from celery import bootsteps, signals
 
 from dflash_tasks.coord.celery_app import app, configure
 from dflash_tasks.core.errors import ConfigError
-from dflash_tasks.core.settings import (
-    DEFAULT_INFLIGHT_CEILING,
-    DEFAULT_MAX_INFLIGHT,
-    WorkerSettings,
-    inflight_overrides,
-    parse_inflight,
-    redact_url,
-)
+from dflash_tasks.core.setting_values import inflight_overrides, parse_inflight, redact_url
+from dflash_tasks.core.settings import DEFAULT_INFLIGHT_CEILING, DEFAULT_MAX_INFLIGHT, WorkerSettings
 from workers.runtime import WorkerRuntime
 
 

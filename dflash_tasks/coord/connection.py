@@ -14,7 +14,7 @@ import redis
 from kombu.exceptions import OperationalError
 
 from dflash_tasks.core.errors import ConfigError, RetryableError
-from dflash_tasks.core.settings import redact_url
+from dflash_tasks.core.setting_values import redact_url
 
 
 def connect(

@@ -22,29 +22,32 @@ its own fields (:meth:`CommonSettings.validate` runs every class's checks, base 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self
 
-from dflash_tasks.core.budget import DEFAULT_MAX_TOKENS, parse_max_tokens
+from dflash_tasks.core.budget import DEFAULT_MAX_TOKENS
 from dflash_tasks.core.errors import ConfigError
-from dflash_tasks.core.repetition import RepetitionSettings
+from dflash_tasks.core.setting_values import (
+    ECHO_LOGS,
+    check_at_least,
+    check_max_tokens,
+    check_names,
+    check_positive,
+    check_repetition,
+    is_user_password,
+    parse_value,
+    redact_url,
+    variables_of,
+)
 
-ENV_PREFIX = "DFLASH_"
 #: Requests a worker keeps in flight against its server: the worker's and the node launcher's
 #: default (SGLang resets an unset running-request cap to 48 under speculative decoding).
 DEFAULT_MAX_INFLIGHT = 48
 #: The tuner's ceiling, and the running-request cap the node launcher gives its servers under
 #: ``--max-inflight auto``: far above 48, below where a 27B model's KV cache binds on one B200.
 DEFAULT_INFLIGHT_CEILING = 256
-
-
-def _is_user_password(value: str) -> bool:
-    user, sep, password = value.partition(":")
-    return bool(user and sep and password)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,31 +90,23 @@ class CommonSettings:
         Only this class's fields are read. An override this class has no field for raises
         :class:`ConfigError` naming it.
         """
-        _check_names(cls, overrides)
-        source = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        tune = False
-        for field in fields(cls):
-            raw = source.get(ENV_PREFIX + field.name.upper())
-            if raw is None or raw == "":
-                continue
-            if field.name == "max_inflight" and raw.strip().lower() == AUTO_INFLIGHT:
-                tune = True  # DFLASH_MAX_INFLIGHT=auto means what --max-inflight auto means
-                continue
-            if field.name == "max_tokens":  # a number or "horizon", as --max-tokens takes
-                values[field.name] = _max_tokens(raw)
-                continue
-            values[field.name] = _coerce(field.name, field.type, raw)
-        if tune:
-            values.update(inflight_overrides(AUTO_INFLIGHT))
+        check_names(cls, overrides)
+        values = variables_of(fields(cls), os.environ if env is None else env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
         settings.validate()
         return settings
 
+    @classmethod
+    def parse(cls, name: str, raw: str) -> Any:
+        """Setting ``name``'s value written as ``raw`` (on a flag), parsed as its variable is: a
+        flag and its variable accept the same values."""
+        kinds = {f.name: f.type for f in fields(cls)}
+        return parse_value(name, kinds[name], raw, named=False)
+
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` applied and validated."""
-        _check_names(type(self), changes)
+        check_names(type(self), changes)
         settings = dataclasses.replace(self, **changes)
         settings.validate()
         return settings
@@ -128,8 +123,7 @@ class CommonSettings:
     def _check_own(self) -> None:
         if not self.queue or any(c in self.queue for c in ", \t\n"):
             raise ConfigError(f"queue must be a name without commas or spaces, got {self.queue!r}")
-        if not self.lease_seconds > 0:
-            raise ConfigError(f"lease_seconds must be > 0, got {self.lease_seconds}")
+        check_positive(self, "lease_seconds")
         if self.visibility_timeout <= self.lease_seconds:
             raise ConfigError("visibility_timeout must exceed lease_seconds")
         if not self.broker_url.startswith(("redis://", "rediss://", "unix://")):
@@ -154,10 +148,8 @@ class ProgressSettings(CommonSettings):
     gpu_hour_usd: float = 0.0
 
     def _check_own(self) -> None:
-        if not self.progress_seconds > 0:
-            raise ConfigError(f"progress_seconds must be > 0, got {self.progress_seconds}")
-        if not self.gpu_hour_usd >= 0:
-            raise ConfigError(f"gpu_hour_usd must be >= 0, got {self.gpu_hour_usd}")
+        check_positive(self, "progress_seconds")
+        check_at_least(self, 0, "gpu_hour_usd")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,28 +168,22 @@ class ProducerSettings(ProgressSettings):
     #: A new job's loop detection (``--repetition``, which wins): ``off``, ``on``, or
     #: ``min_chars=N,min_repeats=N,max_period=N`` (docs/quality.md, "Loops"); empty: the defaults.
     repetition: str = ""
-
     # --- a new job's spec ---
     #: Completion budget of each request of a new job (``--max-tokens``): a number of tokens, or
     #: ``horizon``: each request's budget is the trainer's ``max_length`` less its row's prefix
     #: (docs/quality.md, "The budget").
     max_tokens: int | str = DEFAULT_MAX_TOKENS
+    # --- waiting ---
+    #: How often ``enqueue --wait`` re-plans the job from the store (s), re-queueing lost chunks.
+    wait_replan_seconds: float = 60.0
+    #: How long ``enqueue`` waits for the preflight sample to be generated (s).
+    preflight_timeout_seconds: float = 3600.0
 
     def _check_own(self) -> None:
-        try:
-            parsed = parse_max_tokens(self.max_tokens)
-        except ConfigError as exc:
-            raise ConfigError(f"max_tokens: {exc}") from None
-        if parsed != self.max_tokens:
-            raise ConfigError(f"max_tokens must be an int or {parsed!r}, got {self.max_tokens!r}")
-        if self.repair_rounds < 0:
-            raise ConfigError(f"repair_rounds must be >= 0, got {self.repair_rounds}")
-        if not self.repair_spacing_seconds >= 0:
-            raise ConfigError(f"repair_spacing_seconds must be >= 0, got {self.repair_spacing_seconds}")
-        try:
-            RepetitionSettings.parse(self.repetition)
-        except ValueError as exc:
-            raise ConfigError(f"{ENV_PREFIX}REPETITION={self.repetition!r}: {exc}") from None
+        check_max_tokens(self.max_tokens)
+        check_at_least(self, 0, "repair_rounds", "repair_spacing_seconds")
+        check_repetition(self.repetition)
+        check_positive(self, "wait_replan_seconds", "preflight_timeout_seconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,14 +200,21 @@ class MonitorSettings(ProgressSettings):
     # --- Flower ---
     #: Password of ``python -m dflash_tasks.flower`` (user ``admin``); empty: one is generated.
     flower_password: str = dataclasses.field(default="", repr=False)
+    #: Tasks Flower keeps in memory.
+    flower_max_tasks: int = 20_000
+    #: Flower forgets a worker offline this long (s).
+    flower_purge_offline_seconds: int = 600
 
     # --- the job's page ---
     #: ``user:password`` of ``python -m dflash_tasks.page`` (HTTP basic auth); empty: user
     #: ``admin`` and a password generated and printed at start.
     page_basic_auth: str = dataclasses.field(default="", repr=False)
+    #: How often the job's page computes the progress for its throughput plot (s).
+    page_refresh_seconds: float = 10.0
 
     def _check_own(self) -> None:
-        if self.page_basic_auth and not _is_user_password(self.page_basic_auth):
+        check_positive(self, "flower_max_tasks", "flower_purge_offline_seconds", "page_refresh_seconds")
+        if self.page_basic_auth and not is_user_password(self.page_basic_auth):
             raise ConfigError("page_basic_auth must be 'user:password', both non-empty")
 
 
@@ -297,34 +290,22 @@ class WorkerSettings(ProgressSettings):
     metrics_address: str = "127.0.0.1"
 
     def _check_own(self) -> None:
-        if self.max_inflight < 1:
-            raise ConfigError(f"max_inflight must be >= 1, got {self.max_inflight}")
-        if self.max_chunks < 1:
-            raise ConfigError(f"max_chunks must be >= 1, got {self.max_chunks}")
+        check_at_least(self, 1, "max_inflight", "max_chunks", "request_attempts")
         if not 1 <= self.inflight_floor <= self.inflight_ceiling:
             raise ConfigError(
                 f"inflight_floor ({self.inflight_floor}) must be in "
                 f"1..inflight_ceiling ({self.inflight_ceiling})"
             )
-        if not (self.tune_window_seconds > 0 and self.tune_sample_seconds > 0):
-            raise ConfigError("tune_window_seconds and tune_sample_seconds must be > 0")
-        if self.request_attempts < 1:
-            raise ConfigError(f"request_attempts must be >= 1, got {self.request_attempts}")
         if self.heartbeat_seconds <= 0 or self.lease_seconds <= self.heartbeat_seconds:
             raise ConfigError(
                 f"lease_seconds ({self.lease_seconds}) must exceed "
                 f"heartbeat_seconds ({self.heartbeat_seconds})"
             )
-        positive = ("request_timeout", "reconcile_seconds", "replan_seconds", "health_poll_seconds")
-        for name in (*positive, "identity_seconds"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        if not (self.retry_backoff >= 0 and self.retry_backoff_max >= 0):
-            raise ConfigError("retry_backoff and retry_backoff_max must be >= 0")
-        if not self.requeue_backoff >= 0:
-            raise ConfigError(f"requeue_backoff must be >= 0, got {self.requeue_backoff}")
-        if not self.store_retry_seconds >= 0:
-            raise ConfigError(f"store_retry_seconds must be >= 0, got {self.store_retry_seconds}")
+        check_positive(self, "tune_window_seconds", "tune_sample_seconds", "request_timeout")
+        check_positive(self, "reconcile_seconds", "replan_seconds", "health_poll_seconds", "identity_seconds")
+        check_at_least(
+            self, 0, "retry_backoff", "retry_backoff_max", "requeue_backoff", "store_retry_seconds"
+        )
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be 0 (off) or a TCP port, got {self.metrics_port}")
 
@@ -360,10 +341,46 @@ class NodeSettings(WorkerSettings):
     log_dir: str = "logs"
     #: Extra SGLang flags, shell-quoted, appended to every server's command line (``--sglang-arg``).
     sglang_args: str = ""
+    #: Interpreter with sglang installed that runs the servers (``--sglang-python``); empty: the node's.
+    sglang_python: str = ""
+    #: An EAGLE3 draft model for every server, for a model without MTP layers (``--draft-model``).
+    draft_model: str = ""
+    #: Which logs the node copies to its stdout, prefixed: ``all``, ``workers`` or ``none`` (``--echo``).
+    echo_logs: str = "all"
+    #: The node's Prometheus targets (servers and workers) go to this file_sd JSON file; empty:
+    #: ``<log_dir>/prometheus-targets.json``; ``none``: not written (``--scrape-targets``).
+    scrape_targets: str = ""
+    #: Host Prometheus reaches the targets at; empty: ``metrics_address``, or this machine's name
+    #: when that is ``0.0.0.0`` (``--scrape-host``).
+    scrape_host: str = ""
+    # --- the node's supervisor ---
+    #: Time between health probes of a server (s); 1 s at most while a server starts.
+    health_interval_seconds: float = 5.0
+    #: A server not healthy this long after it started is killed and restarted (s).
+    server_start_timeout_seconds: float = 1800.0
+    #: A server unhealthy this long is killed and restarted (s).
+    hang_restart_seconds: float = 600.0
+    #: On stop, how long running chunks get to finish before the workers are killed (s).
+    worker_stop_timeout_seconds: float = 600.0
+    #: On stop, time from a server's SIGTERM to its SIGKILL (s).
+    server_stop_timeout_seconds: float = 60.0
+    #: First delay before a dead server or worker is restarted (s); doubles per failure in a row,
+    #: up to 60 s (or this delay, if longer).
+    restart_delay_seconds: float = 1.0
+    #: Failures in a row after which a GPU is given up.
+    max_failures: int = 5
 
     def _check_own(self) -> None:
         if not 1 <= self.port_base <= 65535:
             raise ConfigError(f"port_base must be a TCP port (1-65535), got {self.port_base}")
+        if self.echo_logs not in ECHO_LOGS:
+            raise ConfigError(f"echo_logs must be one of {', '.join(ECHO_LOGS)}, got {self.echo_logs!r}")
+        check_at_least(self, 1, "max_failures")
+        check_at_least(self, 0, "restart_delay_seconds")
+        check_positive(
+            self, "health_interval_seconds", "server_start_timeout_seconds", "hang_restart_seconds"
+        )
+        check_positive(self, "worker_stop_timeout_seconds", "server_stop_timeout_seconds")
 
 
 #: The classes a process loads, one per kind of process (``ProgressSettings`` is only a base).
@@ -374,79 +391,3 @@ ROLES: tuple[type[CommonSettings], ...] = (
     WorkerSettings,
     NodeSettings,
 )
-
-
-def _check_names(cls: type[CommonSettings], given: Mapping[str, Any]) -> None:
-    known = {f.name for f in fields(cls)}
-    unknown = [name for name in given if name not in known]
-    if unknown:
-        raise ConfigError(f"{cls.__name__} has no setting {', '.join(map(repr, unknown))}")
-
-
-def _coerce(name: str, kind: Any, raw: str) -> Any:
-    kind_name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
-    try:
-        if kind_name == "int":
-            return int(raw)
-        if kind_name == "float":
-            value = float(raw)
-            if not math.isfinite(value):
-                raise ValueError(raw)
-            return value
-        if kind_name == "bool":
-            if raw.lower() in {"1", "true", "yes", "on"}:
-                return True
-            if raw.lower() in {"0", "false", "no", "off"}:
-                return False
-            raise ValueError(raw)
-    except ValueError:
-        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind_name}") from None
-    return raw
-
-
-def _max_tokens(raw: str) -> int | str:
-    try:
-        return parse_max_tokens(raw)
-    except ConfigError as exc:
-        raise ConfigError(f"{ENV_PREFIX}MAX_TOKENS={raw!r}: {exc}") from None
-
-
-#: ``--max-inflight auto``: the worker tunes its target (``tune_inflight``).
-AUTO_INFLIGHT = "auto"
-
-
-def parse_inflight(text: str) -> int | str:
-    """A ``--max-inflight`` value: a number of requests, or ``auto``; raises ``ValueError`` otherwise
-    (argparse shows its message)."""
-    if text.strip().lower() == AUTO_INFLIGHT:
-        return AUTO_INFLIGHT
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"expected a number of requests or {AUTO_INFLIGHT!r}, got {text!r}") from None
-
-
-def inflight_overrides(value: int | str | None) -> dict[str, Any]:
-    """The settings a ``--max-inflight`` value sets: a number pins the target (whatever
-    ``DFLASH_TUNE_INFLIGHT`` says), ``auto`` turns the tuner on, None leaves both to the environment."""
-    if value is None:
-        return {}
-    if value == AUTO_INFLIGHT:
-        return {"tune_inflight": True}
-    return {"max_inflight": value, "tune_inflight": False}
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password (userinfo or ``?password=``) replaced by ``***``, for logs and messages."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    if "@" in rest:
-        creds, _, host = rest.rpartition("@")
-        user = creds.split(":", 1)[0]
-        rest = f"{user}:***@{host}" if ":" in creds else f"{creds}@{host}"
-    rest = _QUERY_PASSWORD.sub(r"\1***", rest)
-    return f"{scheme}://{rest}" if sep else rest
-
-
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)

@@ -19,7 +19,8 @@ import secrets
 import sys
 
 from dflash_tasks.core.errors import ConfigError
-from dflash_tasks.core.settings import MonitorSettings, redact_url
+from dflash_tasks.core.setting_values import redact_url
+from dflash_tasks.core.settings import MonitorSettings
 
 FLOWER_USER = "admin"
 

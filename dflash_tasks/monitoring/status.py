@@ -20,7 +20,8 @@ from rich.live import Live
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.core.errors import DflashError
-from dflash_tasks.core.settings import CommonSettings, MonitorSettings, redact_url
+from dflash_tasks.core.setting_values import redact_url
+from dflash_tasks.core.settings import CommonSettings, MonitorSettings
 from dflash_tasks.monitoring.progress import compute_progress
 from dflash_tasks.monitoring.status_view import render, render_table
 from dflash_tasks.store import open_store

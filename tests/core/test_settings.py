@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.setting_values import inflight_overrides, parse_inflight, redact_url
 from dflash_tasks.core.settings import (
     DEFAULT_MAX_INFLIGHT,
     ROLES,
@@ -18,9 +19,6 @@ from dflash_tasks.core.settings import (
     ProducerSettings,
     ProgressSettings,
     WorkerSettings,
-    inflight_overrides,
-    parse_inflight,
-    redact_url,
 )
 
 ALL_CLASSES = (*ROLES, ProgressSettings)
@@ -89,6 +87,8 @@ def changed_value(field: dataclasses.Field[Any]) -> Any:
         return "watcher:s3cret"  # user:password
     if field.name == "repetition":
         return "min_chars=2000"
+    if field.name == "echo_logs":
+        return "workers"  # one of all, workers, none
     return f"{default}9"  # keeps redis:// URLs valid
 
 
@@ -325,14 +325,21 @@ def test_each_role_has_the_fields_its_processes_read() -> None:
     progress = common | {"progress_seconds", "gpu_hour_usd"}
     assert names(CommonSettings) == common
     producer = {"repair_rounds", "repair_spacing_seconds", "repetition", "max_tokens"}
+    producer |= {"wait_replan_seconds", "preflight_timeout_seconds"}
     assert names(ProducerSettings) == progress | producer
     assert not names(WorkerSettings) & producer
-    assert names(MonitorSettings) == progress | {"flower_password", "page_basic_auth"}
+    monitor = {"flower_password", "flower_max_tasks", "flower_purge_offline_seconds"}
+    monitor |= {"page_basic_auth", "page_refresh_seconds"}
+    assert names(MonitorSettings) == progress | monitor
     worker = names(WorkerSettings)
-    assert progress < worker and not worker & {"flower_password", "page_basic_auth"}
+    assert progress < worker and not worker & monitor
     assert {"endpoint", "max_inflight", "heartbeat_seconds", "metrics_port"} <= worker
-    assert not worker & {"gpus", "model_path", "port_base", "log_dir", "sglang_args"}
-    assert names(NodeSettings) == worker | {"gpus", "model_path", "port_base", "log_dir", "sglang_args"}
+    node = {"gpus", "model_path", "port_base", "log_dir", "sglang_args", "sglang_python", "draft_model"}
+    node |= {"echo_logs", "scrape_targets", "scrape_host", "max_failures", "restart_delay_seconds"}
+    node |= {"health_interval_seconds", "server_start_timeout_seconds", "hang_restart_seconds"}
+    node |= {"worker_stop_timeout_seconds", "server_stop_timeout_seconds"}
+    assert not worker & node
+    assert names(NodeSettings) == worker | node
 
 
 def test_a_role_reads_only_its_own_variables_from_the_environment() -> None:

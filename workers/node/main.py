@@ -26,14 +26,8 @@ from types import FrameType
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError, DflashError
-from dflash_tasks.core.settings import (
-    DEFAULT_INFLIGHT_CEILING,
-    DEFAULT_MAX_INFLIGHT,
-    NodeSettings,
-    inflight_overrides,
-    parse_inflight,
-    redact_url,
-)
+from dflash_tasks.core.setting_values import inflight_overrides, parse_inflight, redact_url
+from dflash_tasks.core.settings import DEFAULT_INFLIGHT_CEILING, DEFAULT_MAX_INFLIGHT, NodeSettings
 from workers.node.launch import (
     NodeOptions,
     inflight_summary,
