@@ -1,7 +1,7 @@
 """The layout's rules, checked on the code: lower layers never import higher ones, no import cycles,
 only ``dflash_tasks.coord`` talks to Redis (imports redis or kombu).
 
-Layers, lowest first (docs/architecture.md): core, sim | store | coord | monitoring | producer |
+Layers, lowest first (docs/architecture.md): core, sim | store, cli | coord | monitoring | producer |
 output | workers, and on top the entry-point modules (``dflash_tasks/<command>.py``, ``demo``).
 """
 
@@ -17,6 +17,7 @@ LAYERS = {
     "dflash_tasks.core": 0,
     "dflash_tasks.sim": 0,
     "dflash_tasks.store": 1,
+    "dflash_tasks.cli": 1,
     "dflash_tasks.coord": 2,
     "dflash_tasks.monitoring": 3,
     "dflash_tasks.producer": 4,

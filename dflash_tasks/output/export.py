@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from dflash_tasks.cli.trainer_flags import add_trainer_flags, view_from_args
 from dflash_tasks.core.errors import ConfigError, DflashError, StoreError
 from dflash_tasks.core.export_rows import DEFAULT_DROPS, LAYOUTS, MODES
 from dflash_tasks.core.quality import CHECKS
@@ -50,7 +51,7 @@ from dflash_tasks.core.repair import Superseded
 from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
 from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.trainer_rules import REASONS
-from dflash_tasks.core.trainer_view import TrainerView, add_trainer_flags, view_from_args
+from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
 from dflash_tasks.store.records import iter_records

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_tasks.cli.trainer_flags import add_trainer_flags, view_from_args
 from dflash_tasks.core.distribution import describe, describe_floats
 from dflash_tasks.core.errors import DflashError, StoreError
 from dflash_tasks.core.job import JobDefinition
@@ -40,7 +41,7 @@ from dflash_tasks.core.settings import CommonSettings
 from dflash_tasks.core.source_quality import SOURCES_KEY, SourceTally, render_sources
 from dflash_tasks.core.spec_stats import pooled_accept_length, spec_counts
 from dflash_tasks.core.trainable import TRAINABLE_KEY, TrainableSummary, trainable_doc
-from dflash_tasks.core.trainer_view import TrainerView, add_trainer_flags, view_from_args
+from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.core.yields import YieldTally
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest

@@ -7,10 +7,11 @@ import json
 
 import pytest
 
+from dflash_tasks.cli.trainer_flags import add_trainer_flags, view_from_args
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.job import GenerationSpec, JobDefinition
 from dflash_tasks.core.quality import QualitySettings
-from dflash_tasks.core.trainer_view import TrainerView, add_trainer_flags, view_from_args
+from dflash_tasks.core.trainer_view import TrainerView
 
 
 def parse(*argv: str) -> argparse.Namespace:

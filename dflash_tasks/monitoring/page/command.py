@@ -16,9 +16,9 @@ import sys
 import tornado.httpserver
 import tornado.ioloop
 
+from dflash_tasks.cli.trainer_flags import add_trainer_flags, view_from_args
 from dflash_tasks.core.errors import ConfigError, DflashError
 from dflash_tasks.core.settings import MonitorSettings
-from dflash_tasks.core.trainer_view import add_trainer_flags, view_from_args
 from dflash_tasks.monitoring.flower import is_loopback
 from dflash_tasks.monitoring.page.auth import Credentials
 from dflash_tasks.monitoring.page.server import make_app
