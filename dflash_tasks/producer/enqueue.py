@@ -22,6 +22,7 @@ from typing import Any
 
 from celery import Celery
 
+from dflash_tasks.cli.trainer_flags import view_from_args
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.planner import Plan, plan_job, queue_missing
 from dflash_tasks.coord.routing import model_queue
@@ -38,7 +39,6 @@ from dflash_tasks.core.loss_tokens import load_tokenizer
 from dflash_tasks.core.settings import CommonSettings, ProducerSettings, WorkerSettings
 from dflash_tasks.core.states import JobState
 from dflash_tasks.core.trainable import TRAINABLE_KEY, trainable_doc
-from dflash_tasks.core.trainer_view import view_from_args
 from dflash_tasks.monitoring.fleet import capacity, live_fleet
 from dflash_tasks.monitoring.progress_writer import record_gpu_price
 from dflash_tasks.producer.enqueue_args import (

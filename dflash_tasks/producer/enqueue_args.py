@@ -6,13 +6,14 @@ import argparse
 import dataclasses
 from typing import Any
 
+from dflash_tasks.cli.trainer_flags import add_trainer_flags
 from dflash_tasks.core.budget import FIXED, HORIZON, parse_max_tokens
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.job import HISTORY_REASONING, TURNS_MODES, GenerationSpec
 from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.quality import GATES, QualitySettings
 from dflash_tasks.core.repetition import SPEC_HELP, RepetitionSettings
-from dflash_tasks.core.trainer_view import DEFAULT_TRAIN_MAX_LENGTH, add_trainer_flags
+from dflash_tasks.core.trainer_view import DEFAULT_TRAIN_MAX_LENGTH
 from dflash_tasks.producer.prompt_row import ColumnMap
 
 DESCRIPTION = "stage a prompt file and queue one task per chunk"
