@@ -169,3 +169,9 @@ def setting_values(role: type[CommonSettings], args: argparse.Namespace) -> dict
 def load_settings(role: type[Role], args: argparse.Namespace) -> Role:
     """``role``'s settings: ``DFLASH_*`` variables, with the flags ``args`` gives on top."""
     return role.load(**setting_values(role, args))
+
+
+def job_flags() -> list[argparse.ArgumentParser]:
+    """The flags that find a job and its live figures: its store, Redis and the price (``status``
+    and the job's page read the same sources)."""
+    return [store_flags(), broker_flags(), price_flag()]

@@ -43,9 +43,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from dflash_tasks.cli.commands import prog
+from dflash_tasks.cli.flags import json_flag, load_settings, store_flags
 from dflash_tasks.cli.trainer_flags import add_trainer_flags, view_from_args
 from dflash_tasks.core.errors import ConfigError, DflashError, StoreError
+from dflash_tasks.core.exit_codes import ExitCode
 from dflash_tasks.core.export_rows import DEFAULT_DROPS, LAYOUTS, MODES
+from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.quality import CHECKS
 from dflash_tasks.core.repair import Superseded
 from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
@@ -114,12 +118,17 @@ def write_parquet(
 
 
 def export(
-    output: str, to: Path, fmt: str, options: ExportOptions, trainer: TrainerView | None = None
+    output: str,
+    to: Path,
+    fmt: str,
+    options: ExportOptions,
+    trainer: TrainerView | None = None,
+    settings: CommonSettings | None = None,
 ) -> dict[str, Any]:
     """Write the export and its manifest; returns the manifest.
 
     ``trainer`` overrides the job's trainer view for the loss-token count."""
-    store = open_store(output, CommonSettings.load())
+    store = open_store(output, settings or CommonSettings.load())
     job, manifest = load_job(store), load_manifest(store)
     if job is None or manifest is None:
         raise StoreError(f"{output} holds no staged job")
@@ -145,7 +154,26 @@ def export(
         write_jsonl(counts.left_out, dropped_path)
     elif dropped_path.exists():
         dropped_path.unlink()  # from an earlier export to the same path
-    doc = {
+    doc = manifest_doc(job, output, to, fmt, options, planner, missing, manifest.samples)
+    manifest_path = to.with_name(to.name + ".manifest.json")
+    manifest_path.write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def manifest_doc(
+    job: JobDefinition,
+    output: str,
+    to: Path,
+    fmt: str,
+    options: ExportOptions,
+    planner: RowPlanner,
+    missing: list[int],
+    samples: int,
+) -> dict[str, Any]:
+    """The export's manifest (``<file>.manifest.json``): what was written, left out and why."""
+    counts, view = planner.counts, planner.view
+    dropped_path = to.with_name(to.name + ".dropped.jsonl")
+    return {
         "job_id": job.job_id,
         "source": output,
         "file": to.name,
@@ -177,17 +205,14 @@ def export(
         },
         "complete": not missing,
         "chunks_missing": len(missing),
-        "samples_in_job": manifest.samples,
+        "samples_in_job": samples,
         "sources": planner.per_source(),
         "spec": json.loads(job.to_json()),
     }
-    manifest_path = to.with_name(to.name + ".manifest.json")
-    manifest_path.write_text(json.dumps(doc, indent=2) + "\n")
-    return doc
 
 
-def _recorded_view(output: str) -> TrainerView:
-    job = load_job(open_store(output, CommonSettings.load()))
+def _recorded_view(output: str, settings: CommonSettings) -> TrainerView:
+    job = load_job(open_store(output, settings))
     return job.trainer if job is not None else TrainerView()
 
 
@@ -199,9 +224,15 @@ def _sha256(path: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dflash_tasks.export", description=__doc__.splitlines()[0])
-    p.add_argument("--output", required=True, help="the job's output root")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog("dflash_tasks.export"),
+        description=__doc__.splitlines()[0],
+        parents=[
+            store_flags(),
+            json_flag("print the export's manifest (what the .manifest.json holds) as JSON"),
+        ],
+    )
     p.add_argument("--to", required=True, help="the file to write")
     p.add_argument("--format", choices=["jsonl", "parquet"], help="default: from the file name, else jsonl")
     p.add_argument(
@@ -239,45 +270,63 @@ def main(argv: list[str] | None = None) -> int:
         "script accepts the file",
     )
     add_trainer_flags(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> ExportOptions:
+    """The export's options from its flags; :class:`ConfigError` naming an unknown check or reason."""
+    unknown = set(args.drop_check) - set(CHECKS)
+    if unknown:
+        raise ConfigError(f"--drop-check {sorted(unknown)[0]!r}: not a check (one of {', '.join(CHECKS)})")
+    bad_keep = set(args.keep) - set(KEEPABLE)
+    if bad_keep:
+        raise ConfigError(f"--keep {sorted(bad_keep)[0]!r}: not a reason (one of {', '.join(KEEPABLE)})")
+    return ExportOptions(
+        frozenset(args.drop_check), args.keep_failed, frozenset(args.keep), args.layout, args.mode
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     to = Path(args.to)
     fmt = args.format or ("parquet" if to.suffix == ".parquet" else "jsonl")
     try:
-        unknown = set(args.drop_check) - set(CHECKS)
-        if unknown:
-            raise ConfigError(
-                f"--drop-check {sorted(unknown)[0]!r}: not a check (one of {', '.join(CHECKS)})"
-            )
-        bad_keep = set(args.keep) - set(KEEPABLE)
-        if bad_keep:
-            raise ConfigError(f"--keep {sorted(bad_keep)[0]!r}: not a reason (one of {', '.join(KEEPABLE)})")
-        options = ExportOptions(
-            frozenset(args.drop_check), args.keep_failed, frozenset(args.keep), args.layout, args.mode
-        )
-        doc = export(args.output, to, fmt, options, view_from_args(args, _recorded_view(args.output)))
+        settings = load_settings(CommonSettings, args)
+        recorded = _recorded_view(args.output, settings)
+        doc = export(args.output, to, fmt, options_from_args(args), view_from_args(args, recorded), settings)
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.ERROR
+    print_summary(doc, to, fmt)
+    if args.json:
+        print(json.dumps(doc))
+    return ExitCode.OK
+
+
+def print_summary(doc: dict[str, Any], to: Path, fmt: str) -> None:
+    """What was written and left out, the yield and the trainer's note, to stderr."""
+    err = sys.stderr
     multi = f", {doc['multi_turn_rows']:,} multi-turn" if doc["multi_turn_rows"] else ""
     print(
         f"exported {doc['rows']:,} rows{multi} ({doc['assistant_turns']:,} assistant turns) to {to} ({fmt})"
         + ("" if doc["complete"] else f"; WARNING: {doc['chunks_missing']} chunks not done yet"),
-        file=sys.stderr,
+        file=err,
     )
     if doc["dropped"]:
         total = sum(doc["dropped"].values())
-        where = doc["dropped_file"]
-        print(f"left out {total:,} rows the trainer would reject (listed in {where}):", file=sys.stderr)
+        print(
+            f"left out {total:,} rows the trainer would reject (listed in {doc['dropped_file']}):", file=err
+        )
         for reason, n in sorted(doc["dropped"].items(), key=lambda kv: -kv[1]):
-            print(f"  {reason:<22} {n:>8,}  {WHY[reason]}", file=sys.stderr)
-        print("keep them anyway with --keep REASON (--keep-failed for failed samples)", file=sys.stderr)
-    print(f"layout {doc['layout']}, mode {doc['mode']}: {doc['mode_means']}", file=sys.stderr)
+            print(f"  {reason:<22} {n:>8,}  {WHY[reason]}", file=err)
+        print("keep them anyway with --keep REASON (--keep-failed for failed samples)", file=err)
+    print(f"layout {doc['layout']}, mode {doc['mode']}: {doc['mode_means']}", file=err)
     y = doc["yield"]
     if y["yield"] is not None:
         print(
             f"yield {y['yield']:.3f}: {y['trainable_tokens']:,} trainable of {y['generated_tokens']:,} "
             f"generated tokens; the rest: {json.dumps(y['where_the_rest_went'])}",
-            file=sys.stderr,
+            file=err,
         )
     if doc["trainable"] is not None:
         t = doc["trainable"]
@@ -285,12 +334,11 @@ def main(argv: list[str] | None = None) -> int:
             f"trainable: {t['total_loss_tokens']:,} loss tokens in {t['samples']:,} rows "
             f"(p50 {t['loss_tokens']['p50']:,} per row; {t['truncated_by_trainer']:,} rows cut by "
             f"max_length {t['max_length']:,}, {t['few_loss_tokens']:,} under {t['min_loss_tokens']})",
-            file=sys.stderr,
+            file=err,
         )
-    print(doc["trainer"]["note"] or "loss tokens not counted: no ok rows", file=sys.stderr)
+    print(doc["trainer"]["note"] or "loss tokens not counted: no ok rows", file=err)
     for reason, n in doc["kept_despite"].items():
-        print(f"kept {n:,} rows despite {reason} (--keep {reason})", file=sys.stderr)
-    return 0
+        print(f"kept {n:,} rows despite {reason} (--keep {reason})", file=err)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_tasks.cli.commands import prog
+from dflash_tasks.cli.flags import json_flag, load_settings, store_flags
 from dflash_tasks.cli.trainer_flags import add_trainer_flags, view_from_args
 from dflash_tasks.core.distribution import describe, describe_floats
 from dflash_tasks.core.errors import DflashError, StoreError
+from dflash_tasks.core.exit_codes import ExitCode
 from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.quality import CHECKS, evaluate_gates
 from dflash_tasks.core.record import Record
@@ -287,15 +290,21 @@ def _loss_panel(ax: Any, trainable: TrainableSummary | None) -> None:
     ax.legend(title=f"total {trainable.total:,}", fontsize="small")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dflash_tasks.report", description=__doc__.splitlines()[0])
-    p.add_argument("--output", required=True, help="the job's output root")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog("dflash_tasks.report"),
+        description=__doc__.splitlines()[0],
+        parents=[store_flags(), json_flag("print the summary as JSON")],
+    )
     p.add_argument("--png", help=f"write the picture here (default: {REPORT_PNG_KEY} in the output root)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_trainer_flags(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        store = open_store(args.output, CommonSettings.load())
+        store = open_store(args.output, load_settings(CommonSettings, args))
         job, manifest = load_job(store), load_manifest(store)
         if job is None or manifest is None:
             raise StoreError(f"{args.output} holds no staged job")
@@ -320,13 +329,13 @@ def main(argv: list[str] | None = None) -> int:
             where = f"{args.output.rstrip('/')}/{REPORT_PNG_KEY}"
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.ERROR
     if args.json:
         print(json.dumps({**report.as_dict(), "png": where}))
     else:
         print(render_text(report))
         print(f"picture: {where}")
-    return 0 if not report.gate_failures else 1
+    return ExitCode.NOT_PASSED if report.gate_failures else ExitCode.OK
 
 
 if __name__ == "__main__":

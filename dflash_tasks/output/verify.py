@@ -21,8 +21,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dflash_tasks.cli.commands import prog
+from dflash_tasks.cli.flags import json_flag, load_settings, store_flags
 from dflash_tasks.core.conversation import can_continue, count_turns
 from dflash_tasks.core.errors import BadRecord, CorruptObject, DflashError
+from dflash_tasks.core.exit_codes import ExitCode
 from dflash_tasks.core.job import output_key, repair_key
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.settings import CommonSettings
@@ -34,9 +37,6 @@ from dflash_tasks.producer.staging import read_invalid
 from dflash_tasks.store import Store, open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
 from dflash_tasks.store.records import list_outputs, read_current
-
-#: Exit status of ``--strict`` when the job passes but transient failures remain.
-EXIT_TRANSIENT_LEFT = 1
 
 
 @dataclass(slots=True)
@@ -220,35 +220,36 @@ def _categories(r: Verification) -> str:
     return f"{ok} + {failed}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dflash_tasks.verify", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog("dflash_tasks.verify"),
+        description=__doc__.splitlines()[0],
+        parents=[store_flags(), json_flag("print the result as JSON")],
+    )
     p.add_argument(
         "--input",
         required=True,
         action="append",
         help="the input(s) the job was enqueued with, as given to enqueue",
     )
-    p.add_argument(
-        "--output", required=True, help="the job's output root (a directory or s3://bucket/prefix)"
-    )
-    p.add_argument(
-        "--s3-endpoint-url", help="S3-compatible endpoint for s3:// outputs [DFLASH_S3_ENDPOINT_URL]"
-    )
     add_column_flags(p)
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
         "--strict",
         action="store_true",
         help="also exit 1 while samples failed by a transient cause remain (re-run enqueue to repair them)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        settings = CommonSettings.load(s3_endpoint_url=args.s3_endpoint_url)
+        settings = load_settings(CommonSettings, args)
         mix = InputMix(parse_sources(args.input, columns_from_args(args)), args.sample_seed, settings)
         result = verify(mix, open_store(args.output, settings))
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.ERROR
     if args.json:
         print(json.dumps(result.as_dict()))
     else:
@@ -268,9 +269,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"  - strict: {result.failed_transient:,} samples failed by a transient cause: "
                 "re-run the same enqueue command to repair them"
             )
-    if not result.passed:
-        return 1
-    return EXIT_TRANSIENT_LEFT if args.strict and result.failed_transient else 0
+    if not result.passed or (args.strict and result.failed_transient):
+        return ExitCode.NOT_PASSED
+    return ExitCode.OK
 
 
 if __name__ == "__main__":
