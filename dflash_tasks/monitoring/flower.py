@@ -18,7 +18,10 @@ import os
 import secrets
 import sys
 
+from dflash_tasks.cli.commands import prog
+from dflash_tasks.cli.flags import add_setting, broker_flags, load_settings
 from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.exit_codes import ExitCode
 from dflash_tasks.core.setting_values import redact_url
 from dflash_tasks.core.settings import MonitorSettings
 
@@ -26,19 +29,23 @@ FLOWER_USER = "admin"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dflash_tasks.flower", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog=prog("dflash_tasks.flower"), description=__doc__.splitlines()[0], parents=[broker_flags()]
+    )
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=5555, help="port (default 5555)")
     p.add_argument("--user", default=FLOWER_USER, help=f"basic-auth user (default {FLOWER_USER})")
-    p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
-    p.add_argument(
-        "--max-tasks", type=int, default=20_000, help="tasks Flower keeps in memory (default 20000)"
+    add_setting(
+        p, "--max-tasks", MonitorSettings, "flower_max_tasks", "tasks Flower keeps in memory (default 20000)"
     )
-    p.add_argument(
-        "--purge-offline-workers",
-        type=int,
-        default=600,
-        help="forget workers offline for this many seconds (default 600)",
+    add_setting(
+        p,
+        "--purge-offline-seconds",
+        MonitorSettings,
+        "flower_purge_offline_seconds",
+        "forget workers offline this long (default 600)",
+        aliases=["--purge-offline-workers"],
+        metavar="SECONDS",
     )
     return p
 
@@ -67,8 +74,8 @@ def flower_command(
         "flower",
         f"--address={args.address}",
         f"--port={args.port}",
-        f"--max_tasks={args.max_tasks}",
-        f"--purge_offline_workers={args.purge_offline_workers}",
+        f"--max_tasks={settings.flower_max_tasks}",
+        f"--purge_offline_workers={settings.flower_purge_offline_seconds}",
     ]
     return argv, env, password, not settings.flower_password
 
@@ -84,11 +91,11 @@ def is_loopback(address: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = MonitorSettings.load(broker_url=args.broker_url)
+        settings = load_settings(MonitorSettings, args)
         command, env, password, generated = flower_command(args, settings, dict(os.environ))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.ERROR
     where = f"http://{args.address}:{args.port}"
     print(f"Flower at {where} (broker {redact_url(settings.broker_url)}), user {args.user}", file=sys.stderr)
     if generated:
@@ -103,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     sys.stderr.flush()
     os.execve(command[0], command, env)
-    return 0  # not reached
+    return ExitCode.OK  # not reached
 
 
 if __name__ == "__main__":

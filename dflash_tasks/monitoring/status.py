@@ -18,8 +18,11 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.live import Live
 
+from dflash_tasks.cli.commands import prog
+from dflash_tasks.cli.flags import job_flags, json_flag, load_settings
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.core.errors import DflashError
+from dflash_tasks.core.exit_codes import ExitCode
 from dflash_tasks.core.setting_values import redact_url
 from dflash_tasks.core.settings import CommonSettings, MonitorSettings
 from dflash_tasks.monitoring.progress import compute_progress
@@ -28,21 +31,12 @@ from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job
 
 
-def add_job_flags(p: argparse.ArgumentParser) -> None:
-    """The flags that find a job and its live figures: ``--output``, the price, Redis and the queue
-    (``status`` and the job's page read the same sources)."""
-    p.add_argument("--output", required=True, help="the job's output root (as given to enqueue)")
-    p.add_argument(
-        "--gpu-hour-usd", type=float, help="price of one GPU-hour (overrides the job's) [DFLASH_GPU_HOUR_USD]"
-    )
-    p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
-    p.add_argument("--queue", help="base queue name, for the depth of the job's model queue [DFLASH_QUEUE]")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dflash_tasks.status", description=__doc__.splitlines()[0])
-    add_job_flags(p)
-    p.add_argument("--json", action="store_true", help="print the progress document (progress.json's format)")
+    p = argparse.ArgumentParser(
+        prog=prog("dflash_tasks.status"),
+        description=__doc__.splitlines()[0],
+        parents=[*job_flags(), json_flag("print the progress document (progress.json's format)")],
+    )
     p.add_argument(
         "--watch",
         nargs="?",
@@ -79,11 +73,11 @@ def watch(
                 time.sleep(every)
                 doc = snapshot()
                 view.update(render_table(doc), refresh=True)
-        return 0
+        return ExitCode.OK
     while True:
         print(json.dumps(doc) if as_json else render(doc), file=out, flush=True)
         if not every or doc["state"] == "done":
-            return 0
+            return ExitCode.OK
         if not as_json:
             print(file=out, flush=True)
         time.sleep(every)
@@ -109,9 +103,7 @@ def connect_bookkeeping(settings: CommonSettings) -> Bookkeeping | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = MonitorSettings.load(broker_url=args.broker_url, queue=args.queue)
-        if args.gpu_hour_usd is not None and args.gpu_hour_usd < 0:
-            raise DflashError(f"--gpu-hour-usd must be >= 0, got {args.gpu_hour_usd}")
+        settings = load_settings(MonitorSettings, args)
         store = open_store(args.output, settings)
         definition = load_job(store)
         if definition is None:
@@ -133,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         return watch(snapshot, args.watch, sys.stdout, as_json=args.json, live=live)
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.ERROR
     except KeyboardInterrupt:
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -16,15 +16,18 @@ import sys
 import tornado.httpserver
 import tornado.ioloop
 
+from dflash_tasks.cli.commands import prog
+from dflash_tasks.cli.flags import add_setting, job_flags, load_settings
 from dflash_tasks.cli.trainer_flags import add_trainer_flags, view_from_args
 from dflash_tasks.core.errors import ConfigError, DflashError
+from dflash_tasks.core.exit_codes import ExitCode
 from dflash_tasks.core.settings import MonitorSettings
 from dflash_tasks.monitoring.flower import is_loopback
 from dflash_tasks.monitoring.page.auth import Credentials
 from dflash_tasks.monitoring.page.server import make_app
 from dflash_tasks.monitoring.page.source import JobSource
 from dflash_tasks.monitoring.page.trainer_marks import TrainerLens
-from dflash_tasks.monitoring.status import add_job_flags, connect_bookkeeping
+from dflash_tasks.monitoring.status import connect_bookkeeping
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job
 
@@ -32,16 +35,19 @@ DEFAULT_PORT = 8765
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dflash_tasks.page", description=__doc__.splitlines()[0])
-    add_job_flags(p)
+    p = argparse.ArgumentParser(
+        prog=prog("dflash_tasks.page"), description=__doc__.splitlines()[0], parents=job_flags()
+    )
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    p.add_argument(
-        "--refresh",
-        type=float,
-        default=10.0,
+    add_setting(
+        p,
+        "--refresh-seconds",
+        MonitorSettings,
+        "page_refresh_seconds",
+        "compute progress this often for the throughput plot (default 10)",
+        aliases=["--refresh"],
         metavar="SECONDS",
-        help="compute progress this often for the throughput plot (default 10)",
     )
     add_trainer_flags(p)
     return p
@@ -51,10 +57,6 @@ def build_source(args: argparse.Namespace, settings: MonitorSettings) -> JobSour
     """The job at ``--output``, its Redis and trainer view; :class:`DflashError` naming what is wrong."""
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be a TCP port, got {args.port}")
-    if not args.refresh > 0:
-        raise ConfigError(f"--refresh must be > 0, got {args.refresh}")
-    if args.gpu_hour_usd is not None and args.gpu_hour_usd < 0:
-        raise ConfigError(f"--gpu-hour-usd must be >= 0, got {args.gpu_hour_usd}")
     store = open_store(args.output, settings)
     definition = load_job(store)
     if definition is None:
@@ -71,10 +73,12 @@ def build_source(args: argparse.Namespace, settings: MonitorSettings) -> JobSour
     )
 
 
-async def serve(args: argparse.Namespace, source: JobSource, credentials: Credentials) -> None:
+async def serve(
+    args: argparse.Namespace, source: JobSource, credentials: Credentials, refresh_seconds: float
+) -> None:
     server = tornado.httpserver.HTTPServer(make_app(source, credentials), xheaders=False)
     server.listen(args.port, address=args.address)
-    tick = tornado.ioloop.PeriodicCallback(lambda: _refresh(source), args.refresh * 1000)
+    tick = tornado.ioloop.PeriodicCallback(lambda: _refresh(source), refresh_seconds * 1000)
     tick.start()
     _refresh(source)
     await asyncio.Event().wait()
@@ -91,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        settings = MonitorSettings.load(broker_url=args.broker_url, queue=args.queue)
+        settings = load_settings(MonitorSettings, args)
         source = build_source(args, settings)
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.ERROR
     credentials = Credentials.from_setting(settings.page_basic_auth)
     print(f"job page at http://{args.address}:{args.port}/  user {credentials.user}", file=sys.stderr)
     if credentials.generated:
@@ -111,10 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     sys.stderr.flush()
     try:
-        asyncio.run(serve(args, source, credentials))
+        asyncio.run(serve(args, source, credentials, settings.page_refresh_seconds))
     except OSError as exc:
         print(f"error: cannot serve on {args.address}:{args.port}: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.ERROR
     except KeyboardInterrupt:
-        return 130
-    return 0
+        return ExitCode.INTERRUPTED
+    return ExitCode.OK

@@ -108,7 +108,7 @@ def start_page(
                 str(out),
                 "--port",
                 str(port),
-                "--refresh",
+                "--refresh-seconds",
                 "1",
                 "--tokenizer",
                 str(model_dir),
