@@ -14,54 +14,62 @@ from typing import Any
 
 from celery import bootsteps, signals
 
+from dflash_tasks.cli.commands import prog
+from dflash_tasks.cli.flags import add_setting, broker_flags, load_settings, store_flags
 from dflash_tasks.coord.celery_app import app, configure
 from dflash_tasks.core.errors import ConfigError
-from dflash_tasks.core.setting_values import inflight_overrides, parse_inflight, redact_url
+from dflash_tasks.core.exit_codes import ExitCode
+from dflash_tasks.core.setting_values import redact_url
 from dflash_tasks.core.settings import DEFAULT_INFLIGHT_CEILING, DEFAULT_MAX_INFLIGHT, WorkerSettings
 from workers.runtime import WorkerRuntime
 
 
-def inflight_type(text: str) -> int | str:
-    try:
-        return parse_inflight(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m workers", description=__doc__.splitlines()[0])
-    p.add_argument("--endpoint", help="SGLang server URL, e.g. http://127.0.0.1:30000 [DFLASH_ENDPOINT]")
-    p.add_argument("--name", help="worker name shown in Flower, e.g. gpu0 [DFLASH_WORKER_NAME]")
-    p.add_argument(
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog("workers"),
+        description=__doc__.splitlines()[0],
+        parents=[broker_flags(), store_flags(output=False)],
+    )
+    add_setting(p, "--endpoint", WorkerSettings, "endpoint", "SGLang server URL, e.g. http://127.0.0.1:30000")
+    add_setting(p, "--name", WorkerSettings, "worker_name", "worker name shown in Flower, e.g. gpu0")
+    add_setting(
+        p,
         "--max-inflight",
-        type=inflight_type,
+        WorkerSettings,
+        "max_inflight",
+        f"requests kept in flight (default {DEFAULT_MAX_INFLIGHT}); auto: tuned from the server's "
+        "numbers between --inflight-floor and --inflight-ceiling [DFLASH_TUNE_INFLIGHT=1]",
         metavar="N|auto",
-        help=f"requests kept in flight (default {DEFAULT_MAX_INFLIGHT}) [DFLASH_MAX_INFLIGHT]; auto: "
-        "tuned from the server's numbers between --inflight-floor and --inflight-ceiling "
-        "[DFLASH_TUNE_INFLIGHT=1]",
     )
-    p.add_argument(
+    add_setting(
+        p,
         "--inflight-ceiling",
-        type=int,
-        help=f"the tuner's highest target: the server's --max-running-requests "
-        f"(default {DEFAULT_INFLIGHT_CEILING}) [DFLASH_INFLIGHT_CEILING]",
+        WorkerSettings,
+        "inflight_ceiling",
+        "the tuner's highest target: the server's --max-running-requests "
+        f"(default {DEFAULT_INFLIGHT_CEILING})",
     )
-    p.add_argument(
-        "--inflight-floor", type=int, help="the tuner's lowest target (default 8) [DFLASH_INFLIGHT_FLOOR]"
+    add_setting(
+        p, "--inflight-floor", WorkerSettings, "inflight_floor", "the tuner's lowest target (default 8)"
     )
-    p.add_argument("--max-chunks", type=int, help="most chunks held at once (default 8) [DFLASH_MAX_CHUNKS]")
-    p.add_argument("--broker-url", help="Redis URL (default redis://127.0.0.1:6379/0) [DFLASH_BROKER_URL]")
-    p.add_argument("--queue", help="base queue name (default dflash) [DFLASH_QUEUE]")
-    p.add_argument(
-        "--s3-endpoint-url", help="S3-compatible endpoint for s3:// outputs [DFLASH_S3_ENDPOINT_URL]"
-    )
-    p.add_argument(
+    add_setting(p, "--max-chunks", WorkerSettings, "max_chunks", "most chunks held at once (default 8)")
+    add_setting(
+        p,
         "--metrics-port",
-        type=int,
-        help="Prometheus port on 127.0.0.1, 0 = off (default 9808) [DFLASH_METRICS_PORT]",
+        WorkerSettings,
+        "metrics_port",
+        "Prometheus port on 127.0.0.1, 0 = off (default 9808)",
     )
-    p.add_argument("--log-level", help="INFO, WARNING, DEBUG [DFLASH_LOG_LEVEL]")
-    return p.parse_args(argv)
+    add_setting(p, "--log-level", WorkerSettings, "log_level", "INFO, WARNING, DEBUG")
+    return p
+
+
+def load(argv: list[str] | None) -> WorkerSettings:
+    """The worker's settings from its flags and ``DFLASH_*``; :class:`ConfigError` when unusable."""
+    settings = load_settings(WorkerSettings, build_parser().parse_args(argv))
+    if not settings.endpoint.startswith(("http://", "https://")):
+        raise ConfigError("--endpoint is required and must be an http(s) URL, e.g. http://127.0.0.1:30000")
+    return settings
 
 
 def prefetch_step(runtime: WorkerRuntime) -> type[bootsteps.StartStopStep]:
@@ -77,28 +85,11 @@ def prefetch_step(runtime: WorkerRuntime) -> type[bootsteps.StartStopStep]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
     try:
-        settings = WorkerSettings.load(
-            endpoint=args.endpoint,
-            worker_name=args.name,
-            **inflight_overrides(args.max_inflight),
-            inflight_ceiling=args.inflight_ceiling,
-            inflight_floor=args.inflight_floor,
-            max_chunks=args.max_chunks,
-            broker_url=args.broker_url,
-            queue=args.queue,
-            log_level=args.log_level,
-            metrics_port=args.metrics_port,
-            s3_endpoint_url=args.s3_endpoint_url,
-        )
-        if not settings.endpoint.startswith(("http://", "https://")):
-            raise ConfigError(
-                "--endpoint is required and must be an http(s) URL, e.g. http://127.0.0.1:30000"
-            )
+        settings = load(argv)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.ERROR
     from workers import runtime as worker_runtime
     from workers.task import register_chunk_task
 
@@ -139,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             "--without-mingle",
         ]
     )
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

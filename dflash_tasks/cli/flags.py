@@ -105,11 +105,13 @@ def add_alias(
 # --- the parent parsers ------------------------------------------------------------------------
 
 
-def store_flags(*, output_help: str = OUTPUT_HELP, required: bool = True) -> argparse.ArgumentParser:
-    """``--output`` and ``--s3-endpoint-url``: every command that reads a job's store."""
+def store_flags(*, output: bool = True, output_help: str = OUTPUT_HELP) -> argparse.ArgumentParser:
+    """``--output`` (the job's root; ``output`` False: a worker finds it in each task) and
+    ``--s3-endpoint-url``: every command that reads a job's store."""
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("the store")
-    g.add_argument("--output", required=required, help=output_help)
+    if output:
+        g.add_argument("--output", required=True, help=output_help)
     add_setting(
         g,
         "--s3-endpoint-url",

@@ -94,12 +94,12 @@ class Node:
             *("--max-inflight", str(INFLIGHT)),
             *("--log-dir", str(self.folder)),
             *("--echo", "none"),
-            *("--health-interval", "0.5"),
+            *("--health-interval-seconds", "0.5"),
             *("--max-failures", "1000"),
-            *("--restart-delay", "1"),
-            *("--worker-stop-timeout", "60"),
-            *("--server-stop-timeout", "10"),
-            *("--hang-restart", "60"),
+            *("--restart-delay-seconds", "1"),
+            *("--worker-stop-timeout-seconds", "60"),
+            *("--server-stop-timeout-seconds", "10"),
+            *("--hang-restart-seconds", "60"),
             *("--sim-arg", shlex.join(sim)),
         ]
         return (self.link.exec_prefix() if self.link else []) + argv

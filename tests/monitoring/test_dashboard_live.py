@@ -93,7 +93,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) ->
                     "--log-dir",
                     str(tmp / "logs"),
                 ),
-                *("--health-interval", "0.5", "--scrape-targets", str(targets / "node.json")),
+                *("--health-interval-seconds", "0.5", "--scrape-targets", str(targets / "node.json")),
             ],
             "node.log",
         )

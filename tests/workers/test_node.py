@@ -41,7 +41,7 @@ def port_base(span: int) -> int:
 def start_node(procs: Processes, log: str, gpus: str, base: int, *extra: str) -> subprocess.Popen[bytes]:
     args = ["-m", "workers.node", "--gpus", gpus, "--simulate", "--port-base", str(base)]
     args += ["--max-inflight", "8", "--sim-arg", SIM, "--log-dir", str(procs.tmp / "logs")]
-    return procs.spawn([*args, "--health-interval", "0.5", *extra], log)
+    return procs.spawn([*args, "--health-interval-seconds", "0.5", *extra], log)
 
 
 def node_text(procs: Processes, log: str) -> str:
@@ -75,7 +75,7 @@ def test_node_runs_a_job_while_gpus_join_leave_and_die(procs: Processes, tmp_pat
     write_prompts(inp, PROMPTS)
     base = port_base(3)
     t0 = time.monotonic()
-    node_a = start_node(procs, "node-a.log", "0-1", base, "--restart-delay", "2")
+    node_a = start_node(procs, "node-a.log", "0-1", base, "--restart-delay-seconds", "2")
     wait_for_line(procs, "node-a.log", r"node ready: 2 GPU\(s\) serving", 60)
     start_s = time.monotonic() - t0
 
@@ -158,7 +158,7 @@ def test_node_runs_a_job_while_gpus_join_leave_and_die(procs: Processes, tmp_pat
 
 def test_node_gives_up_a_gpu_whose_server_keeps_dying(procs: Processes) -> None:
     base = port_base(1)
-    flags = ["--restart-delay", "0.1", "--max-failures", "2", "--sim-arg=--no-such-flag"]
+    flags = ["--restart-delay-seconds", "0.1", "--max-failures", "2", "--sim-arg=--no-such-flag"]
     node = start_node(procs, "node.log", "0", base, *flags)
     assert node.wait(30) == 1
     text = node_text(procs, "node.log")

@@ -25,10 +25,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from dflash_tasks.cli.commands import prog
+from dflash_tasks.cli.flags import add_setting, broker_flags, load_settings
 from dflash_tasks.core.errors import ConfigError, DflashError
-from dflash_tasks.core.setting_values import inflight_overrides, parse_inflight, redact_url
-from dflash_tasks.core.settings import DEFAULT_INFLIGHT_CEILING, DEFAULT_MAX_INFLIGHT, NodeSettings
+from dflash_tasks.core.exit_codes import ExitCode
+from dflash_tasks.core.setting_values import redact_url
+from dflash_tasks.core.settings import DEFAULT_INFLIGHT_CEILING, DEFAULT_MAX_INFLIGHT, ECHO_LOGS, NodeSettings
 from workers.node.launch import (
+    GpuPlan,
     NodeOptions,
     inflight_summary,
     node_profile,
@@ -41,38 +45,41 @@ from workers.node.scrape_targets import scrape_host, target_groups, write_target
 from workers.node.supervisor import Node, SupervisorConfig
 
 
-def inflight_type(text: str) -> int | str:
-    try:
-        return parse_inflight(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m workers.node",
+        prog=prog("workers.node"),
         description=__doc__.split("\n\n")[0],
         epilog="Values in [brackets] are read from that environment variable when the flag is absent.",
+        parents=[broker_flags()],
     )
-    p.add_argument("--gpus", help="GPUs to serve: 0-6, 0,2,5, 0-3,6 [DFLASH_GPUS]")
-    p.add_argument("--model", help="model directory (stage it in /dev/shm first) [DFLASH_MODEL_PATH]")
-    p.add_argument(
-        "--port-base", type=int, help="GPU N listens on PORT_BASE+N (default 30000) [DFLASH_PORT_BASE]"
-    )
-    p.add_argument(
+    _add_gpu_flags(p)
+    _add_supervisor_flags(p.add_argument_group("the supervisor"))
+    _add_output_flags(p)
+    return p
+
+
+def _add_gpu_flags(p: argparse.ArgumentParser) -> None:
+    """What runs on each GPU: the model, its server's flags, the worker's requests in flight."""
+    add_setting(p, "--gpus", NodeSettings, "gpus", "GPUs to serve: 0-6, 0,2,5, 0-3,6")
+    add_setting(p, "--model", NodeSettings, "model_path", "model directory (stage it in /dev/shm first)")
+    add_setting(p, "--port-base", NodeSettings, "port_base", "GPU N listens on PORT_BASE+N (default 30000)")
+    add_setting(
+        p,
         "--max-inflight",
-        type=inflight_type,
+        NodeSettings,
+        "max_inflight",
+        f"N: a fixed N requests per GPU (default {DEFAULT_MAX_INFLIGHT}), and SGLang's caps at N; auto: "
+        "each worker tunes its own target, from DFLASH_MAX_INFLIGHT up to --inflight-ceiling, and the "
+        "servers are capped there [DFLASH_TUNE_INFLIGHT=1]",
         metavar="N|auto",
-        help=f"N: a fixed N requests per GPU (default {DEFAULT_MAX_INFLIGHT}), and SGLang's caps at N "
-        "[DFLASH_MAX_INFLIGHT]; auto: each worker tunes its own target, from DFLASH_MAX_INFLIGHT up "
-        "to --inflight-ceiling, and the servers are capped there [DFLASH_TUNE_INFLIGHT=1]",
     )
-    p.add_argument(
+    add_setting(
+        p,
         "--inflight-ceiling",
-        type=int,
-        help=f"with auto: every server's --max-running-requests and --cuda-graph-max-bs-decode "
-        f"(default {DEFAULT_INFLIGHT_CEILING}; a --sglang-arg --max-running-requests wins) "
-        "[DFLASH_INFLIGHT_CEILING]",
+        NodeSettings,
+        "inflight_ceiling",
+        f"with auto: every server's --max-running-requests and --cuda-graph-max-bs-decode "
+        f"(default {DEFAULT_INFLIGHT_CEILING}; a --sglang-arg --max-running-requests wins)",
     )
     p.add_argument(
         "--sglang-arg",
@@ -82,11 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra SGLang flags, shell-split, repeatable: --sglang-arg '--mem-fraction-static 0.85' "
         "(a later flag overrides an earlier one) [DFLASH_SGLANG_ARGS, applied first]",
     )
-    p.add_argument(
+    add_setting(
+        p,
         "--draft-model",
-        default="",
+        NodeSettings,
+        "draft_model",
+        "an EAGLE3 draft model for every server (for a model without MTP layers)",
         metavar="PATH",
-        help="an EAGLE3 draft model for every server (for a model without MTP layers)",
     )
     p.add_argument("--simulate", action="store_true", help="run the SGLang simulator instead of SGLang")
     p.add_argument(
@@ -96,54 +105,88 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ARGS",
         help="extra simulator flags: --sim-arg '--time-scale 0.01'",
     )
-    p.add_argument("--log-dir", help="one log file per server and per worker (default logs) [DFLASH_LOG_DIR]")
-    p.add_argument(
+    add_setting(
+        p,
+        "--sglang-python",
+        NodeSettings,
+        "sglang_python",
+        "interpreter with sglang installed (default: this one)",
+    )
+
+
+#: The supervisor's durations: flag, setting, help (their old spellings stay as hidden aliases).
+_SUPERVISOR_WAITS = (
+    ("--health-interval-seconds", "health_interval_seconds", "time between health probes (default 5)"),
+    (
+        "--server-start-timeout-seconds",
+        "server_start_timeout_seconds",
+        "time for a server to get healthy (default 1800)",
+    ),
+    ("--hang-restart-seconds", "hang_restart_seconds", "restart a server unhealthy this long (default 600)"),
+    (
+        "--worker-stop-timeout-seconds",
+        "worker_stop_timeout_seconds",
+        "time for running chunks to finish on stop (default 600)",
+    ),
+    (
+        "--server-stop-timeout-seconds",
+        "server_stop_timeout_seconds",
+        "time from SIGTERM to SIGKILL (default 60)",
+    ),
+    (
+        "--restart-delay-seconds",
+        "restart_delay_seconds",
+        "delay before restarting a dead server or worker; doubles per failure in a row, up to 60 (default 1)",
+    ),
+)
+
+
+def _add_supervisor_flags(g: argparse._ArgumentGroup) -> None:
+    """How the node restarts, gives up and stops its servers and workers."""
+    for flag, field, text in _SUPERVISOR_WAITS:
+        add_setting(
+            g, flag, NodeSettings, field, text, metavar="SECONDS", aliases=[flag.removesuffix("-seconds")]
+        )
+    add_setting(
+        g,
+        "--max-failures",
+        NodeSettings,
+        "max_failures",
+        "give a GPU up after this many failures in a row (default 5)",
+    )
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    """Where the node's logs and Prometheus targets go."""
+    add_setting(
+        p, "--log-dir", NodeSettings, "log_dir", "one log file per server and per worker (default logs)"
+    )
+    add_setting(
+        p,
         "--echo",
-        choices=["all", "workers", "none"],
-        default="all",
-        help="which logs to copy to stdout, prefixed",
+        NodeSettings,
+        "echo_logs",
+        "which logs to copy to stdout, prefixed (default all)",
+        choices=ECHO_LOGS,
     )
-    p.add_argument(
-        "--sglang-python", default="", help="interpreter with sglang installed (default: this one)"
-    )
-    p.add_argument("--health-interval", type=float, default=5.0, help="seconds between health probes")
-    p.add_argument(
-        "--server-start-timeout", type=float, default=1800.0, help="seconds for a server to get healthy"
-    )
-    p.add_argument(
-        "--hang-restart", type=float, default=600.0, help="restart a server unhealthy this many seconds"
-    )
-    p.add_argument(
-        "--worker-stop-timeout",
-        type=float,
-        default=600.0,
-        help="seconds for running chunks to finish on stop",
-    )
-    p.add_argument("--server-stop-timeout", type=float, default=60.0, help="seconds from SIGTERM to SIGKILL")
-    p.add_argument(
-        "--max-failures", type=int, default=5, help="give a GPU up after this many failures in a row"
-    )
-    p.add_argument(
-        "--restart-delay",
-        type=float,
-        default=1.0,
-        help="seconds before restarting a dead server or worker; doubles per failure in a row, up to 60",
-    )
-    p.add_argument(
+    add_setting(
+        p,
         "--scrape-targets",
-        default="",
-        metavar="PATH",
-        help="write the node's Prometheus targets (servers and workers) to this file_sd JSON file "
+        NodeSettings,
+        "scrape_targets",
+        "write the node's Prometheus targets (servers and workers) to this file_sd JSON file "
         "(default LOG_DIR/prometheus-targets.json; 'none': do not write one)",
+        metavar="PATH",
     )
-    p.add_argument(
+    add_setting(
+        p,
         "--scrape-host",
-        default="",
-        help="host Prometheus reaches the targets at (default: DFLASH_METRICS_ADDRESS, or this "
+        NodeSettings,
+        "scrape_host",
+        "host Prometheus reaches the targets at (default: DFLASH_METRICS_ADDRESS, or this "
         "machine's name when that is 0.0.0.0)",
     )
     p.add_argument("--print-commands", action="store_true", help="print each GPU's commands and exit")
-    return p
 
 
 def read_model_config(model_path: str) -> dict[str, Any] | None:
@@ -177,11 +220,11 @@ def options_from(args: argparse.Namespace, settings: NodeSettings) -> NodeOption
         simulate=args.simulate,
         sim_args=split_args(args.sim_arg),
         python=sys.executable,
-        sglang_python=args.sglang_python,
+        sglang_python=settings.sglang_python,
         # Workers' Prometheus ports (DFLASH_METRICS_PORT, 0 = off): the base plus the GPU index.
         metrics_port_base=settings.metrics_port,
         model_config=None if args.simulate else read_model_config(settings.model_path),
-        draft_model=args.draft_model,
+        draft_model=settings.draft_model,
     )
 
 
@@ -205,39 +248,79 @@ def broker_reachable(url: str) -> bool:
     return True
 
 
+def supervisor_config(settings: NodeSettings) -> SupervisorConfig:
+    """The supervisor's waits and limits, from the node's settings."""
+    return SupervisorConfig(
+        health_interval=settings.health_interval_seconds,
+        start_timeout=settings.server_start_timeout_seconds,
+        hang_restart=settings.hang_restart_seconds,
+        worker_stop_timeout=settings.worker_stop_timeout_seconds,
+        server_stop_timeout=settings.server_stop_timeout_seconds,
+        max_failures=settings.max_failures,
+        backoff_base=settings.restart_delay_seconds,
+        backoff_cap=max(60.0, settings.restart_delay_seconds),
+        echo=settings.echo_logs,
+    )
+
+
+def print_commands(options: NodeOptions, plans: list[GpuPlan]) -> None:
+    """Each GPU's server and worker command lines (``--print-commands``)."""
+    profile = None if options.simulate else node_profile(options)
+    if profile:
+        print(f"# {profile.describe()}")
+    print(f"# {inflight_summary(options)}")
+    for plan in plans:
+        print(f"# {plan.name}\nCUDA_VISIBLE_DEVICES={plan.gpu} {shlex.join(redact_argv(plan.server_argv))}")
+        metrics = plan.env.get("DFLASH_METRICS_PORT")
+        prefix = f"CUDA_VISIBLE_DEVICES={plan.gpu}" + (f" DFLASH_METRICS_PORT={metrics}" if metrics else "")
+        print(f"{prefix} {shlex.join(plan.worker_argv)}")
+
+
+def write_scrape_targets(node: Node, plans: list[GpuPlan], settings: NodeSettings, log_dir: Path) -> None:
+    """The node's Prometheus targets in their file (``--scrape-targets``); OSError if not writable."""
+    if settings.scrape_targets == "none":
+        return
+    path = Path(settings.scrape_targets) if settings.scrape_targets else log_dir / "prometheus-targets.json"
+    host = scrape_host(settings.metrics_address, settings.scrape_host)
+    try:
+        write_targets(path, target_groups(plans, socket.gethostname(), settings.metrics_port, host))
+    except OSError as exc:
+        raise ConfigError(f"cannot write the Prometheus targets to {path}: {exc}") from None
+    node.say(f"Prometheus targets in {path}")
+
+
+def announce(
+    node: Node, options: NodeOptions, plans: list[GpuPlan], settings: NodeSettings, log_dir: Path
+) -> None:
+    """The node's first lines: GPUs, ports, in-flight policy, broker, logs and the model's profile."""
+    kind = "simulated GPUs" if options.simulate else "GPUs"
+    node.say(
+        f"{len(plans)} {kind} ({', '.join(str(p.gpu) for p in plans)}), ports "
+        f"{', '.join(str(p.port) for p in plans)}; {inflight_summary(options)}; broker "
+        f"{redact_url(settings.broker_url)}, queue {settings.queue!r}; logs in {log_dir}"
+    )
+    if not options.simulate:
+        node.say(node_profile(options).describe())
+    if not broker_reachable(settings.broker_url):
+        node.say(
+            f"warning: no Redis answers at {redact_url(settings.broker_url)} yet; workers will keep retrying"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = NodeSettings.load(
-            gpus=args.gpus,
-            model_path=args.model,
-            port_base=args.port_base,
-            **inflight_overrides(args.max_inflight),
-            inflight_ceiling=args.inflight_ceiling,
-            log_dir=args.log_dir,
-        )
+        settings = load_settings(NodeSettings, args)
         options = options_from(args, settings)
-        plans = plan_node(options, os.environ)
-        if args.max_failures < 1 or args.health_interval <= 0 or args.restart_delay < 0:
-            raise ConfigError("--max-failures must be >= 1, --health-interval > 0, --restart-delay >= 0")
+        # The workers inherit the node's environment: the broker and queue its flags chose too.
+        env = {**os.environ, "DFLASH_BROKER_URL": settings.broker_url, "DFLASH_QUEUE": settings.queue}
+        plans = plan_node(options, env)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    profile = None if args.simulate else node_profile(options)
+        return ExitCode.ERROR
     if args.print_commands:
-        if profile:
-            print(f"# {profile.describe()}")
-        print(f"# {inflight_summary(options)}")
-        for plan in plans:
-            print(
-                f"# {plan.name}\nCUDA_VISIBLE_DEVICES={plan.gpu} {shlex.join(redact_argv(plan.server_argv))}"
-            )
-            metrics = plan.env.get("DFLASH_METRICS_PORT")
-            prefix = f"CUDA_VISIBLE_DEVICES={plan.gpu}" + (
-                f" DFLASH_METRICS_PORT={metrics}" if metrics else ""
-            )
-            print(f"{prefix} {shlex.join(plan.worker_argv)}")
-        return 0
+        print_commands(options, plans)
+        return ExitCode.OK
     busy = [p.port for p in plans if port_in_use(p.port)]
     if busy:
         print(
@@ -245,41 +328,15 @@ def main(argv: list[str] | None = None) -> int:
             "earlier run? `deploy/stop-node.sh`, or pick another --port-base)",
             file=sys.stderr,
         )
-        return 2
-    config = SupervisorConfig(
-        health_interval=args.health_interval,
-        start_timeout=args.server_start_timeout,
-        hang_restart=args.hang_restart,
-        worker_stop_timeout=args.worker_stop_timeout,
-        server_stop_timeout=args.server_stop_timeout,
-        max_failures=args.max_failures,
-        backoff_base=args.restart_delay,
-        backoff_cap=max(60.0, args.restart_delay),
-        echo=args.echo,
-    )
+        return ExitCode.ERROR
     log_dir = Path(settings.log_dir).resolve()
-    node = Node(plans, log_dir, config)
-    if args.scrape_targets != "none":
-        targets = Path(args.scrape_targets) if args.scrape_targets else log_dir / "prometheus-targets.json"
-        host = scrape_host(settings.metrics_address, args.scrape_host)
-        try:
-            write_targets(targets, target_groups(plans, socket.gethostname(), settings.metrics_port, host))
-        except OSError as exc:
-            print(f"error: cannot write the Prometheus targets to {targets}: {exc}", file=sys.stderr)
-            return 2
-        node.say(f"Prometheus targets in {targets}")
-    kind = "simulated GPUs" if args.simulate else "GPUs"
-    node.say(
-        f"{len(plans)} {kind} ({', '.join(str(p.gpu) for p in plans)}), ports "
-        f"{', '.join(str(p.port) for p in plans)}; {inflight_summary(options)}; broker "
-        f"{redact_url(settings.broker_url)}, queue {settings.queue!r}; logs in {log_dir}"
-    )
-    if profile:
-        node.say(profile.describe())
-    if not broker_reachable(settings.broker_url):
-        node.say(
-            f"warning: no Redis answers at {redact_url(settings.broker_url)} yet; workers will keep retrying"
-        )
+    node = Node(plans, log_dir, supervisor_config(settings))
+    try:
+        write_scrape_targets(node, plans, settings, log_dir)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.ERROR
+    announce(node, options, plans, settings, log_dir)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         node.say(

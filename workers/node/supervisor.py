@@ -33,6 +33,7 @@ from typing import IO
 
 import requests
 
+from dflash_tasks.core.exit_codes import ExitCode
 from workers.node.launch import GpuPlan
 from workers.node.procs import Backoff, Child, LogEcho, stop_all, wait_all
 
@@ -162,7 +163,7 @@ class Node:
 
     def run(self) -> int:
         self._echo.start()
-        status = 0
+        status = ExitCode.OK
         try:
             while not self.stopping:
                 now = time.monotonic()
@@ -170,7 +171,7 @@ class Node:
                     self._step(slot, now)
                 if all(s.state is State.FAILED for s in self.slots):
                     self.say("every GPU slot failed; stopping the node")
-                    status = 1
+                    status = ExitCode.NOT_PASSED
                     break
                 self._wake.wait(0.2)
         finally:
