@@ -55,7 +55,8 @@ def parse_value(name: str, kind: Any, raw: str, *, named: bool = True) -> Any:
             raise ValueError(raw)
     except ValueError:
         where = f"{ENV_PREFIX}{name.upper()}=" if named else ""
-        raise ConfigError(f"{where}{raw!r} is not a valid {kind_name}") from None
+        hint = f": a number of requests or {AUTO_INFLIGHT!r}" if name == "max_inflight" else ""
+        raise ConfigError(f"{where}{raw!r} is not a valid {kind_name}{hint}") from None
     return raw
 
 

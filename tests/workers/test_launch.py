@@ -354,4 +354,4 @@ def test_a_bad_max_inflight_is_refused_with_the_values_it_takes(capsys: pytest.C
     with pytest.raises(SystemExit) as exc:
         node_main(["--gpus", "0", "--model", "m", "--max-inflight", "lots", "--print-commands"])
     assert exc.value.code == 2
-    assert "expected a number of requests or 'auto', got 'lots'" in capsys.readouterr().err
+    assert "'lots' is not a valid int: a number of requests or 'auto'" in capsys.readouterr().err
