@@ -10,10 +10,13 @@ import argparse
 import json
 import sys
 
+from dflash_tasks.cli.commands import prog
+from dflash_tasks.cli.flags import broker_flags, json_flag, load_settings, store_flags
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.celery_app import app, configure
 from dflash_tasks.coord.planner import queue_missing
 from dflash_tasks.core.errors import DflashError, StoreError
+from dflash_tasks.core.exit_codes import ExitCode
 from dflash_tasks.core.settings import ProducerSettings
 from dflash_tasks.core.states import JobState
 from dflash_tasks.producer.serving import ServingWatch
@@ -21,15 +24,18 @@ from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job, load_manifest
 
 
+def build_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog=prog("dflash_tasks.resume"),
+        description=__doc__.splitlines()[0],
+        parents=[store_flags(), broker_flags(), json_flag("print a JSON summary")],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dflash_tasks.resume", description=__doc__.splitlines()[0])
-    p.add_argument("--output", required=True, help="the job's output root")
-    p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
-    p.add_argument("--queue", help="base queue name [DFLASH_QUEUE]")
-    p.add_argument("--json", action="store_true", help="print a JSON summary")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
-        settings = ProducerSettings.load(broker_url=args.broker_url, queue=args.queue)
+        settings = load_settings(ProducerSettings, args)
         store = open_store(args.output, settings)
         job, manifest = load_job(store), load_manifest(store)
         if job is None or manifest is None:
@@ -43,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         plan, sent = queue_missing(store, bk, app, settings, job.job_id, manifest.chunks, job.spec.model)
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.ERROR
     was = f"was paused ({reason})" if state == JobState.PAUSED else "was not paused"
     print(
         f"job {job.job_id} {was}; resumed: {len(plan.done):,}/{manifest.chunks:,} chunks done, "
@@ -57,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                 {"job_id": job.job_id, "was_paused": state == JobState.PAUSED, "chunks_enqueued": sent}
             )
         )
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":
