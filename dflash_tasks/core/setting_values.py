@@ -39,6 +39,11 @@ def parse_value(name: str, kind: Any, raw: str, *, named: bool = True) -> Any:
             return parse_max_tokens(raw)
         except ConfigError as exc:
             raise ConfigError(f"{where}{raw!r}: {exc}") from None
+    if name == "repetition":  # a loop rule, as --repetition takes
+        try:
+            RepetitionSettings.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{where}{raw!r}: {exc}") from None
     try:
         if kind_name == "int":
             return int(raw)

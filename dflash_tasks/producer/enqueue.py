@@ -22,11 +22,13 @@ from typing import Any
 
 from celery import Celery
 
+from dflash_tasks.cli.flags import load_settings
 from dflash_tasks.cli.trainer_flags import view_from_args
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.planner import Plan, plan_job, queue_missing
 from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.errors import ConfigError, DflashError
+from dflash_tasks.core.exit_codes import ExitCode
 from dflash_tasks.core.job import (
     JOB_KEY,
     Amendment,
@@ -66,8 +68,6 @@ from dflash_tasks.store import Store, open_store
 from dflash_tasks.store.jobfiles import done_chunks, load_job, load_manifest
 
 log = logging.getLogger("dflash_tasks.producer.enqueue")
-
-EXIT_PREFLIGHT_FAILED = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,15 +242,15 @@ def run_preflight(
     done_sample = wait_for_chunks(
         store,
         chunks,
-        args.preflight_timeout,
+        settings.preflight_timeout_seconds,
         show,
         stop=lambda: bk.job_state(job.job_id)[0] == JobState.PAUSED,
     )
     if done_sample is None:
         raise PreflightFailed(
-            f"the preflight did not finish within {args.preflight_timeout:.0f}s: are workers running "
-            f"(python -m workers --endpoint URL --name NAME) against servers of model {job.spec.model!r}, "
-            f"with queue {settings.queue!r}?"
+            f"the preflight did not finish within {settings.preflight_timeout_seconds:.0f}s: are workers "
+            f"running (python -m workers --endpoint URL --name NAME) against servers of model "
+            f"{job.spec.model!r}, with queue {settings.queue!r}?"
         )
     # The fleet's capacity from the workers' own heartbeats (each says its max_inflight); with
     # none alive, one worker at the workers' default (the producer never reads worker settings).
@@ -286,7 +286,7 @@ def run_preflight(
     # Bad data: delete it so that it is regenerated once the cause is fixed, but only once no
     # worker still runs one of these chunks: one would store its output after the deletion (a
     # worker checks the pause after taking a chunk's lease, so none starts after this wait).
-    wait_for_leases(bk, job.job_id, chunks, args.preflight_timeout)
+    wait_for_leases(bk, job.job_id, chunks, settings.preflight_timeout_seconds)
     for chunk in chunks:
         store.delete(output_key(chunk))
     bk.unmark_done(job.job_id, chunks)
@@ -319,16 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
-        settings = ProducerSettings.load(
-            broker_url=args.broker_url,
-            queue=args.queue,
-            s3_endpoint_url=args.s3_endpoint_url,
-            max_tokens=args.max_tokens,
-        )
+        settings = load_settings(ProducerSettings, args)
         result = enqueue(args, settings)
         print_summary(result, args.dry_run)
         finished = (
-            wait_for_job(result.job, result.manifest, args.output, args.wait_replan_seconds, settings)
+            wait_for_job(result.job, result.manifest, args.output, settings.wait_replan_seconds, settings)
             if args.wait and not args.dry_run
             else True
         )
@@ -337,21 +332,21 @@ def main(argv: list[str] | None = None) -> int:
             result = dataclasses.replace(result, repair=left)
     except PreflightFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_PREFLIGHT_FAILED
+        return ExitCode.PREFLIGHT_FAILED
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.ERROR
     except KeyboardInterrupt:
         print(
             "\ninterrupted: the job keeps running; re-run this command to watch or resume it", file=sys.stderr
         )
-        return 130
+        return ExitCode.INTERRUPTED
     if args.json:
         summary = result.summary()
         if args.wait and finished:
             summary.update(chunks_done=summary["chunks"], chunks_pending=0)
         print(json.dumps(summary))
-    return 0 if finished else 1
+    return ExitCode.OK if finished else ExitCode.NOT_PASSED
 
 
 if __name__ == "__main__":

@@ -6,13 +6,16 @@ import argparse
 import dataclasses
 from typing import Any
 
+from dflash_tasks.cli.commands import prog
+from dflash_tasks.cli.flags import add_setting, broker_flags, json_flag, store_flags
 from dflash_tasks.cli.trainer_flags import add_trainer_flags
-from dflash_tasks.core.budget import FIXED, HORIZON, parse_max_tokens
+from dflash_tasks.core.budget import FIXED, HORIZON
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.job import HISTORY_REASONING, TURNS_MODES, GenerationSpec
 from dflash_tasks.core.model_name import check_model_name
 from dflash_tasks.core.quality import GATES, QualitySettings
 from dflash_tasks.core.repetition import SPEC_HELP, RepetitionSettings
+from dflash_tasks.core.settings import ProducerSettings
 from dflash_tasks.core.trainer_view import DEFAULT_TRAIN_MAX_LENGTH
 from dflash_tasks.producer.prompt_row import ColumnMap
 
@@ -25,7 +28,15 @@ _SPEC_DEFAULTS: dict[str, Any] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dflash_tasks.enqueue", description=DESCRIPTION)
+    p = argparse.ArgumentParser(
+        prog=prog("dflash_tasks.enqueue"),
+        description=DESCRIPTION,
+        parents=[
+            store_flags(output_help="output root: a directory or s3://bucket/prefix"),
+            broker_flags(),
+            json_flag("print one JSON summary as the last line"),
+        ],
+    )
     p.add_argument(
         "--input",
         required=True,
@@ -36,23 +47,29 @@ def build_parser() -> argparse.ArgumentParser:
         "name=, weight= (share of the mix), limit= (rows), format=jsonl|parquet|arrow, and "
         "messages=, prompt=, id= (columns, over the flags below)",
     )
-    p.add_argument("--output", required=True, help="output root: a directory or s3://bucket/prefix")
-    p.add_argument(
-        "--s3-endpoint-url",
-        help="S3-compatible endpoint for s3:// outputs and inputs [DFLASH_S3_ENDPOINT_URL]",
-    )
     add_column_flags(p)
+    add_spec_flags(p)
+    add_run_flags(p)
+    add_quality_flags(p)
+    add_trainer_flags(p)
+    return p
+
+
+def add_spec_flags(p: argparse.ArgumentParser) -> None:
+    """The job's generation spec: the model, sampling, chunking and turns."""
     p.add_argument(
         "--model", help="the model's served name or the last part of its path, e.g. Qwen3-8B (required)"
     )
     spec = _SPEC_DEFAULTS  # the job spec holds the only defaults
-    p.add_argument(
+    add_setting(
+        p,
         "--max-tokens",
-        type=_max_tokens,
-        metavar="N|horizon",
-        help=f"completion budget of each request (default {spec['max_tokens']}); horizon: the trainer's "
+        ProducerSettings,
+        "max_tokens",
+        f"completion budget of each request (default {spec['max_tokens']}); horizon: the trainer's "
         "--train-max-length less the request's row prefix, so nothing past what the trainer sees is "
-        "paid for [DFLASH_MAX_TOKENS]",
+        "paid for",
+        metavar="N|horizon",
     )
     p.add_argument("--temperature", type=float, default=spec["temperature"], help="default %(default)s")
     p.add_argument("--top-p", type=float, default=spec["top_p"], help="default %(default)s")
@@ -75,16 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="drop (default): a turn's request carries the earlier answers only; keep: their reasoning "
         "too, rendered with preserve_thinking (Qwen3.6), and so counted in the loss tokens",
     )
-    p.add_argument("--broker-url", help="Redis URL [DFLASH_BROKER_URL]")
-    p.add_argument("--queue", help="base queue name; chunks go to <base>.<model key> [DFLASH_QUEUE]")
+
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    """This run: wait or not, repair what, or only plan."""
     p.add_argument("--wait", action="store_true", help="show a progress bar until the job is finished")
-    p.add_argument(
+    add_setting(
+        p,
         "--wait-replan-seconds",
-        "--replan-seconds",  # the old name, still accepted
-        dest="wait_replan_seconds",
-        type=float,
-        default=60.0,
-        help="with --wait: re-plan from the store this often (default 60)",
+        ProducerSettings,
+        "wait_replan_seconds",
+        "with --wait: re-plan from the store this often (default 60)",
+        aliases=["--replan-seconds"],
+        metavar="SECONDS",
     )
     p.add_argument(
         "--retry-failed",
@@ -98,17 +118,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --max-tokens N (above the job's): repair rounds regenerate the samples truncated at "
         "max_tokens with budget N, recorded in job.json as an amendment (the job keeps its id)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     p.add_argument("--dry-run", action="store_true", help="plan and print; write and queue nothing")
+
+
+def add_quality_flags(p: argparse.ArgumentParser) -> None:
+    """The preflight and the quality gates, with the price for its cost projections."""
     q = p.add_argument_group("quality")
     q.add_argument(
         "--preflight", type=int, default=200, metavar="N", help="preflight sample size (default 200)"
     )
     q.add_argument("--no-preflight", action="store_true", help="queue the whole job at once")
-    q.add_argument(
-        "--preflight-timeout", type=float, default=3600.0, help="seconds to wait for the preflight"
+    add_setting(
+        q,
+        "--preflight-timeout-seconds",
+        ProducerSettings,
+        "preflight_timeout_seconds",
+        "time to wait for the preflight (default 3600)",
+        aliases=["--preflight-timeout"],
+        metavar="SECONDS",
     )
-    q.add_argument("--gpu-hour-usd", type=float, help="price of one GPU-hour, for cost projections")
+    add_setting(
+        q,
+        "--gpu-hour-usd",
+        ProducerSettings,
+        "gpu_hour_usd",
+        "price of one GPU-hour, for cost projections",
+        metavar="X",
+    )
     q.add_argument(
         "--min-completion-tokens", type=int, help="flag completions shorter than this (default 32)"
     )
@@ -124,9 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="a row with fewer loss tokens counts toward the few_loss_tokens gate (default 64)",
     )
-    q.add_argument("--repetition", metavar="SPEC", help=f"{SPEC_HELP} [DFLASH_REPETITION]")
-    add_trainer_flags(p)
-    return p
+    add_setting(q, "--repetition", ProducerSettings, "repetition", SPEC_HELP, metavar="SPEC")
 
 
 def add_column_flags(p: argparse.ArgumentParser) -> None:
@@ -153,13 +187,6 @@ def columns_from_args(args: argparse.Namespace) -> ColumnMap:
         return ColumnMap(args.messages_column, args.prompt_column, args.id_column, args.system_prompt)
     except ValueError as exc:
         raise ConfigError(f"--messages-column, --prompt-column: {exc}") from None
-
-
-def _max_tokens(text: str) -> int | str:
-    try:
-        return parse_max_tokens(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def spec_from_args(
