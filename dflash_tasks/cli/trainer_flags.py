@@ -4,11 +4,9 @@ over the view the job recorded (:class:`dflash_tasks.core.trainer_view.TrainerVi
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
-from typing import Any
 
 from dflash_tasks.core.trainer_templates import REGISTERED
-from dflash_tasks.core.trainer_view import DEFAULT_TRAIN_MAX_LENGTH, TrainerView
+from dflash_tasks.core.trainer_view import DEFAULT_TRAIN_MAX_LENGTH, TrainerOverrides, TrainerView
 
 
 def add_trainer_flags(parser: argparse.ArgumentParser) -> None:
@@ -41,16 +39,16 @@ def add_trainer_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def overrides_from_args(args: argparse.Namespace) -> TrainerOverrides:
+    """The trainer flags ``args`` gives (a command without them: none)."""
+    return TrainerOverrides(
+        tokenizer=getattr(args, "tokenizer", None),
+        max_length=getattr(args, "train_max_length", None),
+        last_turn_only=bool(getattr(args, "train_last_turn_only", None)),
+        template=getattr(args, "train_template", None),
+    )
+
+
 def view_from_args(args: argparse.Namespace, recorded: TrainerView | None = None) -> TrainerView:
     """The view the flags ask for, on top of ``recorded`` (the job's) or the defaults."""
-    view = recorded or TrainerView()
-    changes: dict[str, Any] = {}
-    if getattr(args, "tokenizer", None) is not None:
-        changes["tokenizer"] = args.tokenizer
-    if getattr(args, "train_max_length", None) is not None:
-        changes["max_length"] = args.train_max_length
-    if getattr(args, "train_last_turn_only", None):
-        changes["last_turn_only"] = True
-    if getattr(args, "train_template", None) is not None:
-        changes["template"] = args.train_template
-    return replace(view, **changes) if changes else view
+    return overrides_from_args(args).on(recorded)

@@ -9,7 +9,7 @@ recorded view for that one command (a re-run after a failed preflight can fix
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from dflash_tasks.core.errors import ConfigError
@@ -54,3 +54,28 @@ class TrainerView:
             last_turn_only=bool(doc.get("last_turn_only", False)),
             template=None if doc.get("template") is None else str(doc["template"]),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerOverrides:
+    """One command's changes to the job's recorded view (its ``--tokenizer``, ``--train-*`` flags):
+    None (False) keeps the recorded value."""
+
+    tokenizer: str | None = None
+    max_length: int | None = None
+    last_turn_only: bool = False
+    template: str | None = None
+
+    def on(self, recorded: TrainerView | None = None) -> TrainerView:
+        """The view these overrides ask for, on top of ``recorded`` (the job's) or the defaults."""
+        view = recorded or TrainerView()
+        changes: dict[str, Any] = {}
+        if self.tokenizer is not None:
+            changes["tokenizer"] = self.tokenizer
+        if self.max_length is not None:
+            changes["max_length"] = self.max_length
+        if self.last_turn_only:
+            changes["last_turn_only"] = True
+        if self.template is not None:
+            changes["template"] = self.template
+        return replace(view, **changes) if changes else view
