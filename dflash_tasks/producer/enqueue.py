@@ -11,19 +11,18 @@ quality gates (``--preflight N``, ``--no-preflight``).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
 
 from dflash_tasks.cli.flags import load_settings
-from dflash_tasks.cli.trainer_flags import view_from_args
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.planner import Plan, plan_job, queue_missing
 from dflash_tasks.coord.routing import model_queue
@@ -43,16 +42,13 @@ from dflash_tasks.core.states import JobState
 from dflash_tasks.core.trainable import TRAINABLE_KEY, trainable_doc
 from dflash_tasks.monitoring.fleet import capacity, live_fleet
 from dflash_tasks.monitoring.progress_writer import record_gpu_price
-from dflash_tasks.producer.enqueue_args import (
-    build_parser,
-    columns_from_args,
-    quality_from_args,
-    spec_from_args,
-)
+from dflash_tasks.producer.enqueue_args import build_parser, options_from_args
+from dflash_tasks.producer.enqueue_options import EnqueueOptions
 from dflash_tasks.producer.inputs import summarize_invalid
 from dflash_tasks.producer.mix import InputMix
 from dflash_tasks.producer.preflight import (
     PREFLIGHT_KEY,
+    PreflightReport,
     judge,
     preflight_chunks,
     print_progress,
@@ -113,30 +109,31 @@ def celery_app(settings: CommonSettings) -> Celery:
     return configure(app, settings)
 
 
-def input_mix(args: argparse.Namespace, settings: CommonSettings | None = None) -> InputMix:
+def input_mix(options: EnqueueOptions, settings: CommonSettings | None = None) -> InputMix:
     """The job's input sources, from ``--input`` (repeated) and the column flags."""
-    return InputMix(parse_sources(args.input, columns_from_args(args)), args.sample_seed, settings)
+    return InputMix(parse_sources(list(options.inputs), options.columns), options.sample_seed, settings)
 
 
 def prepare(
-    args: argparse.Namespace, settings: CommonSettings | None = None, mix: InputMix | None = None
+    options: EnqueueOptions, settings: CommonSettings | None = None, mix: InputMix | None = None
 ) -> tuple[JobDefinition, Store, JobDefinition | None, Manifest | None]:
     """Define the job and check it against what the output root already holds.
 
-    With ``--repair-truncated``, ``--max-tokens`` is the budget for the truncated samples, not the
-    job's: the job keeps its own, and gets an amendment naming the new one. ``--max-tokens``
-    defaults to ``DFLASH_MAX_TOKENS`` (``settings``); under ``horizon`` the job's ``max_tokens`` is
-    the trainer's ``max_length`` (the job's own on a re-run without ``--train-max-length``).
+    With ``repair_truncated``, ``spec.max_tokens`` is the budget for the truncated samples, not
+    the job's: the job keeps its own, and gets an amendment naming the new one. Under ``horizon``
+    the job's ``max_tokens`` is the trainer's ``max_length`` (the job's own on a re-run without
+    ``--train-max-length``).
     """
-    store = open_store(args.output, settings)
+    store = open_store(options.output, settings)
     existing = load_job(store)
-    default = settings.max_tokens if isinstance(settings, ProducerSettings) else None
-    view = view_from_args(args, existing.trainer if existing is not None else None)
-    spec = spec_from_args(args, default, view.max_length)
+    spec = options.spec
+    if spec.at_horizon:
+        view = options.trainer.on(existing.trainer if existing is not None else None)
+        spec = dataclasses.replace(spec, max_tokens=view.max_length)
     budget = None
-    if args.repair_truncated:
+    if options.repair_truncated:
         if existing is None:
-            raise ConfigError(f"--repair-truncated: {args.output} holds no job yet; run the job first")
+            raise ConfigError(f"--repair-truncated: {options.output} holds no job yet; run the job first")
         if spec.at_horizon or existing.spec.at_horizon:
             raise ConfigError(
                 "--repair-truncated: a --max-tokens horizon job is cut at the trainer's horizon, where "
@@ -149,44 +146,41 @@ def prepare(
                 f"--repair-truncated --max-tokens {budget}: the job's samples were generated with "
                 f"max_tokens {existing.spec.max_tokens}; give a larger budget"
             )
-    fingerprint, name, inputs = (mix or input_mix(args, settings)).identity()
+    fingerprint, name, inputs = (mix or input_mix(options, settings)).identity()
     wanted = JobDefinition.create(
-        fingerprint,
-        name,
-        spec,
-        quality_from_args(args, _repetition(settings)),
-        view_from_args(args),
-        inputs=inputs,
+        fingerprint, name, spec, options.quality, options.trainer.on(), inputs=inputs
     )
     if existing is not None:
-        check_same_job(existing, wanted, args.output)
+        check_same_job(existing, wanted, options.output)
     job = existing or wanted
     if budget is not None and job.repair_max_tokens != budget:
         job = dataclasses.replace(job, amendments=(*job.amendments, Amendment(budget, round(time.time(), 3))))
     return job, store, existing, load_manifest(store)
 
 
-def _repetition(settings: CommonSettings | None) -> str:
-    """``DFLASH_REPETITION``, where the producer's settings are at hand."""
-    return settings.repetition if isinstance(settings, ProducerSettings) else ""
+def enqueue(
+    options: EnqueueOptions, settings: ProducerSettings, say: Callable[[str], None] = log.warning
+) -> EnqueueResult:
+    """Stage (once), run the preflight (new jobs), and queue what is missing; ``say`` takes the
+    notes a person should read (invalid input lines, the preflight's report).
 
-
-def enqueue(args: argparse.Namespace, settings: ProducerSettings) -> EnqueueResult:
-    """Stage (once), run the preflight (new jobs), and queue what is missing."""
-    mix = input_mix(args, settings)
-    job, store, existing, manifest = prepare(args, settings, mix)
-    if args.dry_run:
+    Raises :class:`PreflightFailed` when the preflight fails its gates (the job is then paused),
+    another :class:`DflashError` when the input, the store or the broker is not usable.
+    """
+    mix = input_mix(options, settings)
+    job, store, existing, manifest = prepare(options, settings, mix)
+    if options.dry_run:
         if manifest is None:
             report = stage_input(mix, None, job.job_id, job.spec.chunk_size, job.spec.turns)
             manifest = report.manifest
             if report.invalid:
-                print(summarize_invalid(report.invalid), file=sys.stderr)
+                say(summarize_invalid(report.invalid))
         queue = model_queue(settings.queue, job.spec.model)
         plan = plan_job(store, None, queue, job.job_id, manifest.chunks)
-        return EnqueueResult(job, manifest, plan, 0, args.output)
+        return EnqueueResult(job, manifest, plan, 0, options.output)
     bk = Bookkeeping.from_url(settings.broker_url, settings.redis_prefix)
     bk.ping()  # fail before writing anything when the broker is unreachable
-    if (tokenizer := view_from_args(args, job.trainer).tokenizer) is not None:
+    if (tokenizer := options.trainer.on(job.trainer).tokenizer) is not None:
         load_tokenizer(tokenizer)  # ... or the trainer's tokenizer cannot be read
     store.check_writable()  # ... or the store cannot be written (no bucket, access denied, read-only)
     if existing is None or job != existing:  # a new job, or an amendment to it
@@ -200,80 +194,47 @@ def enqueue(args: argparse.Namespace, settings: ProducerSettings) -> EnqueueResu
             raise
         manifest = report.manifest
         if report.invalid:
-            print(summarize_invalid(report.invalid), file=sys.stderr)
+            say(summarize_invalid(report.invalid))
     elif manifest.invalid:
-        print(f"{manifest.invalid} invalid lines (details in {args.output}/invalid.jsonl)", file=sys.stderr)
+        say(f"{manifest.invalid} invalid lines (details in {options.output}/invalid.jsonl)")
     bk.resume_job(job.job_id)  # a re-run continues a paused job
-    record_gpu_price(bk, job.job_id, args.gpu_hour_usd or settings.gpu_hour_usd)
+    record_gpu_price(bk, job.job_id, settings.gpu_hour_usd)
     app = celery_app(settings)
-    if not args.no_preflight and args.preflight > 0 and not store.exists(PREFLIGHT_KEY):
-        run_preflight(args, settings, job, manifest, store, bk, app)
+    if options.preflight > 0 and not store.exists(PREFLIGHT_KEY):
+        run_preflight(options, settings, Staged(job, manifest, store, bk, app), say)
     plan, sent = queue_missing(store, bk, app, settings, job.job_id, manifest.chunks, job.spec.model)
     repair = None
-    if not args.wait:  # --wait watches this itself, and runs the repair rounds once the chunks are in
+    if not options.wait:  # --wait watches this itself, and runs the repair rounds once the chunks are in
         if len(plan.done) >= manifest.chunks:
-            repair = queue_repairs(store, manifest, bk, app, settings, job, permanent=args.retry_failed)
+            repair = queue_repairs(store, manifest, bk, app, settings, job, permanent=options.retry_failed)
         ServingWatch(bk, job.spec.model).poll()
-    return EnqueueResult(job, manifest, plan, sent, args.output, repair)
+    return EnqueueResult(job, manifest, plan, sent, options.output, repair)
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A staged job and what reaches it: its store, Redis and the Celery app."""
+
+    job: JobDefinition
+    manifest: Manifest
+    store: Store
+    bk: Bookkeeping
+    app: Celery
 
 
 def run_preflight(
-    args: argparse.Namespace,
-    settings: ProducerSettings,
-    job: JobDefinition,
-    manifest: Manifest,
-    store: Store,
-    bk: Bookkeeping,
-    app: Celery,
+    options: EnqueueOptions, settings: ProducerSettings, staged: Staged, say: Callable[[str], None]
 ) -> None:
     """Generate the preflight chunks, judge them, and raise :class:`PreflightFailed` if the gates trip."""
-    chunks = preflight_chunks(manifest, args.preflight)
+    job, manifest, store, bk = staged.job, staged.manifest, staged.store, staged.bk
+    chunks = preflight_chunks(manifest, options.preflight)
     started = time.monotonic()
     bk.set_preflight(job.job_id, True)
-    queue_missing(store, bk, app, settings, job.job_id, manifest.chunks, job.spec.model, only=chunks)
-    print(f"preflight: {len(chunks)} chunks spread over the input; waiting for workers ...", file=sys.stderr)
-    watch, progress = ServingWatch(bk, job.spec.model), print_progress(len(chunks))
-
-    def show(done: int) -> None:
-        progress(done)
-        watch.poll()
-
-    # The live gate may pause the job before the whole sample is in: judge what is done then.
-    done_sample = wait_for_chunks(
-        store,
-        chunks,
-        settings.preflight_timeout_seconds,
-        show,
-        stop=lambda: bk.job_state(job.job_id)[0] == JobState.PAUSED,
-    )
-    if done_sample is None:
-        raise PreflightFailed(
-            f"the preflight did not finish within {settings.preflight_timeout_seconds:.0f}s: are workers "
-            f"running (python -m workers --endpoint URL --name NAME) against servers of model "
-            f"{job.spec.model!r}, with queue {settings.queue!r}?"
-        )
-    # The fleet's capacity from the workers' own heartbeats (each says its max_inflight); with
-    # none alive, one worker at the workers' default (the producer never reads worker settings).
-    workers, slots, tuned = capacity(job.spec.model, live_fleet(bk.heartbeats(), time.time()))
-    workers, slots = max(workers, 1), slots or WorkerSettings().max_inflight
-    done = [c for c in done_chunks(store) if c < manifest.chunks]
-    report = judge(
-        store,
-        done_sample,
-        job.quality,
-        time.monotonic() - started,
-        slots=slots,
-        workers=workers,
-        tuned_workers=tuned,
-        remaining=manifest.total_turns - sum(manifest.turns_of(c) for c in done),
-        gpu_hour_usd=args.gpu_hour_usd or settings.gpu_hour_usd,
-        remaining_samples=manifest.samples - sum(manifest.chunk_samples(c) for c in done),
-        trainer=view_from_args(args, job.trainer),
-        thinking=job.spec.thinking,
-        preserve_thinking=job.spec.keeps_history_reasoning,
-        job=job,
-    )
-    print(report.render(), file=sys.stderr)
+    queue_missing(store, bk, staged.app, settings, job.job_id, manifest.chunks, job.spec.model, only=chunks)
+    say(f"preflight: {len(chunks)} chunks spread over the input; waiting for workers ...")
+    done_sample = _wait_for_sample(staged, chunks, settings)
+    report = _judge_sample(staged, done_sample, time.monotonic() - started, options, settings)
+    say(report.render())
     if report.passed:
         store.write(PREFLIGHT_KEY, (json.dumps(report.to_dict(), indent=2) + "\n").encode())
         if report.trainable is not None:
@@ -291,6 +252,64 @@ def run_preflight(
         store.delete(output_key(chunk))
     bk.unmark_done(job.job_id, chunks)
     raise PreflightFailed(reason + "\nFix the cause, then re-run this command.")
+
+
+def _wait_for_sample(staged: Staged, chunks: list[int], settings: ProducerSettings) -> list[int]:
+    """The preflight chunks done once all are, or once the live gate paused the job (judged as
+    they are then); :class:`PreflightFailed` when the wait runs out."""
+    job, bk = staged.job, staged.bk
+    watch, progress = ServingWatch(bk, job.spec.model), print_progress(len(chunks))
+
+    def show(done: int) -> None:
+        progress(done)
+        watch.poll()
+
+    done_sample = wait_for_chunks(
+        staged.store,
+        chunks,
+        settings.preflight_timeout_seconds,
+        show,
+        stop=lambda: bk.job_state(job.job_id)[0] == JobState.PAUSED,
+    )
+    if done_sample is None:
+        raise PreflightFailed(
+            f"the preflight did not finish within {settings.preflight_timeout_seconds:.0f}s: are workers "
+            f"running (python -m workers --endpoint URL --name NAME) against servers of model "
+            f"{job.spec.model!r}, with queue {settings.queue!r}?"
+        )
+    return done_sample
+
+
+def _judge_sample(
+    staged: Staged,
+    done_sample: list[int],
+    elapsed: float,
+    options: EnqueueOptions,
+    settings: ProducerSettings,
+) -> PreflightReport:
+    """The preflight's report on the sample, with projections for the rest of the job."""
+    job, manifest, store = staged.job, staged.manifest, staged.store
+    # The fleet's capacity from the workers' own heartbeats (each says its max_inflight); with
+    # none alive, one worker at the workers' default (the producer never reads worker settings).
+    workers, slots, tuned = capacity(job.spec.model, live_fleet(staged.bk.heartbeats(), time.time()))
+    workers, slots = max(workers, 1), slots or WorkerSettings().max_inflight
+    done = [c for c in done_chunks(store) if c < manifest.chunks]
+    return judge(
+        store,
+        done_sample,
+        job.quality,
+        elapsed,
+        slots=slots,
+        workers=workers,
+        tuned_workers=tuned,
+        remaining=manifest.total_turns - sum(manifest.turns_of(c) for c in done),
+        gpu_hour_usd=settings.gpu_hour_usd,
+        remaining_samples=manifest.samples - sum(manifest.chunk_samples(c) for c in done),
+        trainer=options.trainer.on(job.trainer),
+        thinking=job.spec.thinking,
+        preserve_thinking=job.spec.keeps_history_reasoning,
+        job=job,
+    )
 
 
 def print_summary(result: EnqueueResult, dry_run: bool) -> None:
@@ -315,12 +334,16 @@ def print_summary(result: EnqueueResult, dry_run: bool) -> None:
         )
 
 
+def _to_stderr(note: str) -> None:
+    print(note, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         settings = load_settings(ProducerSettings, args)
-        result = enqueue(args, settings)
+        result = enqueue(options_from_args(args, settings), settings, say=_to_stderr)
         print_summary(result, args.dry_run)
         finished = (
             wait_for_job(result.job, result.manifest, args.output, settings.wait_replan_seconds, settings)

@@ -8,7 +8,7 @@ from typing import Any
 
 from dflash_tasks.cli.commands import prog
 from dflash_tasks.cli.flags import add_setting, broker_flags, json_flag, store_flags
-from dflash_tasks.cli.trainer_flags import add_trainer_flags
+from dflash_tasks.cli.trainer_flags import add_trainer_flags, overrides_from_args
 from dflash_tasks.core.budget import FIXED, HORIZON
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.job import HISTORY_REASONING, TURNS_MODES, GenerationSpec
@@ -17,6 +17,7 @@ from dflash_tasks.core.quality import GATES, QualitySettings
 from dflash_tasks.core.repetition import SPEC_HELP, RepetitionSettings
 from dflash_tasks.core.settings import ProducerSettings
 from dflash_tasks.core.trainer_view import DEFAULT_TRAIN_MAX_LENGTH
+from dflash_tasks.producer.enqueue_options import DEFAULT_PREFLIGHT, EnqueueOptions
 from dflash_tasks.producer.prompt_row import ColumnMap
 
 DESCRIPTION = "stage a prompt file and queue one task per chunk"
@@ -125,7 +126,11 @@ def add_quality_flags(p: argparse.ArgumentParser) -> None:
     """The preflight and the quality gates, with the price for its cost projections."""
     q = p.add_argument_group("quality")
     q.add_argument(
-        "--preflight", type=int, default=200, metavar="N", help="preflight sample size (default 200)"
+        "--preflight",
+        type=int,
+        default=DEFAULT_PREFLIGHT,
+        metavar="N",
+        help=f"preflight sample size (default {DEFAULT_PREFLIGHT})",
     )
     q.add_argument("--no-preflight", action="store_true", help="queue the whole job at once")
     add_setting(
@@ -250,4 +255,25 @@ def quality_from_args(args: argparse.Namespace, repetition: str = "") -> Quality
         raise ConfigError(f"--repetition {spec!r}: {exc}") from None
     return QualitySettings(
         min_completion_tokens=minimum, max_share=shares, min_loss_tokens=loss, repetition=loops
+    )
+
+
+def options_from_args(args: argparse.Namespace, settings: ProducerSettings | None = None) -> EnqueueOptions:
+    """The run the flags ask for, over ``settings``' ``DFLASH_MAX_TOKENS`` and ``DFLASH_REPETITION``;
+    :class:`ConfigError` naming a bad flag. Under ``--max-tokens horizon`` the spec's ``max_tokens``
+    is the trainer's ``max_length`` of the flags (``prepare`` takes the job's where it has one)."""
+    overrides = overrides_from_args(args)
+    return EnqueueOptions(
+        inputs=tuple(args.input),
+        output=args.output,
+        spec=spec_from_args(args, settings.max_tokens if settings else None, overrides.on().max_length),
+        quality=quality_from_args(args, settings.repetition if settings else ""),
+        trainer=overrides,
+        columns=columns_from_args(args),
+        sample_seed=args.sample_seed,
+        preflight=0 if args.no_preflight else args.preflight,
+        wait=args.wait,
+        dry_run=args.dry_run,
+        retry_failed=args.retry_failed,
+        repair_truncated=args.repair_truncated,
     )

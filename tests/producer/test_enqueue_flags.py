@@ -9,8 +9,7 @@ from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.repetition import RepetitionSettings
 from dflash_tasks.core.settings import ProducerSettings
-from dflash_tasks.producer.enqueue import _repetition, build_parser, spec_from_args
-from dflash_tasks.producer.enqueue_args import quality_from_args
+from dflash_tasks.producer.enqueue_args import build_parser, quality_from_args, spec_from_args
 
 
 def test_no_generation_flag_gives_the_job_specs_defaults() -> None:
@@ -53,7 +52,7 @@ JOB = ["--input", "p", "--output", "o", "--model", "M"]
 def test_the_flag_and_the_variable_set_the_jobs_loop_rule(value: str, expected: RepetitionSettings) -> None:
     by_flag = quality_from_args(build_parser().parse_args([*JOB, "--repetition", value]))
     settings = ProducerSettings.load({"DFLASH_REPETITION": value})
-    by_variable = quality_from_args(build_parser().parse_args(JOB), _repetition(settings))
+    by_variable = quality_from_args(build_parser().parse_args(JOB), settings.repetition)
     assert by_flag.repetition == by_variable.repetition == expected
     assert quality_from_args(build_parser().parse_args(JOB)).repetition == RepetitionSettings()
 

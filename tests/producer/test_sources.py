@@ -19,7 +19,7 @@ from dflash_tasks.core.errors import InputError, JobMismatch
 from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY
 from dflash_tasks.core.sample import decode_chunk
 from dflash_tasks.producer.enqueue import input_mix, prepare
-from dflash_tasks.producer.enqueue_args import build_parser
+from dflash_tasks.producer.enqueue_args import build_parser, options_from_args
 from dflash_tasks.producer.mix import InputMix
 from dflash_tasks.producer.prompt_row import ColumnMap
 from dflash_tasks.producer.sources import parse_sources
@@ -207,16 +207,16 @@ def test_a_rerun_with_another_weight_is_refused_naming_it(tmp_path: Path) -> Non
     b = write_jsonl(tmp_path / "b.jsonl", rows(100, "b"))
     out = str(tmp_path / "out")
     args = parse("--input", f"{a},weight=1", "--input", f"{b},weight=2", "--output", out)
-    job, store, existing, _ = prepare(args)
+    job, store, existing, _ = prepare(options_from_args(args))
     assert existing is None and job.inputs is not None
     store.write(JOB_KEY, job.to_json())
-    assert prepare(args)[0] == job  # the same command: the same job
+    assert prepare(options_from_args(args))[0] == job  # the same command: the same job
     changed = parse("--input", f"{a},weight=1", "--input", f"{b},weight=3", "--output", out)
     with pytest.raises(JobMismatch, match=r"source 'b' weight: the output has 2.0, this run asks for 3.0"):
-        prepare(changed)
+        prepare(options_from_args(changed))
     dropped = parse("--input", f"{a},weight=1", "--output", out)
     with pytest.raises(JobMismatch, match=r"source 'b': the output has it, this run does not read it"):
-        prepare(dropped)
+        prepare(options_from_args(dropped))
 
 
 def test_a_job_of_one_jsonl_file_keeps_its_identity(tmp_path: Path) -> None:
@@ -229,7 +229,7 @@ def test_a_job_of_one_jsonl_file_keeps_its_identity(tmp_path: Path) -> None:
     before = JobDefinition.create(
         input_fingerprint(a), "a.jsonl", spec_from_args(args), quality_from_args(args)
     )
-    job = prepare(args)[0]
+    job = prepare(options_from_args(args))[0]
     assert job.job_id == before.job_id and job.inputs is None
     assert b'"inputs"' not in job.to_json()
 
@@ -350,7 +350,7 @@ def test_enqueue_of_parquet_given_as_jsonl_or_without_a_valid_sample_exits_non_z
 def test_input_mix_from_flags(tmp_path: Path) -> None:
     a = write_jsonl(tmp_path / "a.jsonl", rows(3))
     args = parse("--input", f"{a},prompt=q,id=k", "--messages-column", "m", "--output", str(tmp_path))
-    (spec,) = input_mix(args).specs
+    (spec,) = input_mix(options_from_args(args)).specs
     assert spec.columns == ColumnMap(messages=None, prompt="q", id="k")
 
 
