@@ -22,7 +22,7 @@ def test_demo_runs_a_small_job_end_to_end_and_leaves_nothing_running(
         "PYTHONPATH": str(REPO),
     }
     argv = [sys.executable, "-m", "dflash_tasks.demo", "--prompts", "150", "--gpus", "2"]
-    argv += ["--out", str(tmp_path / "demo"), "--time-scale", "0.02"]
+    argv += ["--output", str(tmp_path / "demo"), "--time-scale", "0.02"]
     run = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "PASS: 159 lines = 150 ok + 0 failed + 9 invalid" in run.stdout + run.stderr
