@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
+from dflash_tasks.core.exit_codes import ExitCode
 from dflash_tasks.sim.batch import CURVES
 from dflash_tasks.sim.config import FAULT_KINDS, REASONING_PARSERS, FaultSpec, SimConfig
 from dflash_tasks.sim.server import start_simulator
@@ -16,7 +17,24 @@ from dflash_tasks.sim.server import start_simulator
 
 def _parser() -> argparse.ArgumentParser:
     d = SimConfig()
-    p = argparse.ArgumentParser(prog="python -m dflash_tasks.sim", description=__doc__)
+    p = argparse.ArgumentParser(prog=_prog(), description=__doc__)
+    _add_server_flags(p, d)
+    _add_stream_flags(p, d)
+    _add_curve_flags(p.add_argument_group(CURVE_GROUP), d)
+    _add_lifecycle_flags(p, d)
+    return p
+
+
+def _prog() -> str:
+    # The simulator sits below the CLI's layer: its own name, as the commands' table has it.
+    return "dflash-sim" if sys.argv and sys.argv[0].endswith("dflash-sim") else "python -m dflash_tasks.sim"
+
+
+CURVE_GROUP = "throughput curve (dflash_tasks.sim.batch; none: a fixed rate per request)"
+
+
+def _add_server_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
+    """What the server says it is and how it answers: model, limits, speed, reasoning, accept length."""
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port, help="0 picks a free port")
     p.add_argument(
@@ -50,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
         default=d.decode_log_interval,
         help="verify passes before internal_states reports an accept length",
     )
+
+
+def _add_stream_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
+    """Loops in the thoughts, and how streams are sent and their clients watched."""
     p.add_argument(
         "--loop-share",
         type=float,
@@ -68,7 +90,10 @@ def _parser() -> argparse.ArgumentParser:
         default=d.disconnect_poll_seconds,
         help="how often a waiting request's connection is checked (SGLang: 4 s)",
     )
-    curve = p.add_argument_group("throughput curve (dflash_tasks.sim.batch; none: a fixed rate per request)")
+
+
+def _add_curve_flags(curve: argparse._ArgumentGroup, d: SimConfig) -> None:
+    """How throughput and the accept length bend with the batch, and the KV cache's size."""
     curve.add_argument("--curve", choices=sorted(CURVES), default=None, help="a named curve (sets the knobs)")
     curve.add_argument(
         "--batch-knee", type=float, default=d.batch_knee, help="batch where a step turns compute-bound"
@@ -98,6 +123,10 @@ def _parser() -> argparse.ArgumentParser:
         default=d.kv_reserve_ratio,
         help="share of a request's remaining budget reserved at admission (SGLang's new_token_ratio)",
     )
+
+
+def _add_lifecycle_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
+    """Start-up, authentication, faults and logging."""
     p.add_argument(
         "--load-seconds", type=float, default=d.load_seconds, help="the port refuses connections meanwhile"
     )
@@ -121,7 +150,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--record-requests", metavar="PATH", help="append every chat request body to PATH (JSONL), for tests"
     )
-    return p
 
 
 def config_from_args(argv: Sequence[str] | None = None) -> SimConfig:
@@ -154,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sim = start_simulator(config)
     except OSError as exc:
         print(f"sim: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.ERROR
     if not sim.listening.is_set():
         print(f"SIM LOADING {sim.url}", flush=True)
         while not (sim.listening.wait(0.05) or done.is_set()):
@@ -164,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     while not done.wait(0.5):
         pass
     sim.stop()
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

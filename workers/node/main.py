@@ -29,8 +29,8 @@ from dflash_tasks.cli.commands import prog
 from dflash_tasks.cli.flags import add_setting, broker_flags, load_settings
 from dflash_tasks.core.errors import ConfigError, DflashError
 from dflash_tasks.core.exit_codes import ExitCode
-from dflash_tasks.core.setting_values import redact_url
-from dflash_tasks.core.settings import DEFAULT_INFLIGHT_CEILING, DEFAULT_MAX_INFLIGHT, ECHO_LOGS, NodeSettings
+from dflash_tasks.core.setting_values import ECHO_LOGS, redact_url
+from dflash_tasks.core.settings import DEFAULT_INFLIGHT_CEILING, DEFAULT_MAX_INFLIGHT, NodeSettings
 from workers.node.launch import (
     GpuPlan,
     NodeOptions,
