@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any, TypeVar
 
@@ -24,17 +24,18 @@ Role = TypeVar("Role", bound=CommonSettings)
 OUTPUT_HELP = "the job's output root: a directory or s3://bucket/prefix (as given to enqueue)"
 
 
-def setting_type(role: type[CommonSettings], field: str) -> Callable[[str], Any]:
-    """An argparse ``type`` parsing a flag's text as ``role``'s setting ``field``."""
+class SettingType:
+    """An argparse ``type`` parsing a flag's text as ``role``'s setting ``field`` (as its variable)."""
 
-    def parse(raw: str) -> Any:
+    def __init__(self, role: type[CommonSettings], field: str) -> None:
+        self.role, self.field = role, field
+        self.__name__ = field  # argparse names a type in some of its messages
+
+    def __call__(self, raw: str) -> Any:
         try:
-            return role.parse(field, raw)
+            return self.role.parse(self.field, raw)
         except ConfigError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = field  # argparse names the type in its messages
-    return parse
 
 
 def add_setting(
@@ -52,7 +53,7 @@ def add_setting(
     action = parser.add_argument(
         flag,
         dest=field,
-        type=setting_type(role, field),
+        type=SettingType(role, field),
         help=f"{help} [{ENV_PREFIX}{field.upper()}]",
         **kwargs,
     )
