@@ -343,3 +343,15 @@ def test_export_of_an_output_without_a_job_says_so(
     for root in (tmp_path / "none", tmp_path / "half"):
         assert main(["--output", str(root), "--to", str(tmp_path / "x.jsonl")]) == 2
         assert capsys.readouterr().err == f"error: {root} holds no staged job\n"
+
+
+def test_export_json_prints_the_manifest_it_wrote(
+    job_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_tasks.output.export import main as export_main
+
+    out = tmp_path / "train.jsonl"
+    assert export_main(["--output", str(job_dir), "--to", str(out), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.with_name(out.name + ".manifest.json").read_text())
+    assert printed["rows"] == len(read_jsonl(out))
