@@ -200,7 +200,7 @@ class Producer:
             "dflash_tasks.enqueue",
             *("--input", str(self.inp), "--output", self.output.uri, "--model", MODEL),
             *("--chunk-size", str(self.chunk_size), "--no-preflight", "--json", *shares),
-            *("--wait", "--replan-seconds", "3"),
+            *("--wait", "--wait-replan-seconds", "3"),
         ]
 
     def start(self) -> None:
