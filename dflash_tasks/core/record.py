@@ -52,65 +52,29 @@ from typing import Any
 
 from dflash_tasks.core.errors import BadRecord
 from dflash_tasks.core.loss_counts import LossCounts
+from dflash_tasks.core.record_fields import (
+    InvalidField,
+    extra_of,
+    read_checks,
+    read_failure,
+    read_float,
+    read_int,
+    read_mapping,
+    read_messages,
+    read_status,
+    read_str,
+    read_text,
+    wrong,
+)
+from dflash_tasks.core.record_parts import Part, Usage, read_parts, read_usage
 from dflash_tasks.core.states import FailureKind, Outcome, RecordStatus
+
+__all__ = ["Part", "Record", "Turn", "Usage", "decode_records", "encode_records", "outcome_of"]
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 #: Keys of a record from before multi-turn support that belong to its one turn.
 _LEGACY_TURN_KEYS = frozenset(("messages", "reasoning", "content", "meta_info"))
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Token counts of one turn, or summed over a record's turns (0 when a writer left one out)."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
-
-    def to_dict(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "reasoning_tokens": self.reasoning_tokens,
-        }
-
-    @staticmethod
-    def total(parts: Iterable[Usage]) -> Usage:
-        prompt = completion = reasoning = 0
-        for u in parts:
-            prompt += u.prompt_tokens
-            completion += u.completion_tokens
-            reasoning += u.reasoning_tokens
-        return Usage(prompt, completion, reasoning)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Part:
-    """One request of a continued turn: the characters of the turn's text it wrote, and its numbers.
-
-    The turn's ``reasoning`` is its parts' reasoning in order (each ``reasoning_chars`` long),
-    likewise its ``content``; ``usage.completion_tokens`` is what that request generated.
-    """
-
-    reasoning_chars: int
-    content_chars: int
-    finish_reason: str | None
-    usage: Usage = Usage()
-    meta_info: Mapping[str, Any] | None = None
-    latency_s: float = 0.0
-    attempts: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "reasoning_chars": self.reasoning_chars,
-            "content_chars": self.content_chars,
-            "finish_reason": self.finish_reason,
-            "usage": self.usage.to_dict(),
-            "meta_info": self.meta_info,
-            "latency_s": self.latency_s,
-            "attempts": self.attempts,
-        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,7 +85,7 @@ class Turn:
     reasoning: str = ""
     content: str = ""
     finish_reason: str | None = None  # None when the turn failed
-    usage: Usage = Usage()
+    usage: Usage = field(default_factory=Usage)
     meta_info: Mapping[str, Any] | None = None  # the server's per-request numbers, as received
     status: RecordStatus
     error: str | None = None
@@ -201,7 +165,7 @@ class Record:
     failure: FailureKind | None = None  # of the failed turn; None when ok
     failed_turn: int | None = None  # 1-based
     finish_reason: str | None = None  # of the last turn
-    usage: Usage = Usage()  # summed over the turns
+    usage: Usage = field(default_factory=Usage)  # summed over the turns
     model: str | None = None
     server: Mapping[str, Any] | None = None  # what the server said it serves, as received
     sampling: Mapping[str, Any] | None = None  # the job's sampling parameters
@@ -279,7 +243,7 @@ class Record:
         """Validate a decoded line (see the module docstring for what older writers may omit)."""
         try:
             return _record(doc)
-        except _Invalid as exc:
+        except InvalidField as exc:
             raise BadRecord(where, exc.cause, exc.field) from None
 
 
@@ -312,169 +276,34 @@ _TURN_KEYS = frozenset(f.name for f in fields(Turn)) - {"extra"}
 _RECORD_KEYS = frozenset(f.name for f in fields(Record)) - {"extra"}
 
 
-class _Invalid(Exception):
-    def __init__(self, field: str, cause: str) -> None:
-        self.field = field
-        self.cause = cause
-
-
-def _wrong(field: str, expected: str, value: Any) -> _Invalid:
-    return _Invalid(field, f"{field}: expected {expected}, got {_show(value)}")
-
-
-def _show(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _str(doc: Mapping[str, Any], key: str, path: str) -> str | None:
-    value = doc.get(key)
-    if value is None or isinstance(value, str):
-        return value
-    raise _wrong(path + key, "a string or null", value)
-
-
-def _text(doc: Mapping[str, Any], key: str, path: str) -> str:
-    return _str(doc, key, path) or ""
-
-
-def _int(doc: Mapping[str, Any], key: str, path: str) -> int | None:
-    value = doc.get(key)
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    raise _wrong(path + key, "an integer or null", value)
-
-
-def _float(doc: Mapping[str, Any], key: str, path: str) -> float:
-    value = doc.get(key)
-    if value is None:
-        return 0.0
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    raise _wrong(path + key, "a number or null", value)
-
-
-def _mapping(doc: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any] | None:
-    value = doc.get(key)
-    if value is None or isinstance(value, dict):
-        return value
-    raise _wrong(path + key, "an object or null", value)
-
-
-def _status(doc: Mapping[str, Any], path: str) -> RecordStatus:
-    value = doc.get("status")
-    if value is None:
-        return RecordStatus.FAILED
-    try:
-        return RecordStatus(value)
-    except ValueError:
-        raise _wrong(path + "status", "'ok' or 'failed'", value) from None
-
-
-def _failure(doc: Mapping[str, Any], path: str) -> FailureKind | None:
-    value = doc.get("failure")
-    if value is None:
-        return None
-    try:
-        return FailureKind(value)
-    except ValueError:
-        raise _wrong(path + "failure", "'permanent' or 'transient'", value) from None
-
-
-def _checks(doc: Mapping[str, Any], path: str) -> tuple[str, ...] | None:
-    value = doc.get("checks")
-    if value is None:
-        return None
-    if isinstance(value, list) and all(isinstance(c, str) for c in value):
-        return tuple(value)
-    raise _wrong(path + "checks", "a list of strings", value)
-
-
-def _usage(doc: Mapping[str, Any], path: str) -> Usage:
-    value = _mapping(doc, "usage", path)
-    if not value:
-        return Usage()
-    where = path + "usage."
-    return Usage(
-        _int(value, "prompt_tokens", where) or 0,
-        _int(value, "completion_tokens", where) or 0,
-        _int(value, "reasoning_tokens", where) or 0,
-    )
-
-
-def _messages(value: Any, field: str) -> tuple[dict[str, str], ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise _wrong(field, "a list of messages", value)
-    for i, m in enumerate(value):
-        if not isinstance(m, dict):
-            raise _wrong(f"{field}[{i}]", "a message object", m)
-        for key in ("role", "content"):
-            if not isinstance(m.get(key), str):
-                raise _wrong(f"{field}[{i}].{key}", "a string", m.get(key))
-    return tuple(value)
-
-
-def _parts(doc: Mapping[str, Any], path: str, reasoning: str, content: str) -> tuple[Part, ...]:
-    value = doc.get("parts")
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(p, dict) for p in value):
-        raise _wrong(path + "parts", "a list of part objects", value)
-    parts = tuple(
-        Part(
-            reasoning_chars=_int(p, "reasoning_chars", f"{path}parts[{i}].") or 0,
-            content_chars=_int(p, "content_chars", f"{path}parts[{i}].") or 0,
-            finish_reason=_str(p, "finish_reason", f"{path}parts[{i}]."),
-            usage=_usage(p, f"{path}parts[{i}]."),
-            meta_info=_mapping(p, "meta_info", f"{path}parts[{i}]."),
-            latency_s=_float(p, "latency_s", f"{path}parts[{i}]."),
-            attempts=_int(p, "attempts", f"{path}parts[{i}].") or 0,
-        )
-        for i, p in enumerate(value)
-    )
-    if sum(p.reasoning_chars for p in parts) != len(reasoning) or sum(p.content_chars for p in parts) != len(
-        content
-    ):
-        raise _Invalid(path + "parts", f"{path}parts: their lengths do not add up to the turn's text")
-    return parts
-
-
-def _extra(doc: Mapping[str, Any], known: frozenset[str]) -> Mapping[str, Any]:
-    if known.issuperset(doc):
-        return {}
-    return {k: v for k, v in doc.items() if k not in known}
-
-
 def _turn(doc: Any, path: str, inputs_key: str, known: frozenset[str]) -> Turn:
     if not isinstance(doc, dict):
-        raise _wrong(path.rstrip("."), "a turn object", doc)
-    reasoning, content = _text(doc, "reasoning", path), _text(doc, "content", path)
+        raise wrong(path.rstrip("."), "a turn object", doc)
+    reasoning, content = read_text(doc, "reasoning", path), read_text(doc, "content", path)
     return Turn(
-        input=_messages(doc.get(inputs_key), path + inputs_key),
+        input=read_messages(doc.get(inputs_key), path + inputs_key),
         reasoning=reasoning,
         content=content,
-        finish_reason=_str(doc, "finish_reason", path),
-        usage=_usage(doc, path),
-        meta_info=_mapping(doc, "meta_info", path),
-        status=_status(doc, path),
-        error=_str(doc, "error", path),
-        failure=_failure(doc, path),
-        latency_s=_float(doc, "latency_s", path),
-        attempts=_int(doc, "attempts", path) or 0,
-        parts=_parts(doc, path, reasoning, content) if path else (),
-        checks=_checks(doc, path),
-        extra=_extra(doc, known) if path else {},
+        finish_reason=read_str(doc, "finish_reason", path),
+        usage=read_usage(doc, path),
+        meta_info=read_mapping(doc, "meta_info", path),
+        status=read_status(doc, path),
+        error=read_str(doc, "error", path),
+        failure=read_failure(doc, path),
+        latency_s=read_float(doc, "latency_s", path),
+        attempts=read_int(doc, "attempts", path) or 0,
+        parts=read_parts(doc, path, reasoning, content) if path else (),
+        checks=read_checks(doc, path),
+        extra=extra_of(doc, known) if path else {},
     )
 
 
 def _record(doc: Any) -> Record:
     if not isinstance(doc, dict) or "id" not in doc:
-        raise _Invalid("id", "no id")
+        raise InvalidField("id", "no id")
     sample_id = doc["id"]
     if not isinstance(sample_id, str):
-        raise _wrong("id", "a string", sample_id)
+        raise wrong("id", "a string", sample_id)
     stored_turns = doc.get("turns")
     known = _RECORD_KEYS
     if stored_turns is None:  # written before multi-turn support: one turn spread over the record
@@ -483,8 +312,8 @@ def _record(doc: Any) -> Record:
     elif isinstance(stored_turns, list) and stored_turns:
         turns = tuple(_turn(t, f"turns[{i}].", "input", _TURN_KEYS) for i, t in enumerate(stored_turns))
     else:
-        raise _wrong("turns", "a non-empty list of turns", stored_turns)
-    user_turns = _int(doc, "user_turns", "") or len(turns)
+        raise wrong("turns", "a non-empty list of turns", stored_turns)
+    user_turns = read_int(doc, "user_turns", "") or len(turns)
     outcome_text = doc.get("outcome")
     if outcome_text is None:
         outcome = outcome_of(turns, user_turns)
@@ -492,34 +321,34 @@ def _record(doc: Any) -> Record:
         try:
             outcome = Outcome(outcome_text)
         except ValueError:
-            raise _wrong("outcome", "'complete', 'truncated' or 'failed'", outcome_text) from None
-    failed_turn = _int(doc, "failed_turn", "")
+            raise wrong("outcome", "'complete', 'truncated' or 'failed'", outcome_text) from None
+    failed_turn = read_int(doc, "failed_turn", "")
     if "failed_turn" not in doc and outcome is Outcome.FAILED:
         failed_turn = len(turns)
     return Record(
         id=sample_id,
-        line=_int(doc, "line", ""),
-        source=_str(doc, "source", ""),
+        line=read_int(doc, "line", ""),
+        source=read_str(doc, "source", ""),
         user_turns=user_turns,
         turns=turns,
         outcome=outcome,
-        status=_status(doc, ""),
-        error=_str(doc, "error", ""),
-        failure=_failure(doc, ""),
+        status=read_status(doc, ""),
+        error=read_str(doc, "error", ""),
+        failure=read_failure(doc, ""),
         failed_turn=failed_turn,
-        finish_reason=_str(doc, "finish_reason", ""),
-        usage=_usage(doc, ""),
-        model=_str(doc, "model", ""),
-        server=_mapping(doc, "server", ""),
-        sampling=_mapping(doc, "sampling", ""),
-        endpoint=_str(doc, "endpoint", ""),
-        worker=_str(doc, "worker", ""),
-        latency_s=_float(doc, "latency_s", ""),
-        attempts=_int(doc, "attempts", "") or 0,
-        repair=_int(doc, "repair", ""),
-        checks=_checks(doc, ""),
+        finish_reason=read_str(doc, "finish_reason", ""),
+        usage=read_usage(doc, ""),
+        model=read_str(doc, "model", ""),
+        server=read_mapping(doc, "server", ""),
+        sampling=read_mapping(doc, "sampling", ""),
+        endpoint=read_str(doc, "endpoint", ""),
+        worker=read_str(doc, "worker", ""),
+        latency_s=read_float(doc, "latency_s", ""),
+        attempts=read_int(doc, "attempts", "") or 0,
+        repair=read_int(doc, "repair", ""),
+        checks=read_checks(doc, ""),
         loss_counts=_loss_counts(doc),
-        extra=_extra(doc, known),
+        extra=extra_of(doc, known),
     )
 
 
@@ -530,4 +359,4 @@ def _loss_counts(doc: Mapping[str, Any]) -> LossCounts | None:
     try:
         return LossCounts.from_dict(value)
     except ValueError as exc:
-        raise _Invalid("loss_counts", f"loss_counts: expected {exc}") from None
+        raise InvalidField("loss_counts", f"loss_counts: expected {exc}") from None
