@@ -14,11 +14,13 @@ import inspect
 import sys
 from pathlib import Path
 
-from dflash_tasks.core import settings as settings_module
-from dflash_tasks.core.setting_values import ENV_PREFIX
-from dflash_tasks.core.settings import ROLES, CommonSettings
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the settings of this checkout, whichever one the venv installed
+
+from dflash_tasks.core import settings as settings_module  # noqa: E402
+from dflash_tasks.core.setting_values import ENV_PREFIX  # noqa: E402
+from dflash_tasks.core.settings import ROLES, CommonSettings  # noqa: E402
+
 PAGE = REPO / "docs" / "configuration.md"
 SOURCE = REPO / "dflash_tasks" / "core" / "settings.py"
 
