@@ -25,289 +25,34 @@ pipeline's best), ``--set repeats=N`` runs N alternating pairs.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import re
-import shlex
-import signal
-import subprocess
-import sys
-import threading
-import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from benchmarks.common import (
-    MODEL,
     Benchmark,
     Figures,
     Goal,
     Options,
-    check,
-    count_outputs,
-    enqueue_args,
-    last_json,
-    last_output_time,
     say,
     stack,
-    start_simulator,
-    start_worker,
     workspace,
 )
-from benchmarks.prompts import prompt_line, write_prompts
-from tests.helpers import REPO, Processes, free_port, read_records, wait_until
-from workers.node.launch import sglang_command
-from workers.sglang_client import parse_metrics
+from benchmarks.prompts import write_prompts
+from benchmarks.tune_jobs import run_job, settled_figures, sweep, wait_idle
+from benchmarks.tune_servers import (
+    CEILING,
+    CPU_SERVER,
+    JOB_SECONDS,
+    QUICK_JOB_SECONDS,
+    WINDOW_SECONDS,
+    Server,
+    real_sglang,
+    simulated,
+)
+from tests.helpers import Processes
 
 CURVE_NAMES = ("opt48", "opt128", "opt200", "kvbound")
-CEILING = 256
-#: The CPU engine on the tests' tiny checkpoint (35-token answers): its ceiling, sweep and job size.
-CPU_CEILING = 128
-#: The real CPU engine: measured mode against mode (fixed 48, fixed 16, auto), not by a sweep.
-CPU_SERVER = "sglang-cpu"
-CPU_SWEEP = (1, 4, 8, 16, 32, 64, 128)
-#: About 100 prompt tokens of the tiny tokenizer (one sentence).
-CPU_PROMPT_BYTES = 96
-SWEEP = (16, 32, 48, 64, 96, 128, 160, 200, 256)
-#: One request alone: 2,300 tokens / (40 tok/s / 0.01) = 0.6 s; 2 to 4 s in a full batch.
-TIME_SCALE = 0.01
-#: A simulated job lasts about this long at the best fixed target (s); the tuner's climb is a part
-#: of it (elsewhere scaled with the tuner's window: :func:`job_seconds`).
-JOB_SECONDS = 150.0
-QUICK_JOB_SECONDS = 60.0
-#: The tuner's windows in the benchmark: short, because its requests last seconds, not a minute.
-WINDOW_SECONDS, SAMPLE_SECONDS = 2.0, 0.25
-#: The CPU engine's windows: SGLang refreshes ``sglang:gen_throughput`` once per 40 decode steps
-#: (``--decode-log-interval``), every second or two there; a 2 s window saw one or two values, the
-#: first often still the previous target's, and the climb stopped on that noise (0.86 of the best).
-CPU_WINDOW_SECONDS = 6.0
-#: And its samples: every read of ``/metrics`` costs the CPU-bound server (its tokenizer process
-#: gathers the scheduler's metric files). Measured on one 12,000-prompt job each: sampling every
-#: 0.25 s, 3,025 tok/s; every 1 s, 3,416; a fixed 128 (where both settled), 3,422.
-CPU_SAMPLE_SECONDS = 1.0
-
-_TUNER_LINE = re.compile(
-    r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*in-flight tuner: (?P<old>\d+) -> (?P<new>\d+) "
-    r"\((?P<phase>[^:]+): (?P<reason>[^)]+)\)"
-)
-
-
-def sweep(
-    url: str,
-    targets: Sequence[int],
-    seconds: float,
-    max_tokens: int,
-    prompt_bytes: int,
-    read_every: float = 0.2,
-) -> tuple[dict[int, float], float]:
-    """Steady-state tokens/s at each fixed concurrency (the server's gauge, read every
-    ``read_every`` s over the last two thirds), and the mean completion tokens of a request (each
-    asks for at most ``max_tokens``, with a prompt of about ``prompt_bytes``, as the jobs' prompts:
-    prefill is part of the curve)."""
-    filler = json.loads(prompt_line(0, prompt_bytes))["messages"][0]["content"]
-    curve: dict[int, float] = {}
-    answered = [0, 0]  # requests, completion tokens
-    for target in targets:
-        stop = threading.Event()
-        tag = uuid.uuid4().hex[:6]
-
-        def load(i: int, tag: str = tag, stop: threading.Event = stop) -> None:
-            session = requests.Session()
-            j = 0
-            while not stop.is_set():
-                j += 1
-                body = {
-                    "model": "m",
-                    "messages": [{"role": "user", "content": f"sweep {tag} {i} {j} {filler}"}],
-                    "max_completion_tokens": max_tokens,
-                }
-                try:
-                    resp = session.post(f"{url}/v1/chat/completions", json=body, timeout=120)
-                    tokens = int(resp.json()["usage"]["completion_tokens"])
-                except (requests.RequestException, ValueError, KeyError, TypeError):
-                    return
-                answered[0] += 1
-                answered[1] += tokens
-
-        threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(target)]
-        for t in threads:
-            t.start()
-        time.sleep(seconds / 3)
-        samples = []
-        until = time.monotonic() + seconds * 2 / 3
-        while time.monotonic() < until:
-            samples.append(parse_metrics(requests.get(f"{url}/metrics", timeout=10).text).gen_throughput)
-            time.sleep(read_every)
-        stop.set()
-        for t in threads:
-            t.join(timeout=30)
-        curve[target] = sum(samples) / len(samples)
-        say(f"  sweep {target:3d} in flight: {curve[target]:,.0f} tok/s")
-        wait_idle(url)
-    return curve, answered[1] / max(1, answered[0])
-
-
-def wait_idle(url: str, timeout: float = 60) -> None:
-    """Until the server runs and queues nothing (its own gauges: the simulator and SGLang alike)."""
-    until = time.monotonic() + timeout
-    while time.monotonic() < until:
-        load = parse_metrics(requests.get(f"{url}/metrics", timeout=10).text)
-        if load.running + load.queued == 0:
-            return
-        time.sleep(0.2)
-
-
-def tuner_timeline(log: Path, start: float) -> list[dict[str, Any]]:
-    """The tuner's moves from a worker log: seconds since ``start``, old, new, phase, reason."""
-    moves = []
-    for text in log.read_text(errors="replace").splitlines():
-        m = _TUNER_LINE.match(text)
-        if m:
-            at = datetime.strptime(m["ts"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            moves.append(
-                {
-                    "t": round(at - start, 1),
-                    "old": int(m["old"]),
-                    "new": int(m["new"]),
-                    "phase": m["phase"],
-                    "reason": m["reason"],
-                }
-            )
-    return moves
-
-
-class Probe:
-    """The server's own counters during a job: generated tokens, and its peak of running requests."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.peak = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def load(self) -> Any:
-        return parse_metrics(requests.get(f"{self.url}/metrics", timeout=10).text)
-
-    def __enter__(self) -> Probe:
-        self.tokens0 = self.load().generation_tokens
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.tokens = self.load().generation_tokens - self.tokens0
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self.peak = max(self.peak, self.load().running)
-
-
-def run_job(
-    procs: Processes, server: Server, inp: Path, work: Path, name: str, inflight: str, *extra: str
-) -> dict[str, Any]:
-    """One job through a fresh worker at ``--max-inflight inflight``; tokens/s and the tuner's moves."""
-    url = server.url
-    worker = start_worker(
-        procs, url, name, "--max-inflight", inflight, "--inflight-ceiling", str(server.ceiling)
-    )
-    out = work / f"out-{name}"
-    start = time.time()
-    with Probe(url) as probe:
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "dflash_tasks.enqueue",
-                *enqueue_args(inp, out, "--wait", "--json", *extra, model=server.model),
-            ],
-            cwd=REPO,
-            env=procs.env,
-            capture_output=True,
-            text=True,
-            timeout=3600,
-        )
-    if res.returncode != 0:
-        raise RuntimeError(f"enqueue failed ({res.returncode}): {res.stderr[-2000:]}")
-    summary = last_json(res.stdout)
-    check(count_outputs(out) == summary["chunks"], f"{count_outputs(out)} of {summary['chunks']} stored")
-    end = last_output_time(out)
-    worker.terminate()
-    worker.wait(timeout=60)
-    records = read_records(out)
-    retractions = sum(
-        (turn.get("meta_info") or {}).get("num_retractions") or 0
-        for r in records
-        for turn in r.get("turns", [])
-    )
-    return {
-        "seconds": end - start,
-        "tokens_per_s": probe.tokens / (end - start),
-        "completed": len(records),
-        "peak_running": probe.peak,
-        "retractions": retractions,
-        "moves": tuner_timeline(procs.tmp / f"{name}.log", start),
-    }
-
-
-def settled_figures(moves: list[dict[str, Any]], start: int) -> dict[str, float]:
-    """The target it first settled on, the widest move after that (as a share), and its highest."""
-    targets = [start] + [m["new"] for m in moves]
-    first = next((i for i, m in enumerate(moves) if m["phase"] == "settled"), None)
-    fig = {"max_target": float(max(targets))}
-    if first is None:
-        return {**fig, "settled": 0.0}
-    settled = moves[first]["new"]
-    later = [m["new"] for m in moves[first:]]
-    fig.update(
-        settled=1.0,
-        settled_target=float(settled),
-        settled_at_s=float(moves[first]["t"]),
-        drift_after_settled=max(abs(t - settled) / settled for t in later),
-        final_target=float(later[-1]),
-    )
-    return fig
-
-
-@dataclass(frozen=True)
-class Server:
-    """A server under test: where it answers, its running-request cap, and what to compare with."""
-
-    name: str
-    url: str
-    ceiling: int
-    baseline: int  # the fixed target the tuner must beat (48: the seed's; 16 on the CPU engine)
-    sweep: tuple[int, ...]
-    #: Each request's budget in the sweep and the jobs (the CPU engine's context is 2,048 tokens);
-    #: None: 4,096 in the sweep and the job's default (the simulated curves, as first measured).
-    max_tokens: int | None = None
-    sweep_seconds: float = 6.0
-    #: With ``--quick``: None, two thirds of ``sweep_seconds``.
-    quick_sweep_seconds: float | None = None
-    #: The tuner's ``DFLASH_TUNE_WINDOW_SECONDS`` in the jobs.
-    window_seconds: float = WINDOW_SECONDS
-    sample_seconds: float = SAMPLE_SECONDS
-    #: Each prompt's size (JSONL bytes), in the jobs' input and the sweep. On the CPU engine prefill
-    #: is slow: 1 KB prompts (~820 tokens of the tiny tokenizer) before a 35-token answer would
-    #: measure prefill, not the decode batch that a distillation job's long answers are bound by.
-    prompt_bytes: int = 1024
-    #: What jobs name as their model: a real server's served name ends in it (the simulator: any).
-    model: str = MODEL
-    #: Starts the server afresh (same address) before each job, where it slows as it ages. The CPU
-    #: engine does: five jobs of 3,000 requests at 48 in flight on one server gave 4,414, 4,141,
-    #: 3,998, 3,799 and 3,716 tok/s while its scheduler grew from 1.6 to 2.8 GB, so the tuner's job,
-    #: the last of three, was measured on a slower server than the fixed targets' jobs.
-    restart: Callable[[], None] | None = None
-    #: Jobs at the best fixed target and with the tuner, alternating (best, tuned, best, ...): their
-    #: means are compared. Three on the CPU engine, where identical jobs differ by 8 to 16%.
-    repeats: int = 1
 
 
 def job_seconds(server: Server, quick: bool) -> float:
@@ -463,94 +208,6 @@ def tuned_figures(runs: list[list[dict[str, Any]]]) -> dict[str, float]:
     if all("drift_after_settled" in f for f in each):
         fig["drift_after_settled"] = max(f["drift_after_settled"] for f in each)
     return fig
-
-
-@contextlib.contextmanager
-def simulated(opts: Options, name: str, procs: Processes) -> Iterator[Server]:
-    scale = opts.get("time_scale", TIME_SCALE)
-    flags = ("--curve", name, "--max-running-requests", str(CEILING), "--time-scale", str(scale))
-    url, pid = start_simulator(procs, f"sim-{name}", *flags)
-    try:
-        yield Server(name, url, CEILING, 48, SWEEP)
-    finally:
-        os.kill(pid, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def real_sglang(opts: Options, procs: Processes) -> Iterator[Server]:
-    """A real SGLang server: ``--set model=PATH`` on a GPU (``--set sglang_python=...``,
-    ``--set sglang_args='...'``), else the pinned release's CPU engine on the tests' tiny checkpoint."""
-    model = opts.params.get("model", "")
-    port = free_port()
-    log = procs.tmp / "sglang.log"
-    if model:  # a GPU: the node launcher's flags, the tuner's ceiling as the caps
-        python = opts.params.get("sglang_python", sys.executable)
-        cmd = sglang_command(python, model, port, CEILING, shlex.split(opts.params.get("sglang_args", "")))
-        proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # noqa: SIM115
-        url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _healthy(url) or proc.poll() is not None, 1800, "SGLang to start")
-        check(proc.poll() is None, f"SGLang exited: {log.read_text(errors='replace')[-3000:]}")
-        try:
-            budget = int(opts.params.get("max_tokens", "4096"))
-            yield Server("sglang-gpu", url, CEILING, 48, SWEEP, budget, model=Path(model).name)
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-        return
-    from tests.real_sglang.checkpoint import ensure_checkpoint
-    from tests.real_sglang.env import cache_root, ensure_env
-    from tests.real_sglang.server import RealServer, start_ready
-
-    env_python = ensure_env()
-    checkpoint = ensure_checkpoint(cache_root(), env_python)
-    ceiling = CPU_CEILING
-    starts = 0
-
-    def start() -> RealServer:
-        nonlocal starts
-        starts += 1
-        log = procs.tmp / f"sglang-{starts}.log"
-        cap = ("--max-running-requests", str(ceiling))
-        started, _ = start_ready(env_python, checkpoint, port, log, RealServer.wait_ready, extra=cap)
-        return started
-
-    server = start()
-
-    def restart() -> None:
-        nonlocal server
-        server.stop()
-        server.check_no_standin_calls()
-        server = start()
-
-    try:
-        # 35-token answers: the gauge's decode-log windows are few at 1 in flight, so sweep longer
-        yield Server(
-            CPU_SERVER,
-            server.url,
-            ceiling,
-            16,
-            CPU_SWEEP,
-            256,
-            sweep_seconds=9.0,
-            # a shorter sweep saw too few gauge refreshes: one --quick run put the best at 16
-            # (3,396 tok/s; 64: 3,090; 128: 2,723), where full sweeps rise to 128
-            quick_sweep_seconds=9.0,
-            window_seconds=CPU_WINDOW_SECONDS,
-            sample_seconds=CPU_SAMPLE_SECONDS,
-            prompt_bytes=CPU_PROMPT_BYTES,
-            model=checkpoint.name,
-            restart=restart,
-            repeats=3,  # identical jobs differ by up to 16% there: one pair decides little
-        )
-    finally:
-        server.stop()
-        server.check_no_standin_calls()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return requests.get(f"{url}/health_generate", timeout=30).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def curves(opts: Options) -> list[str]:
