@@ -11,6 +11,9 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Mapping
+
+from celery import Celery
 
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.celery_app import app as celery_app
@@ -79,40 +82,57 @@ def wait_for_job(
             if len(done) >= manifest.chunks:
                 return True
             watch.poll()
-            if state == JobState.PAUSED:
-                bar.close()
-                print(f"job paused: {reason}", file=sys.stderr)
-                print(
-                    f"fix the cause, then: python -m dflash_tasks.resume --output {output}",
-                    file=sys.stderr,
-                )
-                return False
-            if parked and len(done | set(parked)) >= manifest.chunks:
-                bar.close()
-                print(f"{len(parked)} chunks keep failing and are parked:", file=sys.stderr)
-                for chunk, why in sorted(parked.items())[:10]:
-                    print(f"  chunk {chunk}: {why}", file=sys.stderr)
-                print(
-                    f"fix the cause, then: python -m dflash_tasks.resume --output {output}",
-                    file=sys.stderr,
-                )
+            if _stopped(state, reason, parked, done, manifest.chunks, output, bar):
                 return False
             if time.monotonic() - last_replan >= replan_seconds:
                 last_replan = time.monotonic()
-                try:
-                    model = job.spec.model
-                    _, sent = queue_missing(
-                        store, bk, app, settings, job_id, manifest.chunks, model, exclude=parked
-                    )
-                    if sent:
-                        print(
-                            f"\nre-queued {sent} chunks that were neither queued nor running", file=sys.stderr
-                        )
-                except DflashError as exc:
-                    print(f"\nre-plan failed (will retry): {exc}", file=sys.stderr)
+                _replan(store, bk, app, settings, job, manifest.chunks, parked)
             time.sleep(1.0)
     finally:
         bar.close()
+
+
+def _stopped(
+    state: JobState,
+    reason: str,
+    parked: Mapping[int, str],
+    done: set[int],
+    chunks: int,
+    output: str,
+    bar: ProgressBar,
+) -> bool:
+    """Whether the wait ends unfinished, and why (the bar closed first), to stderr: the job is
+    paused, or every chunk not done is parked after repeated failures."""
+    if state == JobState.PAUSED:
+        bar.close()
+        print(f"job paused: {reason}", file=sys.stderr)
+    elif parked and len(done | set(parked)) >= chunks:
+        bar.close()
+        print(f"{len(parked)} chunks keep failing and are parked:", file=sys.stderr)
+        for chunk, why in sorted(parked.items())[:10]:
+            print(f"  chunk {chunk}: {why}", file=sys.stderr)
+    else:
+        return False
+    print(f"fix the cause, then: python -m dflash_tasks.resume --output {output}", file=sys.stderr)
+    return True
+
+
+def _replan(
+    store: Store,
+    bk: Bookkeeping,
+    app: Celery,
+    settings: ProgressSettings,
+    job: JobDefinition,
+    chunks: int,
+    parked: Mapping[int, str],
+) -> None:
+    """Queue what is neither done, running, queued nor parked (a lost message, a wiped Redis)."""
+    try:
+        _, sent = queue_missing(store, bk, app, settings, job.job_id, chunks, job.spec.model, exclude=parked)
+        if sent:
+            print(f"\nre-queued {sent} chunks that were neither queued nor running", file=sys.stderr)
+    except DflashError as exc:
+        print(f"\nre-plan failed (will retry): {exc}", file=sys.stderr)
 
 
 def _write_progress(
