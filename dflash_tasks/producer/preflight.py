@@ -251,15 +251,8 @@ def judge(
     records = [r for chunk in chunks for r in read_current(store, chunk)]
     total, counts = count_checks(judged(records))
     failures = evaluate_gates(total, counts, settings)
-    trainable, note = None, ""
     plan = planned_yield(job, trainer, records) if job is not None and trainer is not None else None
-    if plan is not None:  # the rows report would judge, counted once (stored counts where they are)
-        trainable, note = (plan.summary if plan.counted else None), plan.note
-    elif trainer is not None:
-        tally = TrainableTally(trainer, thinking, settings.min_loss_tokens, preserve_thinking)
-        for record in records:
-            tally.add(record)
-        trainable, note = tally.summary, tally.note
+    trainable, note = _trainable(records, plan, trainer, thinking, preserve_thinking, settings)
     if trainable is not None:
         failures += evaluate_gates(trainable.samples, trainable.gate_counts(), settings)
     by_source = SourceTally()
@@ -301,6 +294,26 @@ def _budgets(
     if plan is None or job is None or not plan.counted or plan.written_loss is None:
         return ()
     return tuple(project_budgets(records, plan.written_loss, plan.view.max_length, job.spec, plan.yields))
+
+
+def _trainable(
+    records: list[Record],
+    plan: RowPlanner | None,
+    trainer: TrainerView | None,
+    thinking: bool,
+    preserve_thinking: bool,
+    settings: QualitySettings,
+) -> tuple[TrainableSummary | None, str]:
+    """The sample's loss tokens and the trainer's note: the rows ``report`` would judge, counted
+    once (stored counts where they are); with a trainer and no job, each ok record as one row."""
+    if plan is not None:
+        return (plan.summary if plan.counted else None), plan.note
+    if trainer is None:
+        return None, ""
+    tally = TrainableTally(trainer, thinking, settings.min_loss_tokens, preserve_thinking)
+    for record in records:
+        tally.add(record)
+    return tally.summary, tally.note
 
 
 def _rounded(value: float | None) -> float | None:
