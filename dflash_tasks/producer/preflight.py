@@ -260,14 +260,13 @@ def judge(
         by_source.add(record)
     turns = [t for r in records for t in r.turns]
     ok = [t for t in turns if t.ok]
-    latencies = [t.latency_s for t in ok]
     return PreflightReport(
         samples=total,
         seconds=seconds,
         output_tokens=sorted(t.usage.completion_tokens for t in ok),
         counts=dict(counts),
         failures=failures,
-        mean_latency=statistics.fmean(latencies) if latencies else 0.0,
+        mean_latency=statistics.fmean([t.latency_s for t in ok]) if ok else 0.0,
         slots=slots,
         remaining=remaining,
         gpu_hour_usd=gpu_hour_usd,

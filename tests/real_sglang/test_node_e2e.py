@@ -65,7 +65,8 @@ def test_a_node_on_real_sglang_runs_jobs_through_a_server_kill(
         [
             *("-m", "workers.node", "--gpus", "0", "--model", str(tiny_model), "--port-base", str(base)),
             *("--max-inflight", "32", "--sglang-python", str(sglang_python), "--sglang-arg", server_flags),
-            *("--log-dir", str(tmp_path / "logs"), "--health-interval-seconds", "0.5", "--restart-delay-seconds", "1"),
+            *("--log-dir", str(tmp_path / "logs")),
+            *("--health-interval-seconds", "0.5", "--restart-delay-seconds", "1"),
         ],
         "node.log",
     )
