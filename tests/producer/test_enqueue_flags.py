@@ -62,9 +62,14 @@ def test_the_flag_wins_over_the_variable() -> None:
     assert quality_from_args(args, "off").repetition == RepetitionSettings(min_chars=3000)
 
 
-def test_a_bad_loop_rule_names_the_flag_or_the_variable() -> None:
+def test_a_bad_loop_rule_names_the_flag_or_the_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):  # the flag parses as its variable does: refused at once
+        build_parser().parse_args([*JOB, "--repetition", "min_chars=x"])
+    assert "argument --repetition: 'min_chars=x'" in capsys.readouterr().err
+    args = build_parser().parse_args(JOB)
+    args.repetition = "min_chars=x"  # a rule that reached quality_from_args some other way
     with pytest.raises(ConfigError, match="--repetition 'min_chars=x'"):
-        quality_from_args(build_parser().parse_args([*JOB, "--repetition", "min_chars=x"]))
+        quality_from_args(args)
     with pytest.raises(ConfigError, match="DFLASH_REPETITION='sometimes'"):
         ProducerSettings.load({"DFLASH_REPETITION": "sometimes"})
 
