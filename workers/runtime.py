@@ -4,7 +4,6 @@ stops their background threads."""
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -174,7 +173,7 @@ def monitor_for(
             "healthy": healthy(),
             "server_accept_length": monitor.accept,
             # the tuner's target, phase, reason and measured curve, as one JSON field
-            "tuner": json.dumps(tuner.state(), separators=(",", ":")) if tuner else "",
+            "tuner": tuner.state().to_json() if tuner else "",
         }
 
     monitor = WorkerMonitor(

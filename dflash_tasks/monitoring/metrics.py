@@ -56,6 +56,7 @@ from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.errors import DflashError, RetryableError
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, SampleCounts
 from dflash_tasks.core.states import Cause, Delivery, ErrorKind
+from dflash_tasks.core.tuner_state import TunerState
 from dflash_tasks.monitoring.job_metrics import JobProgressGauges
 
 log = logging.getLogger(__name__)
@@ -204,7 +205,7 @@ class PrometheusListener:
         HELD.labels(self.worker).set_function(held)
         HEALTHY.labels(self.worker, self.endpoint).set_function(lambda: 1.0 if healthy() else 0.0)
 
-    def watch_tuner(self, state: Callable[[], Mapping[str, Any]]) -> None:
+    def watch_tuner(self, state: Callable[[], TunerState]) -> None:
         """Export the in-flight tuner's curve and phase (read from ``state()`` at scrape time)."""
         _register_once(TunerSeries(self.worker, state))
 
@@ -218,25 +219,25 @@ class TunerSeries(Collector):
     (its measured curve: the server's tokens/s at each target it tried) and
     ``dflash_tuner_phase{worker,phase,reason}`` (always 1: where it is and why)."""
 
-    def __init__(self, worker: str, state: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(self, worker: str, state: Callable[[], TunerState]) -> None:
         self.worker, self.state = worker, state
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        doc = self.state()
+        state = self.state()
         curve = GaugeMetricFamily(
             "dflash_tuner_tokens_per_second",
             "The in-flight tuner's measured curve: the server's tokens/s at each target it tried.",
             labels=["worker", "target"],
         )
-        for point in doc.get("curve", []):
-            curve.add_metric([self.worker, str(point["target"])], float(point["tokens_per_s"]))
+        for point in state.curve:
+            curve.add_metric([self.worker, str(point.target)], float(point.tokens_per_s))
         yield curve
         phase = GaugeMetricFamily(
             "dflash_tuner_phase",
             "Always 1: the in-flight tuner's phase and why.",
             labels=["worker", "phase", "reason"],
         )
-        phase.add_metric([self.worker, str(doc.get("phase", "")), str(doc.get("reason", ""))], 1.0)
+        phase.add_metric([self.worker, state.phase, state.reason], 1.0)
         yield phase
 
 

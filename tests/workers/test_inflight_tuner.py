@@ -127,12 +127,12 @@ def test_a_stale_window_is_ignored() -> None:
     assert tuner.curve == {}
 
 
-def test_its_state_is_json_ready_and_sorted() -> None:
+def test_its_state_is_sorted_by_target() -> None:
     tuner = InflightTuner(TunerConfig())
     drive(tuner, lambda t: 100.0 * t, 3)
     state = tuner.state()
-    assert [p["target"] for p in state["curve"]] == sorted(p["target"] for p in state["curve"])  # type: ignore[attr-defined]
-    assert state["phase"] == tuner.phase.value
+    assert [p.target for p in state.curve] == sorted(p.target for p in state.curve)
+    assert state.phase == tuner.phase.value
 
 
 def test_a_queue_past_the_band_settles_on_what_the_server_admits_not_on_the_last_step() -> None:

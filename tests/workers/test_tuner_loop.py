@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.spec_stats import SampleCounts, sample_counts
+from dflash_tasks.core.tuner_state import TunerState
 from workers.flow.inflight_tuner import InflightTuner, Phase, TunerConfig, Window
 from workers.flow.request_pool import RequestPool
 from workers.flow.tuner_loop import TunerLoop
@@ -110,14 +110,14 @@ def test_a_window_short_of_work_says_nothing_about_the_target(pool: RequestPool)
 def test_applying_a_window_moves_the_pool_reports_the_change_and_logs_every_window(
     pool: RequestPool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    changes: list[dict[str, Any]] = []
+    changes: list[TunerState] = []
     loop = TunerLoop(InflightTuner(TunerConfig()), pool, ServerLoad, on_change=changes.append)
     caplog.set_level(logging.DEBUG, logger="workers.flow.tuner_loop")
 
     assert loop.apply(Window(target=48, seconds=30, tokens_per_s=1000, running=48)) == 72
     assert pool.max_inflight == 72
-    assert changes[-1]["target"] == 72 and changes[-1]["phase"] == Phase.CLIMB.value
-    assert changes[-1]["curve"] == [
+    assert changes[-1].target == 72 and changes[-1].phase == Phase.CLIMB.value
+    assert changes[-1].to_dict()["curve"] == [
         {"target": 48, "tokens_per_s": 1000.0, "accept_length": 0.0, "token_usage": 0.0, "windows": 1}
     ]
     # the same target again (a stale window): no change, no report, but the window is logged

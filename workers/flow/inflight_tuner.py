@@ -40,6 +40,8 @@ import statistics
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from dflash_tasks.core.tuner_state import TunerPoint, TunerState
+
 
 class Phase(StrEnum):
     CLIMB = "climbing"
@@ -128,14 +130,15 @@ class CurvePoint:
     token_usage: float
     windows: int = 1
 
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "target": self.target,
-            "tokens_per_s": round(self.tokens_per_s, 1),
-            "accept_length": round(self.accept_length, 3),
-            "token_usage": round(self.token_usage, 3),
-            "windows": self.windows,
-        }
+    def reported(self) -> TunerPoint:
+        """The point as the tuner reports it (its figures rounded)."""
+        return TunerPoint(
+            target=self.target,
+            tokens_per_s=round(self.tokens_per_s, 1),
+            accept_length=round(self.accept_length, 3),
+            token_usage=round(self.token_usage, 3),
+            windows=self.windows,
+        )
 
 
 @dataclass(slots=True)
@@ -340,13 +343,13 @@ class InflightTuner:
                 return nxt
         return self._settle(self.best, Reason.FLAT)
 
-    def state(self) -> dict[str, object]:
-        """JSON-ready: target, phase, reason and the measured curve (sorted by target)."""
-        return {
-            "target": self.target,
-            "phase": self.phase.value,
-            "reason": self.reason.value,
-            "floor": self.config.floor,
-            "ceiling": self.config.ceiling,
-            "curve": [self.curve[t].as_dict() for t in sorted(self.curve)],
-        }
+    def state(self) -> TunerState:
+        """Target, phase, reason, bounds and the measured curve (sorted by target)."""
+        return TunerState(
+            target=self.target,
+            phase=self.phase.value,
+            reason=self.reason.value,
+            floor=self.config.floor,
+            ceiling=self.config.ceiling,
+            curve=tuple(self.curve[t].reported() for t in sorted(self.curve)),
+        )

@@ -21,11 +21,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.spec_stats import SampleCounts
+from dflash_tasks.core.tuner_state import TunerState
 from workers.flow.inflight_tuner import InflightTuner, Window
 from workers.flow.request_pool import RequestPool
 from workers.sglang_client import ServerLoad
@@ -55,7 +55,7 @@ class TunerLoop:
         load: Callable[[], ServerLoad],
         window_seconds: float = 30.0,
         sample_seconds: float = 1.0,
-        on_change: Callable[[dict[str, Any]], None] | None = None,
+        on_change: Callable[[TunerState], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         graph_ceiling: Callable[[], int | None] | None = None,
         running_cap: Callable[[], int | None] | None = None,
@@ -105,11 +105,11 @@ class TunerLoop:
         pass
 
     # ------------------------------------------------------------------ the loop
-    def state(self) -> dict[str, Any]:
+    def state(self) -> TunerState:
         """The tuner's state (target, phase, reason, curve) plus the current window length and the
         completion tokens of every sample it heard of (its own count of the worker's output)."""
         window = round(self._window_length(), 1)
-        return {**self.tuner.state(), "window_seconds": window, "completed_tokens": self._counters()[1]}
+        return replace(self.tuner.state(), window_seconds=window, completed_tokens=self._counters()[1])
 
     def start(self) -> None:
         self.pool.set_target(self.tuner.target)
