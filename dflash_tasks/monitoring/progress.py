@@ -28,6 +28,19 @@ from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.fleet import live_fleet, serving_warning
 from dflash_tasks.monitoring.live_yield import yield_section
+from dflash_tasks.monitoring.progress_document import (
+    FORMAT_VERSION,
+    ChunksSection,
+    CostSection,
+    Eta,
+    Header,
+    ProgressDocument,
+    RateFigures,
+    RatesSection,
+    SamplesSection,
+    TokensSection,
+    TurnsSection,
+)
 from dflash_tasks.monitoring.rates import (
     GPU_GAP_CAP,
     cost,
@@ -51,13 +64,11 @@ __all__ = [
     "cost",
     "eta_seconds",
     "gpu_seconds",
+    "progress_document",
     "summarize",
     "window_rate",
     "window_total",
 ]
-
-#: The ``version`` of the progress document.
-FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,35 +145,36 @@ class Pace:
             multi_turn, total_turns, done_turns, window, start, eta_seconds(left, rate), basis, by_tokens
         )
 
-    def rates(self) -> dict[str, Any]:
+    def rates(self) -> RatesSection:
         """The document's ``rates`` section."""
         (samples, turns, tokens), (s0, t0, k0) = self.window, self.since_start
-        return {
-            "window_s": WINDOW_SECONDS,
-            "samples_per_s": round(samples, 3),
-            "turns_per_s": round(turns, 3),
-            "tokens_per_s": round(tokens, 1),
-            "since_start": {
-                "samples_per_s": round(s0, 3),
-                "turns_per_s": round(t0, 3),
-                "tokens_per_s": round(k0, 1),
-            },
-        }
+        return RatesSection(
+            window_s=WINDOW_SECONDS,
+            samples_per_s=round(samples, 3),
+            turns_per_s=round(turns, 3),
+            tokens_per_s=round(tokens, 1),
+            since_start=RateFigures(round(s0, 3), round(t0, 3), round(k0, 1)),
+        )
 
-    def eta_fields(self, now: float) -> dict[str, Any]:
+    def eta_fields(self, now: float) -> Eta:
         """The document's ``eta_*`` fields."""
         eta = self.eta
-        return {
-            "eta_s": rounded(eta, 0),
-            "eta_at_iso": _iso(now + eta) if eta else None,
-            "eta_basis": self.basis if eta else None,
-            "eta_unit": "turns" if self.multi_turn else "samples",
-            "eta_by_tokens_s": rounded(self.eta_by_tokens, 0),
-        }
+        return Eta(
+            eta_s=rounded(eta, 0),
+            eta_at_iso=_iso(now + eta) if eta else None,
+            eta_basis=self.basis if eta else None,
+            eta_unit="turns" if self.multi_turn else "samples",
+            eta_by_tokens_s=rounded(self.eta_by_tokens, 0),
+        )
 
 
 def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
-    """The progress document (the content of ``progress.json``) from a snapshot; no I/O."""
+    """The progress document (the content of ``progress.json``) from a snapshot, JSON-ready; no I/O."""
+    return progress_document(snap, now, writer).to_dict()
+
+
+def progress_document(snap: Snapshot, now: float, writer: str = "") -> ProgressDocument:
+    """The progress document from a snapshot; no I/O."""
     clock = Clock.of(snap, now)
     failed = int(snap.stats.get("samples_failed", 0.0))
     counted_ok = snap.stats.get("samples_ok", 0.0)
@@ -170,88 +182,81 @@ def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
     avg_tokens = tokens / counted_ok if counted_ok > 0 else None
     pace = Pace.of(snap, now, clock, avg_tokens)
     workers = worker_rows(snap, now)
-    live = sum(1 for w in workers if w["alive"])
+    live = sum(1 for w in workers if w.alive)
     gpu_s = (
         num(snap.job.get("gpu_seconds")) if snap.settled else gpu_seconds(snap.job, live, now, clock.started)
     )
     spent, projected = cost(snap.gpu_hour_usd, gpu_s, live, pace.eta)
-    spec = spec_summary(snap, workers, now)
-    return {
-        **_header(snap, now, writer, clock),
-        "samples": _samples(snap, failed),
-        "turns": {
-            "total": pace.total_turns,
-            "done": pace.done_turns,
-            "remaining": max(0, pace.total_turns - pace.done_turns),
-            "generated": int(snap.stats.get("generations", 0.0)) or None,
-        },
-        "chunks": _chunks(snap),
-        "queue": snap.queue or None,
-        "queue_depth": snap.queue_depth,
-        "tokens": {
-            "generated": int(tokens),
-            "prompt": int(snap.stats.get("prompt_tokens", 0.0)),
-            "avg_per_sample": rounded(avg_tokens, 1),
-            "counted_samples": int(counted_ok + failed),
-        },
-        "rates": pace.rates(),
-        **pace.eta_fields(now),
-        "cost": {
-            "gpu_hour_usd": snap.gpu_hour_usd or None,
-            "gpus": live,
-            "gpu_hours": round(gpu_s / 3600.0, 4),
-            "usd": rounded(spent, 2),
-            "projected_total_usd": rounded(projected, 2),
-        },
-        "trainable_tokens": _trainable(snap.trainable),
-        "yield": yield_section(snap.stats, spent),
-        "sources": progress_sources(snap.staged_sources, snap.source_quality, spent),
-        "spec_accept_length": spec["accept_length"],
-        "spec": spec,
-        "workers": workers,
-        "counters": _counters(snap.stats),
-        "warnings": _warnings(snap, now, clock.done_all, live, counted_ok + failed),
-    }
+    return ProgressDocument(
+        header=_header(snap, now, writer, clock),
+        samples=_samples(snap, failed),
+        turns=TurnsSection(
+            total=pace.total_turns,
+            done=pace.done_turns,
+            remaining=max(0, pace.total_turns - pace.done_turns),
+            generated=int(snap.stats.get("generations", 0.0)) or None,
+        ),
+        chunks=ChunksSection(
+            total=snap.total_chunks,
+            done=snap.done_chunks,
+            running=snap.running_chunks,
+            pending=max(0, snap.total_chunks - snap.done_chunks - snap.running_chunks),
+        ),
+        queue=snap.queue or None,
+        queue_depth=snap.queue_depth,
+        tokens=TokensSection(
+            generated=int(tokens),
+            prompt=int(snap.stats.get("prompt_tokens", 0.0)),
+            avg_per_sample=rounded(avg_tokens, 1),
+            counted_samples=int(counted_ok + failed),
+        ),
+        rates=pace.rates(),
+        eta=pace.eta_fields(now),
+        cost=CostSection(
+            gpu_hour_usd=snap.gpu_hour_usd or None,
+            gpus=live,
+            gpu_hours=round(gpu_s / 3600.0, 4),
+            usd=rounded(spent, 2),
+            projected_total_usd=rounded(projected, 2),
+        ),
+        trainable_tokens=_trainable(snap.trainable),
+        yield_section=yield_section(snap.stats, spent),
+        sources=progress_sources(snap.staged_sources, snap.source_quality, spent),
+        spec=spec_summary(snap, workers, now),
+        workers=workers,
+        counters=_counters(snap.stats),
+        warnings=tuple(_warnings(snap, now, clock.done_all, live, counted_ok + failed)),
+    )
 
 
-def _header(snap: Snapshot, now: float, writer: str, clock: Clock) -> dict[str, Any]:
+def _header(snap: Snapshot, now: float, writer: str, clock: Clock) -> Header:
     """The job, its state, who wrote the document when, and the job's start, end and duration."""
     state = JobState.DONE if clock.done_all else JobState.parse(snap.job.get("state") or "")
-    return {
-        "version": FORMAT_VERSION,
-        "job_id": snap.job_id,
-        "output": snap.output,
-        "model": snap.model,
-        "state": state,
-        "pause_reason": (snap.job.get("pause_reason") or None) if state == JobState.PAUSED else None,
-        "updated_at": round(now, 3),
-        "updated_at_iso": _iso(now),
-        "writer": writer,
-        "started_at": clock.started,
-        "finished_at": clock.finished if clock.done_all else None,
-        "elapsed_s": rounded(clock.elapsed, 1),
-    }
+    return Header(
+        job_id=snap.job_id,
+        output=snap.output,
+        model=snap.model,
+        state=state,
+        pause_reason=(snap.job.get("pause_reason") or None) if state == JobState.PAUSED else None,
+        updated_at=round(now, 3),
+        updated_at_iso=_iso(now),
+        writer=writer,
+        started_at=clock.started,
+        finished_at=clock.finished if clock.done_all else None,
+        elapsed_s=rounded(clock.elapsed, 1),
+    )
 
 
-def _samples(snap: Snapshot, failed: int) -> dict[str, Any]:
-    return {
-        "total": snap.total_samples,
-        "done": snap.done_samples,
-        "ok": max(0, snap.done_samples - failed),
-        "failed": failed,  # the current records: a repaired sample counts as ok
-        "repaired": int(snap.stats.get("samples_repaired", 0.0)),
-        "remaining": max(0, snap.total_samples - snap.done_samples),
-        "invalid_lines": snap.invalid_lines,
-    }
-
-
-def _chunks(snap: Snapshot) -> dict[str, Any]:
-    return {
-        "total": snap.total_chunks,
-        "done": snap.done_chunks,
-        "running": snap.running_chunks,
-        "pending": max(0, snap.total_chunks - snap.done_chunks - snap.running_chunks),
-    }
+def _samples(snap: Snapshot, failed: int) -> SamplesSection:
+    return SamplesSection(
+        total=snap.total_samples,
+        done=snap.done_samples,
+        ok=max(0, snap.done_samples - failed),
+        failed=failed,
+        repaired=int(snap.stats.get("samples_repaired", 0.0)),
+        remaining=max(0, snap.total_samples - snap.done_samples),
+        invalid_lines=snap.invalid_lines,
+    )
 
 
 def _counters(stats: Mapping[str, float]) -> dict[str, float]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterable
@@ -14,8 +13,9 @@ from dflash_tasks.coord.live_progress import LiveProgress
 from dflash_tasks.coord.progress_keys import FLUSH_LAG, PROGRESS_KEY
 from dflash_tasks.core.errors import DflashError, RetryableError
 from dflash_tasks.core.job import JobDefinition, Manifest
+from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.fleet import alive
-from dflash_tasks.monitoring.progress import GPU_GAP_CAP, summarize
+from dflash_tasks.monitoring.progress import GPU_GAP_CAP, progress_document
 from dflash_tasks.monitoring.settled import is_final, settle
 from dflash_tasks.monitoring.snapshot import Snapshot, num, read_progress, read_snapshot
 from dflash_tasks.store import Store
@@ -99,15 +99,16 @@ class ProgressWriter:
                 snap = self._tick(snap, now)
             except RetryableError as exc:
                 log.debug("could not bill GPU time of job %s: %s", job_id, exc)
-        doc = summarize(snap, now, self._owner)
-        store.write(PROGRESS_KEY, (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode())
-        settled = now - (doc["finished_at"] or now) >= FINAL_AFTER  # late worker counts have landed
-        if doc["state"] == "done" and snap.redis_ok and settled:
+        document = progress_document(snap, now, self._owner)
+        store.write(PROGRESS_KEY, (document.to_json(indent=1) + "\n").encode())
+        header = document.header
+        settled = now - (header.finished_at or now) >= FINAL_AFTER  # late worker counts have landed
+        if header.state == JobState.DONE and snap.redis_ok and settled:
             try:
                 self._live.mark_progress_final(job_id)
             except RetryableError as exc:
                 log.debug("could not mark the progress of job %s final: %s", job_id, exc)
-        return doc
+        return document.to_dict()
 
     def _finished_without_counters(
         self, job_id: str, store: Store, snap: Snapshot, now: float
@@ -118,11 +119,11 @@ class ProgressWriter:
         settled = settle(store, snap, previous)
         if settled is None:
             return None
-        doc = summarize(settled, now, self._owner)
+        document = progress_document(settled, now, self._owner)
         if not is_final(previous, snap):
-            store.write(PROGRESS_KEY, (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode())
+            store.write(PROGRESS_KEY, (document.to_json(indent=1) + "\n").encode())
         self._live.mark_progress_final(job_id)
-        return doc
+        return document.to_dict()
 
     def _seed(self, job_id: str, store: Store) -> None:
         """After a Redis loss, carry the start time, GPU time and price over from the last document."""

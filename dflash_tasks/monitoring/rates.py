@@ -3,11 +3,11 @@ speculative-decoding accept length (:mod:`dflash_tasks.monitoring.progress` asse
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from dflash_tasks.coord.progress_keys import BUCKET_SECONDS, window_bounds
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER, pooled_accept_length
+from dflash_tasks.monitoring.progress_document import SpecSection, WorkerRow
 from dflash_tasks.monitoring.snapshot import Snapshot, num
 
 #: The longest gap between two GPU-time ticks that is still billed (s): a gap longer than this
@@ -47,7 +47,7 @@ def window_total(buckets: Mapping[int, Mapping[str, float]], what: str, now: flo
     return sum(row.get(what, 0.0) for b, row in buckets.items() if start <= b < end)
 
 
-def spec_summary(snap: Snapshot, workers: list[dict[str, Any]], now: float) -> dict[str, Any]:
+def spec_summary(snap: Snapshot, workers: Sequence[WorkerRow], now: float) -> SpecSection:
     """The job's speculative-decoding accept length, and where it comes from.
 
     ``per_request``: Σ completion tokens / Σ verify passes of the samples' own ``meta_info``, over
@@ -62,20 +62,20 @@ def spec_summary(snap: Snapshot, workers: list[dict[str, Any]], now: float) -> d
     window = pooled_accept_length(
         window_total(snap.buckets, "spec_tokens", now), window_total(snap.buckets, "verify", now)
     )
-    servers = [w["server_accept_length"] for w in workers if w["alive"] and w["server_accept_length"]]
+    servers = [w.server_accept_length for w in workers if w.alive and w.server_accept_length]
     server = sum(servers) / len(servers) if servers else None
     job = pooled_accept_length(tokens, verify)
     shown: float | None = job if job is not None else server
     source = SOURCE_PER_REQUEST if job is not None else (SOURCE_SERVER if server is not None else None)
-    return {
-        "accept_length": rounded(shown, 3),
-        "source": source,
-        "job": rounded(job, 3),
-        "window": rounded(window, 3),
-        "tokens": int(tokens),
-        "verify_passes": int(verify),
-        "server_lifetime": rounded(server, 3),
-    }
+    return SpecSection(
+        accept_length=rounded(shown, 3),
+        source=source,
+        job=rounded(job, 3),
+        window=rounded(window, 3),
+        tokens=int(tokens),
+        verify_passes=int(verify),
+        server_lifetime=rounded(server, 3),
+    )
 
 
 def gpu_seconds(job: Mapping[str, str], live_gpus: int, now: float, started_at: float | None) -> float:
