@@ -60,6 +60,7 @@ __all__ = [
     "FORMAT_VERSION",
     "GPU_GAP_CAP",
     "carry_over",
+    "compute_document",
     "compute_progress",
     "cost",
     "eta_seconds",
@@ -310,7 +311,7 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def compute_progress(
+def compute_document(
     store: Store,
     bookkeeping: Bookkeeping | None,
     job_id: str,
@@ -320,7 +321,7 @@ def compute_progress(
     gpu_hour_usd: float | None = None,
     default_gpu_hour_usd: float = 0.0,
     writer: str = "",
-) -> dict[str, Any]:
+) -> ProgressDocument:
     """The progress document of ``job_id`` (read-only: what ``status`` prints)."""
     now = time.time() if now is None else now
     snap = read_snapshot(
@@ -339,7 +340,31 @@ def compute_progress(
             snap = settled
         elif previous and previous.get("job_id") == job_id:
             snap = carry_over(snap, previous)
-    return summarize(snap, now, writer)
+    return progress_document(snap, now, writer)
+
+
+def compute_progress(
+    store: Store,
+    bookkeeping: Bookkeeping | None,
+    job_id: str,
+    now: float | None = None,
+    *,
+    queue: str = "",
+    gpu_hour_usd: float | None = None,
+    default_gpu_hour_usd: float = 0.0,
+    writer: str = "",
+) -> dict[str, Any]:
+    """:func:`compute_document`, JSON-ready (what ``status --json`` prints)."""
+    return compute_document(
+        store,
+        bookkeeping,
+        job_id,
+        now,
+        queue=queue,
+        gpu_hour_usd=gpu_hour_usd,
+        default_gpu_hour_usd=default_gpu_hour_usd,
+        writer=writer,
+    ).to_dict()
 
 
 def carry_over(snap: Snapshot, previous: Mapping[str, Any]) -> Snapshot:

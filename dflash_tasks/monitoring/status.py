@@ -8,12 +8,11 @@ reaches the store and Redis, after any restart; without Redis it shows what the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TextIO
 
 from rich.console import Console
 from rich.live import Live
@@ -25,7 +24,9 @@ from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.exit_codes import ExitCode
 from dflash_tasks.core.setting_values import redact_url
 from dflash_tasks.core.settings import CommonSettings, MonitorSettings
-from dflash_tasks.monitoring.progress import compute_progress
+from dflash_tasks.core.states import JobState
+from dflash_tasks.monitoring.progress import compute_document
+from dflash_tasks.monitoring.progress_document import ProgressDocument
 from dflash_tasks.monitoring.status_view import render, render_table
 from dflash_tasks.store import open_store
 from dflash_tasks.store.jobfiles import load_job
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def watch(
-    snapshot: Callable[[], dict[str, Any]],
+    snapshot: Callable[[], ProgressDocument],
     every: float | None,
     out: TextIO,
     *,
@@ -69,14 +70,14 @@ def watch(
     doc = snapshot()
     if live is not None and every and not as_json:
         with Live(render_table(doc), console=live, auto_refresh=False) as view:
-            while doc["state"] != "done":
+            while doc.header.state != JobState.DONE:
                 time.sleep(every)
                 doc = snapshot()
                 view.update(render_table(doc), refresh=True)
         return ExitCode.OK
     while True:
-        print(json.dumps(doc) if as_json else render(doc), file=out, flush=True)
-        if not every or doc["state"] == "done":
+        print(doc.to_json() if as_json else render(doc), file=out, flush=True)
+        if not every or doc.header.state == JobState.DONE:
             return ExitCode.OK
         if not as_json:
             print(file=out, flush=True)
@@ -110,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             raise DflashError(f"{args.output} holds no job (no job.json): run enqueue first")
         bk, job_id = connect_bookkeeping(settings), definition.job_id
 
-        def snapshot() -> dict[str, Any]:
-            return compute_progress(
+        def snapshot() -> ProgressDocument:
+            return compute_document(
                 store,
                 bk,
                 job_id,

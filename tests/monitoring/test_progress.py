@@ -21,6 +21,7 @@ from dflash_tasks.monitoring.progress import (
     cost,
     eta_seconds,
     gpu_seconds,
+    progress_document,
     summarize,
     window_rate,
 )
@@ -88,7 +89,8 @@ def test_seed_numbers_eta_from_the_sample_rate_and_cost() -> None:
         workers=beats,
         gpu_hour_usd=27 / 7,
     )
-    doc = summarize(snap, NOW)
+    document = progress_document(snap, NOW)
+    doc = document.to_dict()
     assert doc["rates"]["samples_per_s"] == pytest.approx(5.6)
     assert doc["rates"]["tokens_per_s"] == pytest.approx(15_900)
     assert doc["eta_basis"] == "last_minute"
@@ -97,7 +99,7 @@ def test_seed_numbers_eta_from_the_sample_rate_and_cost() -> None:
     assert 1_200 < doc["cost"]["projected_total_usd"] < 1_235  # $27/h x 45.3 h
     # The token rate disagrees: 913,786 x 2,306 tok / 15,900 tok/s = 36.8 h. Both are shown.
     assert 36.3 * HOUR < doc["eta_by_tokens_s"] < 37.3 * HOUR
-    text = render(doc)
+    text = render(document)
     assert "5.60 samples/s" in text and "15,900 tok/s" in text and "by tokens 36h" in text
     assert "7 GPUs x $3.86/GPU-h" in text and "projected total $1,2" in text
 
@@ -166,7 +168,8 @@ def test_done_job_freezes_elapsed_and_reports_done() -> None:
         gpu_hour_usd=36.0,
         stats={"samples_ok": 990.0, "samples_failed": 10.0, "completion_tokens": 99_000.0},
     )
-    doc = summarize(snap, NOW)
+    document = progress_document(snap, NOW)
+    doc = document.to_dict()
     assert doc["state"] == "done" and doc["eta_s"] == 0 and doc["eta_by_tokens_s"] == 0
     assert doc["elapsed_s"] == 60.0 and doc["finished_at"] == NOW - 40
     assert doc["samples"] == {
@@ -180,7 +183,7 @@ def test_done_job_freezes_elapsed_and_reports_done() -> None:
     }
     assert doc["tokens"]["avg_per_sample"] == 100.0
     assert doc["cost"]["usd"] == 1.2  # 120 GPU-s at $36/GPU-h
-    assert "finished  in 1m00s" in render(doc)
+    assert "finished  in 1m00s" in render(document)
 
 
 def test_paused_state_and_lost_counters() -> None:
@@ -190,11 +193,12 @@ def test_paused_state_and_lost_counters() -> None:
         stats={"samples_ok": 100.0, "check_no_reasoning": 3.0},
         job={"state": "paused", "pause_reason": "too many empty answers"},
     )
-    doc = summarize(snap, NOW)
+    document = progress_document(snap, NOW)
+    doc = document.to_dict()
     assert doc["state"] == "paused" and doc["pause_reason"] == "too many empty answers"
     assert doc["counters"] == {"check_no_reasoning": 3.0}
     assert any("cover 100 of 500" in w for w in doc["warnings"])
-    assert "paused (too many empty answers)" in render(doc)
+    assert "paused (too many empty answers)" in render(document)
 
 
 def test_per_worker_rows() -> None:
@@ -202,7 +206,8 @@ def test_per_worker_rows() -> None:
     beats["gpu1@h"]["last_seen"] = str(NOW - 120)  # gone
     beats["gpu0@h"] |= {"inflight": "40", "max_inflight": "48", "server_accept_length": "3.2"}
     buckets = steady_buckets(NOW, 2.0, 4000.0, worker="gpu0@h")
-    doc = summarize(snapshot(per_worker=per, workers=beats, buckets=buckets), NOW)
+    document = progress_document(snapshot(per_worker=per, workers=beats, buckets=buckets), NOW)
+    doc = document.to_dict()
     gpu0, gpu1 = doc["workers"]
     assert gpu0["alive"] and not gpu1["alive"] and doc["cost"]["gpus"] == 1
     assert gpu0["samples_per_s"] == pytest.approx(2.0) and gpu0["tokens_per_s"] == pytest.approx(4000)
@@ -211,7 +216,7 @@ def test_per_worker_rows() -> None:
     assert (gpu0["spec_accept_length"], gpu0["spec_accept_source"]) == (3.2, "server_lifetime")
     assert doc["spec_accept_length"] == 3.2 and doc["spec"]["source"] == "server_lifetime"
     assert doc["spec"]["job"] is None and doc["spec"]["verify_passes"] == 0
-    text = render(doc)
+    text = render(document)
     assert "gpu0@h" in text and "40/48" in text and "gone" in text
     assert "3.20*" in text and "lifetime average" in text
 
@@ -240,7 +245,8 @@ def test_accept_length_is_tokens_over_verify_passes_of_the_samples() -> None:
     beats["gpu0@h"]["server_accept_length"] = "3.6"  # the server's lifetime figure is not used
     stats = {"samples_ok": 3.0, "completion_tokens": 800.0, "spec_tokens": 800.0, "spec_verify_ct": 250.0}
     buckets = spec_buckets(NOW, {"gpu0@h": (30.0, 10.0), "gpu1@h": (50.0, 25.0)})  # last minute: 80/35
-    doc = summarize(snapshot(per_worker=per, workers=beats, stats=stats, buckets=buckets), NOW)
+    document = progress_document(snapshot(per_worker=per, workers=beats, stats=stats, buckets=buckets), NOW)
+    doc = document.to_dict()
     spec = doc["spec"]
     assert spec["source"] == "per_request" and doc["spec_accept_length"] == spec["job"] == 3.2
     assert (spec["tokens"], spec["verify_passes"]) == (800, 250)
@@ -250,7 +256,7 @@ def test_accept_length_is_tokens_over_verify_passes_of_the_samples() -> None:
     assert gpu0["spec_accept_length_window"] == 3.0 and gpu0["server_accept_length"] == 3.6
     assert (gpu1["spec_accept_length"], gpu1["spec_accept_length_window"]) == (4.0, 2.0)
     assert "spec_tokens" not in doc["counters"] and "spec_verify_ct" not in doc["counters"]
-    text = render(doc)
+    text = render(document)
     assert "accept length 3.20 per request" in text and "250 passes" in text and "last minute 2.29" in text
     assert "2.67" in text and "*" not in text
     # before any chunk is stored, the job's figure comes from the workers' live totals
@@ -260,10 +266,11 @@ def test_accept_length_is_tokens_over_verify_passes_of_the_samples() -> None:
 
 def test_no_accept_length_at_all() -> None:
     per, beats = live_workers(1, NOW)
-    doc = summarize(snapshot(per_worker=per, workers=beats), NOW)
+    document = progress_document(snapshot(per_worker=per, workers=beats), NOW)
+    doc = document.to_dict()
     assert doc["spec_accept_length"] is None and doc["spec"]["source"] is None
     assert doc["workers"][0]["spec_accept_source"] is None
-    assert "spec " not in render(doc)
+    assert "spec " not in render(document)
 
 
 def test_error_kinds_come_from_the_error_never_from_its_text() -> None:
@@ -463,11 +470,12 @@ def test_a_multi_turn_job_is_measured_in_turns() -> None:
         workers=beats,
         gpu_hour_usd=3.6,
     )
-    doc = summarize(snap, NOW)
+    document = progress_document(snap, NOW)
+    doc = document.to_dict()
     assert doc["turns"] == {"total": 900, "done": 300, "remaining": 600, "generated": 290}
     assert doc["eta_unit"] == "turns" and doc["rates"]["turns_per_s"] == pytest.approx(2.0)
     assert doc["eta_s"] == pytest.approx(300) and doc["cost"]["projected_total_usd"] == pytest.approx(0.3)
-    text = render(doc)
+    text = render(document)
     assert "turns     300 / 900 done | 290 generated | 600 left" in text and "2.00 turns/s" in text
     assert "from the last-minute turn rate" in text
     single = summarize(snapshot(done_samples=500, done_chunks=5, job={"started_at": str(NOW - 1000)}), NOW)
@@ -520,7 +528,8 @@ def yield_stats() -> dict[str, float]:
 def test_the_yield_section_is_the_workers_tally_with_its_cost() -> None:
     job = {"started_at": str(NOW - 100), "finished_at": str(NOW - 40), "gpu_seconds": "120", "gpu_tick": "1"}
     snap = snapshot(done_chunks=10, done_samples=1000, job=job, gpu_hour_usd=36.0, stats=yield_stats())
-    doc = summarize(snap, NOW)
+    document = progress_document(snap, NOW)
+    doc = document.to_dict()
     section = doc["yield"]
     assert section["generated_tokens"] == 90_000 and section["trainable_tokens"] == 72_000
     assert section["yield"] == 0.8 and section["generated_per_trainable"] == 1.25
@@ -534,7 +543,7 @@ def test_the_yield_section_is_the_workers_tally_with_its_cost() -> None:
     assert section["rows_written_by_horizon_rule"] == 4 and section["counted_chunks"] == 8
     # $1.20 for 99,000 generated tokens ($12.12 a million), at a yield of 0.8
     assert section["usd_per_million_trainable"] == pytest.approx(1.2 / 99_000 * 1e6 / 0.8, abs=1e-4)
-    text = render(doc)
+    text = render(document)
     assert (
         "yield     0.800: 72,000 trainable of 90,000 generated tokens | $15.15 per million trainable" in text
     )
@@ -543,8 +552,9 @@ def test_the_yield_section_is_the_workers_tally_with_its_cost() -> None:
 
 
 def test_no_counted_chunk_no_yield_section() -> None:
-    doc = summarize(snapshot(stats={"samples_ok": 10.0, "completion_tokens": 1_000.0}), NOW)
-    assert doc["yield"] is None and "yield" not in render(doc).split("trainable")[0]
+    document = progress_document(snapshot(stats={"samples_ok": 10.0, "completion_tokens": 1_000.0}), NOW)
+    doc = document.to_dict()
+    assert doc["yield"] is None and "yield" not in render(document).split("trainable")[0]
 
 
 def test_a_finished_jobs_yield_comes_back_from_its_final_progress_json(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.progress_keys import PROGRESS_KEY
 from dflash_tasks.core.job import GenerationSpec, JobDefinition, Manifest, output_key
-from dflash_tasks.monitoring.progress import compute_progress
+from dflash_tasks.monitoring.progress import compute_document, compute_progress
 from dflash_tasks.monitoring.progress_writer import FINAL_AFTER, ProgressWriter
 from dflash_tasks.monitoring.status_view import render
 from dflash_tasks.store import LocalStore
@@ -81,7 +81,8 @@ def test_a_finished_job_reads_from_its_final_progress_json_after_redis_lost_its_
     assert final["tokens"]["generated"] == 4170 - tokens_of(7) and final["samples"]["failed"] == 1
     bk.client.flushall()  # a Redis restart without its data: none of the job's counters are left
 
-    doc = compute_progress(store, bk, job_id, NOW + LATER)
+    document = compute_document(store, bk, job_id, NOW + LATER)
+    doc = document.to_dict()
     assert doc["state"] == "done" and doc["finished_at"] == final["finished_at"] == NOW
     assert doc["elapsed_s"] == 2.9  # not 45 minutes
     assert doc["tokens"] == final["tokens"] and doc["samples"] == final["samples"]
@@ -89,7 +90,7 @@ def test_a_finished_job_reads_from_its_final_progress_json_after_redis_lost_its_
         doc["cost"]["gpu_hours"] == final["cost"]["gpu_hours"] and doc["cost"]["usd"] == final["cost"]["usd"]
     )
     assert any("final progress.json" in w for w in doc["warnings"])
-    text = render(doc)
+    text = render(document)
     assert re.search(r"finished +in 2s", text) and "4,123 generated" in text
 
     # a writer that comes by later (the job is still listed somewhere) leaves the final file alone
@@ -104,13 +105,14 @@ def test_without_a_final_progress_json_the_counts_are_recounted_from_the_records
     store.delete(PROGRESS_KEY)  # lost before the end, or never written
     bk.client.flushall()
 
-    doc = compute_progress(store, bk, job_id, NOW + LATER)
+    document = compute_document(store, bk, job_id, NOW + LATER)
+    doc = document.to_dict()
     assert doc["state"] == "done" and doc["samples"]["done"] == SAMPLES
     assert doc["samples"]["failed"] == 1 and doc["samples"]["ok"] == SAMPLES - 1
     assert doc["tokens"]["generated"] == 4170 - tokens_of(7) and doc["tokens"]["prompt"] == 5 * SAMPLES
     assert doc["finished_at"] is None and doc["elapsed_s"] is None  # unknown, never now - start
     assert any("recounted from its 60 stored records" in w for w in doc["warnings"])
-    assert re.search(r"finished +in --", render(doc))
+    assert re.search(r"finished +in --", render(document))
 
 
 def test_a_running_job_after_a_flush_is_not_taken_for_a_finished_one(bk: Bookkeeping, tmp_path: Path) -> None:

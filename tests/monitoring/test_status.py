@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +13,10 @@ import pytest
 from rich.console import Console
 
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER
+from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring import status
-from dflash_tasks.monitoring.progress import summarize
+from dflash_tasks.monitoring.progress import progress_document
+from dflash_tasks.monitoring.progress_document import ProgressDocument
 from dflash_tasks.monitoring.status import watch
 from dflash_tasks.monitoring.status_view import (
     SERVER_AVERAGE_NOTE,
@@ -26,10 +28,10 @@ from dflash_tasks.monitoring.status_view import (
 from tests.monitoring.test_progress import HOUR, NOW, live_workers, snapshot, steady_buckets
 
 
-def seed_doc() -> dict[str, Any]:
+def seed_doc() -> ProgressDocument:
     """The seed's numbers (913,786 samples, 7 GPUs at $27/h), a third done, with spec and a queue."""
     per, beats = live_workers(7, NOW)
-    doc = summarize(
+    doc = progress_document(
         snapshot(
             total_samples=913_786,
             total_chunks=14_278,
@@ -44,22 +46,23 @@ def seed_doc() -> dict[str, Any]:
         ),
         NOW,
     )
-    doc["queue_depth"], doc["queue"] = 12, "dflash.qwen3-8b"
-    doc["spec"] = {
-        "accept_length": 3.6,
-        "source": SOURCE_PER_REQUEST,
-        "verify_passes": 195_110,
-        "window": 3.55,
-    }
-    doc["workers"][0].update(spec_accept_length=3.61, spec_accept_length_window=3.58)
-    doc["workers"][1].update(spec_accept_length=3.2, spec_accept_source=SOURCE_SERVER)
-    doc["workers"][2].update(healthy=False)
-    doc["workers"][3].update(alive=False)
-    doc["warnings"] = ["a warning"]
-    return doc
+    spec = replace(doc.spec, accept_length=3.6, source=SOURCE_PER_REQUEST, verify_passes=195_110, window=3.55)
+    w = list(doc.workers)
+    w[0] = replace(w[0], spec_accept_length=3.61, spec_accept_length_window=3.58)
+    w[1] = replace(w[1], spec_accept_length=3.2, spec_accept_source=SOURCE_SERVER)
+    w[2] = replace(w[2], healthy=False)
+    w[3] = replace(w[3], alive=False)
+    return replace(
+        doc, queue_depth=12, queue="dflash.qwen3-8b", spec=spec, workers=tuple(w), warnings=("a warning",)
+    )
 
 
-def table_text(doc: dict[str, Any], width: int = 120) -> str:
+def done(doc: ProgressDocument, **header: Any) -> ProgressDocument:
+    """``doc`` with the job done (and other header fields changed)."""
+    return replace(doc, header=replace(doc.header, state=JobState.DONE, **header))
+
+
+def table_text(doc: ProgressDocument, width: int = 120) -> str:
     console = Console(record=True, width=width, file=io.StringIO())
     console.print(render_table(doc))
     return console.export_text()
@@ -68,7 +71,7 @@ def table_text(doc: dict[str, Any], width: int = 120) -> str:
 def test_the_table_shows_every_figure_of_the_plain_summary() -> None:
     doc = seed_doc()
     text = table_text(doc)
-    assert f"job {doc['job_id']}  running" in text and "m  ->  /out" in text
+    assert f"job {doc.header.job_id}  running" in text and "m  ->  /out" in text
     assert "33.3%" in text and "304,595 / 913,786 samples" in text
     for label, figures in summary_rows(doc):  # samples, chunks, rate, ETA, elapsed, tokens, spec, cost
         assert f"{label}  " in text and figures in text, label
@@ -86,9 +89,8 @@ def test_the_table_shows_every_figure_of_the_plain_summary() -> None:
 
 
 def test_the_table_of_a_finished_job_and_text_that_looks_like_markup() -> None:
-    doc = copy.deepcopy(seed_doc())
-    doc.update(state="done", output="/out/[bold]run[/bold]")
-    doc["workers"][0]["endpoint"] = "http://[::1]:30000"
+    doc = done(seed_doc(), output="/out/[bold]run[/bold]")
+    doc = replace(doc, workers=(replace(doc.workers[0], endpoint="http://[::1]:30000"), *doc.workers[1:]))
     text = table_text(doc)
     assert "job j1  done" in text and "/out/[bold]run[/bold]" in text and "http://[::1]:30000" in text
     assert "finished  in" in text and "ETA" not in text and "projected total" not in text
@@ -103,13 +105,12 @@ def test_the_table_wraps_on_a_narrow_terminal_without_losing_figures() -> None:
 # --- the watch loop ------------------------------------------------------------------------------
 
 
-def docs_then_done(n: int = 3) -> tuple[list[dict[str, Any]], Callable[[], dict[str, Any]]]:
+def docs_then_done(n: int = 3) -> tuple[list[ProgressDocument], Callable[[], ProgressDocument]]:
     """``n`` snapshots of a running job, the last one done; and a snapshot() that serves them."""
-    docs = [copy.deepcopy(seed_doc()) for _ in range(n)]
-    for i, doc in enumerate(docs):
-        doc["samples"]["done"] += i
-    docs[-1]["state"] = "done"
-    served: Iterator[dict[str, Any]] = iter(docs)
+    seed = seed_doc()
+    docs = [replace(seed, samples=replace(seed.samples, done=seed.samples.done + i)) for i in range(n)]
+    docs[-1] = done(docs[-1])
+    served: Iterator[ProgressDocument] = iter(docs)
     return docs, lambda: next(served)
 
 
@@ -125,7 +126,8 @@ def test_watch_json_prints_one_document_per_line() -> None:
     docs, serve = docs_then_done()
     out = io.StringIO()
     assert watch(serve, 0.001, out, as_json=True, live=Console(file=io.StringIO())) == 0
-    assert [json.loads(line) for line in out.getvalue().splitlines()] == docs
+    assert out.getvalue().splitlines() == [doc.to_json() for doc in docs]
+    assert [json.loads(line) for line in out.getvalue().splitlines()] == [doc.to_dict() for doc in docs]
 
 
 def test_without_watch_one_snapshot() -> None:
@@ -151,7 +153,7 @@ def test_watch_on_a_terminal_redraws_one_table_in_place_until_done() -> None:
 def test_ctrl_c_stops_the_live_table() -> None:
     calls = 0
 
-    def interrupted() -> dict[str, Any]:
+    def interrupted() -> ProgressDocument:
         nonlocal calls
         calls += 1
         if calls > 1:
@@ -167,21 +169,21 @@ def test_ctrl_c_stops_the_live_table() -> None:
 
 
 @pytest.fixture
-def stubbed(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[], dict[str, Any]]], None]:
+def stubbed(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[], ProgressDocument]], None]:
     class Job:
         job_id = "j1"
 
-    def use(serve: Callable[[], dict[str, Any]]) -> None:
+    def use(serve: Callable[[], ProgressDocument]) -> None:
         monkeypatch.setattr(status, "open_store", lambda uri, settings: object())
         monkeypatch.setattr(status, "load_job", lambda store: Job())
         monkeypatch.setattr(status, "connect_bookkeeping", lambda settings: None)
-        monkeypatch.setattr(status, "compute_progress", lambda *args, **kwargs: serve())
+        monkeypatch.setattr(status, "compute_document", lambda *args, **kwargs: serve())
 
     return use
 
 
 def test_main_watch_piped_prints_plain_text(
-    stubbed: Callable[[Callable[[], dict[str, Any]]], None],
+    stubbed: Callable[[Callable[[], ProgressDocument]], None],
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
@@ -193,9 +195,9 @@ def test_main_watch_piped_prints_plain_text(
 
 
 def test_main_exits_130_on_ctrl_c(
-    stubbed: Callable[[Callable[[], dict[str, Any]]], None], tmp_path: Path
+    stubbed: Callable[[Callable[[], ProgressDocument]], None], tmp_path: Path
 ) -> None:
-    def interrupted() -> dict[str, Any]:
+    def interrupted() -> ProgressDocument:
         raise KeyboardInterrupt
 
     stubbed(interrupted)

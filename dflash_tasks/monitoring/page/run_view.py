@@ -52,7 +52,7 @@ def fig(doc: Mapping[str, Any], path: str) -> str:
 
 
 def _progress(doc: Mapping[str, Any]) -> str:
-    pct = done_fraction(dict(doc))
+    pct = done_fraction(doc["samples"]["done"], doc["samples"]["total"])
     eta = "finished" if doc["state"] == "done" else format_duration(doc["eta_s"])
     at = f" (at {esc(doc['eta_at_iso'])})" if doc.get("eta_at_iso") else ""
     source = esc((doc.get("spec") or {}).get("source") or "-")
@@ -281,7 +281,7 @@ def _gpu_row(i: int, w: Mapping[str, Any]) -> list[str]:
     return [
         esc(w["name"]),
         esc(w.get("endpoint") or ""),
-        esc(worker_state(dict(w))),
+        esc(worker_state(w["alive"], w["healthy"])),
         n("tokens_per_s"),
         n("samples_per_s"),
         n("samples"),
