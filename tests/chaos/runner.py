@@ -25,6 +25,7 @@ from tests.chaos.inputs import write_input
 from tests.chaos.nemeses import Skip, World, nemeses
 from tests.chaos.netns import NetLab, available
 from tests.chaos.services import LocalOutput, Output, RedisProc, S3Output, new_run_id
+from tests.chaos.teardown import tear_down
 from tests.helpers import REPO
 
 #: faults whose victims are the chunks held by the target's workers when it strikes
@@ -250,77 +251,7 @@ class Run:
     # --- tear-down -----------------------------------------------------------------------------------
     def teardown(self) -> None:
         """Stop the nodes as an operator would; then nothing of the run may be left running."""
-        steps: list[tuple[str, Callable[[], None]]] = [
-            ("stopping the recorder", lambda: self.recorder.finish() if self.recorder else None),
-            ("healing what is still broken", self._heal_quietly),
-            ("stopping the nodes", self._stop_nodes),
-            ("looking for processes left behind", self._left_behind),
-            ("stopping Redis", lambda: self.redis.stop() if self.redis else None),
-            ("closing the store", self._close_output),
-            ("removing the namespaces", self._remove_net),
-            ("looking for stray processes", self._stray),
-        ]
-        for what, step in steps:
-            try:
-                step()
-            except Exception as exc:  # tear everything down, whatever fails
-                self.problems.append(f"{what} failed: {type(exc).__name__}: {exc}")
-        if self.history is not None:
-            self.history.close()
-
-    def _heal_quietly(self) -> None:
-        """After an interrupted run too: a partitioned or frozen worker would stall its node's stop."""
-        if self.net is not None:
-            self.net.heal_all()
-        if self.output is not None:
-            self.output.unfail()
-        world = getattr(self, "world", None)
-        for pid in world.paused.values() if world is not None else ():
-            procs.send(pid, signal.SIGCONT)
-
-    def _stop_nodes(self) -> None:
-        running = [n for n in self.nodes.values() if n.proc is not None and n.proc.poll() is None]
-        for node in running:  # all at once: each waits for its workers' running chunks
-            node.terminate()
-        for node in running:
-            if not node.stop():
-                self.problems.append(f"node {node.name} did not stop within 90 s of SIGTERM (killed)")
-        if self.producer is not None and self.producer.running():
-            self.producer.kill(0)
-
-    def _infra(self) -> set[int]:
-        infra = {self.redis.proc.pid} if self.redis and self.redis.proc else set()
-        if isinstance(self.output, S3Output):
-            infra.add(self.output.moto.proc.pid)
-        return infra
-
-    def _left_behind(self) -> None:
-        infra = self._infra()
-        left = _settled(lambda: [p for p in procs.marked(self.run_id, self.dir) if p.pid not in infra], 1.0)
-        if left:
-            self.problems.append(
-                "processes left behind: " + "; ".join(f"{p.pid} {p.line[:80]}" for p in left[:5])
-            )
-            for p in left:
-                procs.send(p.pid, signal.SIGKILL)
-
-    def _close_output(self) -> None:
-        if self.output is not None:
-            self.problems.extend(self.output.close())
-
-    def _remove_net(self) -> None:
-        if self.net is not None:
-            self.problems.extend(self.net.remove())
-            leftovers = _settled(self.net.leftovers, 0.5)
-            if leftovers:
-                self.problems.append(f"namespaces or links left: {leftovers}")
-
-    def _stray(self) -> None:
-        stray = _settled(lambda: procs.marked(self.run_id, self.dir), 0.5)
-        if stray:
-            self.problems.append(f"{len(stray)} processes still running after the services stopped")
-            for p in stray:
-                procs.send(p.pid, signal.SIGKILL)
+        tear_down(self)
 
     # --- the check -------------------------------------------------------------------------------------
     def check_store(self) -> None:
@@ -364,16 +295,6 @@ class Run:
         v += checker.check_history(events)
         r.violations = v
         return r
-
-
-def _settled(probe: Callable[[], list[Any]], seconds: float) -> list[Any]:
-    """What ``probe`` still finds after ``seconds`` (sooner once it finds nothing)."""
-    deadline = time.monotonic() + seconds
-    found = probe()
-    while found and time.monotonic() < deadline:
-        time.sleep(0.1)
-        found = probe()
-    return found
 
 
 def _short(detail: dict[str, Any]) -> str:
