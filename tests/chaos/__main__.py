@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from tests.chaos.config import ARTIFACTS, REQUEST_S, Options
+from tests.chaos.config import ARTIFACTS, CUT_SHARE, REQUEST_S, TRAIN_MAX_LENGTH, Options, cut_budget
 
 
 def parse(argv: list[str] | None = None) -> Options:
@@ -34,6 +34,14 @@ def parse(argv: list[str] | None = None) -> Options:
         default=REQUEST_S,
         help=f"mean simulated request time; the job is sized to it (default {REQUEST_S:g})",
     )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=cut_budget(),
+        help=f"the job's completion budget; the default cuts ~{CUT_SHARE:.0%} of the simulated thoughts, "
+        f"which repair rounds continue up to the trainer's max_length {TRAIN_MAX_LENGTH:,} "
+        "(default %(default)s)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the run folder even when the run passes")
     p.add_argument("--label", default="", help="the run's row in test-artifacts/chaos.{md,json}")
     p.add_argument("--artifacts", type=Path, default=ARTIFACTS, help="where chaos.md and chaos.json go")
@@ -42,6 +50,8 @@ def parse(argv: list[str] | None = None) -> Options:
     args = p.parse_args(argv)
     if args.minutes <= 0 or args.nodes < 2 or args.prompts < 0 or args.request_seconds <= 0:
         p.error("--minutes must be > 0, --nodes >= 2, --prompts >= 0, --request-seconds > 0")
+    if not 1 <= args.max_tokens < TRAIN_MAX_LENGTH:
+        p.error(f"--max-tokens must be in [1, {TRAIN_MAX_LENGTH}): below the trainer's max_length")
     opts = Options(
         minutes=args.minutes,
         seed=args.seed,
@@ -53,6 +63,7 @@ def parse(argv: list[str] | None = None) -> Options:
         artifacts=args.artifacts,
         run_dir=args.run_dir,
         request_s=args.request_seconds,
+        max_tokens=args.max_tokens,
     )
     if args.schedule_only:
         from tests.chaos.schedule import build

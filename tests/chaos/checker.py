@@ -2,8 +2,12 @@
 
 Invariants (each a :class:`Violation` when broken):
 
-* every valid input line is in exactly one stored record (ok or failed), and the same holds for
-  an ``export`` of the job; every invalid line is reported (``verify`` passes);
+* every valid input line is in exactly one current record (ok or failed: the chunk file's, or
+  its latest repair round's), and the same holds for an ``export`` of the job; every invalid line
+  is reported (``verify`` passes);
+* each repair round wrote only what a round may (:mod:`tests.chaos.rounds`): no sample twice, none
+  it should not touch, every cut thought continued as its parts joined or left as it was; none is
+  left cut, and no transient failure is left, once the cluster healed;
 * no chunk output is rewritten with other bytes once it appeared (``verify``, run during the run,
   counts a chunk as soon as it exists), none vanishes, none is unreadable;
 * the progress counters never exceed what the store holds: Redis's done set and sample counters,
@@ -11,8 +15,9 @@ Invariants (each a :class:`Violation` when broken):
 * the job is done within the stated bound after the last fault healed;
 * no process of the run is left once its nodes were stopped, no namespace or link either.
 
-It also reports wasted generation (requests the simulators served beyond one per sample turn)
-and each fault's recovery time.
+It also reports wasted generation (requests the simulators served beyond one per sample turn and
+one per continuation), each fault's recovery time, the thoughts cut, continued and whose
+continuation failed, and the faults that overlapped the repair rounds.
 """
 
 from __future__ import annotations
@@ -46,8 +51,18 @@ class Result:
     duplicated: int = 0
     unexpected: int = 0
     failed_records: int = 0  # current records (after the repair rounds) that failed
-    repaired: int = 0  # samples a repair round regenerated into an ok record
+    repaired: int = 0  # samples a repair round regenerated or continued into an ok record
     transient_left: int = 0  # samples left failed by a transient fault after the repair rounds
+    max_tokens: int = 0  # the job's budget
+    cut_thoughts: int = 0  # samples whose thought a request cut at max_tokens
+    continued: int = 0  # of them, continued to an answer by repair rounds
+    continuations_failed: int = 0  # round records that left a cut thought as it was (retried later)
+    left_cut: int = 0  # thoughts still cut after the repair rounds
+    continuation_requests: int = 0  # one per part after the first of each continued turn
+    repair_rounds: int = 0  # repair files written (one per chunk and round)
+    repair_phase: list[float] = field(default_factory=list)  # [first round started, last stored]
+    faults_during_repairs: dict[str, int] = field(default_factory=dict)  # kind -> faults overlapping
+    reruns_for_repairs: int = 0  # producer re-runs after it finished with samples left to repair
     invalid_lines: int = 0
     requests_served: int = 0
     wasted_requests: int = 0
@@ -79,7 +94,10 @@ class Result:
             f"{self.samples_expected:,} samples expected, {self.stored_once:,} stored once, "
             f"{self.lost} lost, {self.duplicated} duplicated, {self.wasted_requests:,} wasted requests, "
             f"{self.repaired} repaired, samples left failed by a transient fault after repair: "
-            f"{self.transient_left}, "
+            f"{self.transient_left}, {self.cut_thoughts} thoughts cut at max_tokens {self.max_tokens}: "
+            f"{self.continued} continued, {self.continuations_failed} continuations failed, "
+            f"{self.left_cut} left cut, in {self.repair_rounds} repair files under "
+            f"{sum(self.faults_during_repairs.values())} faults, "
             f"worst recovery {worst}; done {done} after the last fault (bound {self.bound_s:.0f} s): "
             + verdict
         )
@@ -101,9 +119,16 @@ def repair_counts(records: list[dict[str, Any]]) -> tuple[int, int]:
 
 
 def verify_and_export(
-    inp: Path, output: str, expected: set[str], bad_lines: int, folder: Path, env: dict[str, str]
+    inp: Path,
+    output: str,
+    expected: set[str],
+    bad_lines: int,
+    folder: Path,
+    env: dict[str, str],
+    continued: dict[str, tuple[str, str]],
 ) -> list[str]:
-    """``verify`` passes and counts every bad line as reported; an ``export`` has every sample once."""
+    """``verify`` passes and counts every bad line as reported; an ``export`` has every sample once
+    (:func:`export_problems`; ``continued``: each continued turn's text, by sample id)."""
     problems: list[str] = []
     verify = [sys.executable, "-m", "dflash_tasks.verify", "--input", str(inp), "--output", output, "--json"]
     res = subprocess.run(verify, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -119,27 +144,81 @@ def verify_and_export(
             f"reported {doc.get('invalid_reported')}"
         )
     to = folder / "export.jsonl"
-    export = [
-        sys.executable,
-        "-m",
-        "dflash_tasks.export",
-        "--output",
-        output,
-        "--to",
-        str(to),
-        "--keep-failed",
-        "--layout",
-        "conversation",  # one row per sample: what "every sample once" counts
-    ]
+    export = [sys.executable, "-m", "dflash_tasks.export", "--output", output, "--to", str(to)]
+    export += ["--keep-failed", "--layout", "conversation"]  # one row per sample: "every sample once"
     res = subprocess.run(export, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     if res.returncode != 0:
         return [*problems, f"export failed: {res.stderr[-500:]}"]
-    ids = [json.loads(line)["id"] for line in to.read_text().splitlines() if line.strip()]
+    dropped = to.with_name(to.name + ".dropped.jsonl")
+    return problems + export_problems(_jsonl(to), _jsonl(dropped), expected, continued)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def export_problems(
+    rows: list[dict[str, Any]],
+    dropped: list[dict[str, Any]],
+    expected: set[str],
+    continued: dict[str, tuple[str, str]],
+) -> list[str]:
+    """Every sample once in the export: a row written, or a line of the dropped file naming its
+    reason (an answer cut at ``max_tokens`` is not continued: the trainer's mode drops it). Each
+    continued thought is written, its row holding the whole turn: the parts joined."""
+    problems = []
+    written = [str(r["id"]) for r in rows]
+    ids = written + [str(d["id"]) for d in dropped]
     dupes = len(ids) - len(set(ids))
     missing = len(expected - set(ids))
     if dupes or missing or len(ids) != len(expected):
-        problems.append(f"export: {len(ids)} rows, {dupes} duplicates, {missing} samples missing")
-    return problems
+        problems.append(
+            f"export: {len(rows)} rows and {len(dropped)} dropped, {dupes} duplicates, "
+            f"{missing} samples missing"
+        )
+    by_id = {str(r["id"]): r for r in rows}
+    for sid, (reasoning, content) in sorted(continued.items()):
+        row = by_id.get(sid)
+        if row is None:
+            problems.append(f"export: continued sample {sid} not written")
+            continue
+        text = _assistant_text(row)
+        if reasoning.strip() not in text or content.strip() not in text:
+            problems.append(f"export: the row of continued sample {sid} is not its joined turn")
+    return dedupe(problems)
+
+
+def _assistant_text(row: dict[str, Any]) -> str:
+    """Every string of the row's last assistant message (its content, and reasoning where apart)."""
+    messages = row.get("messages") or row.get("conversations") or []
+    last = [m for m in messages if isinstance(m, dict) and m.get("role") in ("assistant", "gpt")][-1:]
+    return "\n".join(str(v) for m in last for v in m.values() if isinstance(v, str))
+
+
+def repair_overlap(events: list[dict[str, Any]]) -> tuple[list[float], dict[str, int]]:
+    """The repair phase ([the first round started, the last round stored]; [] when no round ran)
+    and the faults in effect during it, by kind.
+
+    A fault with a duration is in effect until it healed; a kill, until the run saw it recovered
+    (its victims' chunks taken over and the job moving again).
+    """
+    begun = [e["t"] for e in events if e["type"] in ("repair_round", "repair_stored")]
+    stored = [e["t"] for e in events if e["type"] == "repair_stored"]
+    if not begun:
+        return [], {}
+    phase = [float(min(begun)), float(max([*stored, min(begun)]))]
+    healed = {int(e["index"]): float(e["t"]) for e in events if e["type"] == "fault_stop"}
+    recovered = {int(e["index"]): float(e["t"]) for e in events if e["type"] == "recovered"}
+    kinds: Counter[str] = Counter()
+    for e in events:
+        if e["type"] == "fault_start":
+            start, index = float(e["t"]), int(e["index"])
+            end = healed.get(index, recovered.get(index, start))
+            if start <= phase[1] and end >= phase[0]:
+                kinds[e["kind"]] += 1
+    return [round(phase[0], 1), round(phase[1], 1)], dict(kinds)
 
 
 def check_history(events: list[dict[str, Any]]) -> list[str]:
@@ -186,10 +265,10 @@ def check_history(events: list[dict[str, Any]]) -> list[str]:
             bad = {k: e.get(k) for k in ("duplicated", "unexpected", "corrupted") if e.get(k)}
             if bad:
                 problems.append(f"t={e['t']:.1f}s verify during the run: {bad}")
-    return _dedupe(problems)
+    return dedupe(problems)
 
 
-def _dedupe(problems: list[str], keep: int = 20) -> list[str]:
+def dedupe(problems: list[str], keep: int = 20) -> list[str]:
     """The first ``keep`` problems, and how many more."""
     if len(problems) <= keep:
         return problems
@@ -231,10 +310,11 @@ def write_artifacts(result: Result, folder: Any) -> tuple[Any, Any]:
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = (
         "| run | faults injected | max at once | samples expected | stored once | lost | duplicated "
-        "| failed records | repaired | wasted requests | worst recovery (s) | done after last fault (s) "
-        "| result |"
+        "| failed records | repaired | thoughts cut | continued | continuations failed | left cut "
+        "| repair files (faults meanwhile) | wasted requests | worst recovery (s) "
+        "| done after last fault (s) | result |"
     )
-    lines = [head, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+    lines = [head, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for r in rows:
         worst = (
             "-" if r["worst_recovery_s"] is None else f"{r['worst_recovery_s']:.1f} ({r['worst_recovery']})"
@@ -244,7 +324,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['label']} | {r['faults_injected']} | {r['max_overlap']} | {r['samples_expected']:,} "
             f"| {r['stored_once']:,} | {r['lost']} | {r['duplicated']} | {r['failed_records']} "
-            f"| {r.get('repaired', 0)} | {r['wasted_requests']:,} | {worst} "
+            f"| {r.get('repaired', 0)} | {r.get('cut_thoughts', 0)} | {r.get('continued', 0)} "
+            f"| {r.get('continuations_failed', 0)} | {r.get('left_cut', 0)} "
+            f"| {r.get('repair_rounds', 0)} ({sum(r.get('faults_during_repairs', {}).values())}) "
+            f"| {r['wasted_requests']:,} | {worst} "
             f"| {done} (bound {r['bound_s']:.0f}) | {verdict} |"
         )
     return "\n".join(lines)

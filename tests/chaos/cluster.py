@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.chaos import procs
-from tests.chaos.config import INFLIGHT, MODEL, SIM_FLAGS, NodeSpec
+from tests.chaos.config import INFLIGHT, MODEL, SIM_FLAGS, TRAIN_MAX_LENGTH, NodeSpec
 from tests.chaos.netns import Link
 from tests.chaos.services import Output, RedisProc
 from tests.helpers import free_port
@@ -178,12 +178,16 @@ class Node:
 class Producer:
     """``enqueue --wait`` on the host: started, killed, held back and re-run by the schedule."""
 
-    def __init__(self, folder: Path, env: dict[str, str], inp: Path, output: Output, chunk_size: int) -> None:
+    def __init__(
+        self, folder: Path, env: dict[str, str], inp: Path, output: Output, chunk_size: int, max_tokens: int
+    ) -> None:
         self.log = folder / "producer.log"
         self.env = {**env, **output.env(None)}
         self.inp = inp
         self.output = output
         self.chunk_size = chunk_size
+        self.max_tokens = max_tokens
+        self._read = 0  # how much of the log tick() has looked through for repair rounds
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
         self.held_until: float | None = None  # killed by the schedule; re-run at this time
@@ -200,6 +204,8 @@ class Producer:
             "dflash_tasks.enqueue",
             *("--input", str(self.inp), "--output", self.output.uri, "--model", MODEL),
             *("--chunk-size", str(self.chunk_size), "--no-preflight", "--json", *shares),
+            # thoughts cut short of the trainer's horizon: the repair rounds continue them
+            *("--max-tokens", str(self.max_tokens), "--train-max-length", str(TRAIN_MAX_LENGTH)),
             *("--wait", "--wait-replan-seconds", "3"),
         ]
 
@@ -221,6 +227,24 @@ class Producer:
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def rerun(self) -> None:
+        """Run it once more after it finished (the operator's answer to "N samples left")."""
+        self.done = False
+        self.start()
+
+    def repair_rounds(self) -> list[str]:
+        """The lines it wrote since the last call that start a repair round ("repair round 2 of ...")."""
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(self._read)
+                data = fh.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # whole lines only: the rest is read next time
+        self._read += end
+        lines = data[:end].decode(errors="replace").replace("\r", "\n").splitlines()
+        return [line.strip() for line in lines if line.strip().startswith("repair round ")]
 
     def kill(self, hold_s: float) -> bool:
         """SIGKILL it (if it runs) and re-run it ``hold_s`` seconds later; True if it was running."""

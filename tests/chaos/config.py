@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 
 from dflash_tasks.coord.routing import model_queue
 from tests.helpers import REPO
@@ -34,8 +36,29 @@ CLIENT_TIMEOUT_S = 10.0  # DFLASH_REQUEST_TIMEOUT above: a "hang" fault outlasts
 HANG_S = 14.0
 INFLIGHT = 4  # requests per simulated GPU (the simulator's running cap too)
 MEAN_TOKENS = 200
+TOKENS_SIGMA = 0.2  # the spread of the simulated completions' lengths (lognormal, log space)
+REASONING_FRACTION = 0.9  # the simulator's share of a completion that is thought
 TOKENS_PER_S = 40.0  # the simulator's default decode speed per request
 REQUEST_S = 3.0  # mean simulated request time (default): MEAN_TOKENS / TOKENS_PER_S * time scale
+#: Share of the thoughts the job's ``--max-tokens`` cuts (default): repair rounds continue them.
+CUT_SHARE = 0.2
+#: The trainer's ``max_length``: far above every simulated completion, so each cut thought is
+#: short of the horizon and continued to its end.
+TRAIN_MAX_LENGTH = 4096
+
+
+def cut_budget(share: float = CUT_SHARE) -> int:
+    """The ``max_tokens`` that cuts about ``share`` of the simulated thoughts inside the thought.
+
+    A completion's length is lognormal (mean :data:`MEAN_TOKENS`, log-space spread
+    :data:`TOKENS_SIGMA`) and :data:`REASONING_FRACTION` of it is thought: the budget is that share
+    of the completion at its ``1 - share`` quantile.
+    """
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"the share of cut thoughts must be in (0, 1), got {share}")
+    mu = math.log(MEAN_TOKENS) - TOKENS_SIGMA**2 / 2
+    quantile = math.exp(mu + TOKENS_SIGMA * NormalDist().inv_cdf(1.0 - share))
+    return max(1, int(REASONING_FRACTION * quantile))
 
 
 def sim_flags(request_s: float = REQUEST_S) -> tuple[str, ...]:
@@ -47,7 +70,9 @@ def sim_flags(request_s: float = REQUEST_S) -> tuple[str, ...]:
         "--mean-output-tokens",
         str(MEAN_TOKENS),
         "--output-tokens-sigma",
-        "0.2",
+        f"{TOKENS_SIGMA:g}",
+        "--reasoning-fraction",
+        f"{REASONING_FRACTION:g}",
     )
 
 
@@ -104,12 +129,13 @@ class Options:
     seed: int = 1
     store: str = "local"  # local (a tmpfs that can be filled) | s3 (moto behind fault proxies)
     nodes: int = 4
-    prompts: int = 0  # 0: sized so the job takes about 70% of the fault window with every GPU busy
+    prompts: int = 0  # 0: sized so the job's first pass fills the window with every GPU busy
     keep: bool = False  # keep the run folder even when every invariant holds
     label: str = ""  # the row name in test-artifacts/chaos.{json,md}; default from minutes
     artifacts: Path = ARTIFACTS
     run_dir: Path | None = None
     request_s: float = REQUEST_S  # mean simulated request time; the job is sized to it
+    max_tokens: int = field(default_factory=cut_budget)  # the job's budget: cuts ~CUT_SHARE of thoughts
     extra: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -146,6 +172,8 @@ class Options:
             args.append(f"--prompts {self.prompts}")
         if self.request_s != REQUEST_S:
             args.append(f"--request-seconds {self.request_s:g}")
+        if self.max_tokens != cut_budget():
+            args.append(f"--max-tokens {self.max_tokens}")
         return f"make chaos CHAOS_ARGS={shlex.quote(' '.join(args))}"
 
     def name(self) -> str:

@@ -33,7 +33,8 @@ from dflash_tasks.coord.keys import Keys
 from dflash_tasks.coord.publish import queued_chunks
 from dflash_tasks.core.job import Manifest
 from tests.chaos.cluster import Node
-from tests.chaos.services import Blob, Output, blob, is_repair_file
+from tests.chaos.rounds import is_repair_file
+from tests.chaos.services import Blob, Output, blob
 from tests.helpers import REPO
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -11,25 +10,31 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import requests
 
-from tests.chaos import checker, procs
+from tests.chaos import checker, procs, rounds
 from tests.chaos import schedule as S
 from tests.chaos.checker import Result
 from tests.chaos.cluster import Node, Producer
-from tests.chaos.config import INFLIGHT, LEASE_S, RECOVERY_BOUND_S, TIMINGS, Options, job_queue, sim_flags
+from tests.chaos.config import (
+    INFLIGHT,
+    LEASE_S,
+    RECOVERY_BOUND_S,
+    TIMINGS,
+    TRAIN_MAX_LENGTH,
+    Options,
+    job_queue,
+    sim_flags,
+)
 from tests.chaos.history import History, Recorder, verify_argv
+from tests.chaos.injector import Injector
 from tests.chaos.inputs import write_input
-from tests.chaos.nemeses import Skip, World, nemeses
+from tests.chaos.nemeses import World
 from tests.chaos.netns import NetLab, available
 from tests.chaos.services import LocalOutput, Output, RedisProc, S3Output, new_run_id
+from tests.chaos.teardown import tear_down
 from tests.helpers import REPO
-
-#: faults whose victims are the chunks held by the target's workers when it strikes
-_WORKER_FAULTS = {S.WORKER_KILL, S.WORKER_TERM, S.WORKER_PAUSE, S.SIM_RESTART}
-_NODE_FAULTS = {S.NODE_KILL, S.PARTITION_REDIS, S.PARTITION_ALL}
 
 
 class Run:
@@ -40,6 +45,7 @@ class Run:
         self.dir = opts.run_dir or Path(tempfile.mkdtemp(prefix=f"dflash-chaos-s{opts.seed}-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.schedule = S.build(opts.seed, opts.window_s, opts.topology, opts.store)
+        self.injector: Injector | None = None
         self.queue = f"chaos-{self.run_id}"
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("DFLASH_", "AWS_"))},
@@ -51,6 +57,7 @@ class Run:
             procs.MARKER: self.run_id,
         }
         self.result = Result(opts.seed, opts.minutes, opts.store, label=opts.name(), replay=opts.replay())
+        self.result.max_tokens = opts.max_tokens
         self.net: NetLab | None = None
         self.redis: RedisProc | None = None
         self.output: Output | None = None
@@ -96,14 +103,21 @@ class Run:
                     raise RuntimeError(f"node {node.name} did not get ready: see {node.folder}/node.log")
                 time.sleep(0.2)
         producer_env = {**env, "DFLASH_BROKER_URL": self.redis.url()}
-        self.producer = Producer(self.dir, producer_env, self.inp, self.output, opts.chunk_size())
+        self.producer = Producer(
+            self.dir, producer_env, self.inp, self.output, opts.chunk_size(), opts.max_tokens
+        )
         self.env_store = self.producer.env  # verify and export reach the store as the producer does
 
     # --- the fault window -----------------------------------------------------------------------
     def inject(self) -> None:
         assert self.redis and self.output and self.producer
         self.history = h = History(self.dir / "history.jsonl")
-        h.record("schedule", seed=self.opts.seed, faults=[f.as_dict() for f in self.schedule.faults])
+        h.record(
+            "schedule",
+            seed=self.opts.seed,
+            faults=[f.as_dict() for f in self.schedule.faults],
+            repair=[f.as_dict() for f in self.schedule.repair],
+        )
         verify_env = {**self.producer.env}
         self.recorder = rec = Recorder(
             h,
@@ -119,74 +133,29 @@ class Run:
         queue = job_queue(self.queue)
         world = World(self.nodes, self.redis, self.output, self.producer, self.net, queue, rec.poll_sim)
         self.world = world
+        self.injector = Injector(self.schedule, h, rec, world, self.nodes, self.say)
         rec.start()
-        table = nemeses()
-        # (time, 0 = stop before start at the same time, index, fault)
-        agenda: list[tuple[float, int, int, S.Fault]] = []
-        for i, f in enumerate(self.schedule.faults):
-            agenda.append((f.at, 1, i, f))
-            if f.duration:
-                agenda.append((f.end, 0, i, f))
-        agenda.sort(key=lambda x: (x[0], x[1], x[2]))
-        started: set[int] = set()
-        for at, is_start, i, f in agenda:
-            while h.now() < at:
-                self._tick()
-                time.sleep(min(0.1, max(0.0, at - h.now())))
-            if is_start:
-                self._start(table[f.kind], i, f, world, started)
-                if not f.duration and i in started:
-                    rec.healed(i)
-            elif i in started:
-                self._stop(table[f.kind], i, f, world)
-        while h.now() < self.opts.window_s:
+        while h.now() < self.opts.window_s or self.injector.window_left():
             self._tick()
             time.sleep(0.1)
 
-    def _start(self, nemesis: Any, i: int, f: S.Fault, world: World, started: set[int]) -> None:
-        assert self.history and self.recorder
-        victims = self._victim_workers(f)
-        try:
-            watch = self.recorder.watch(i, f.kind, victims) if f.kind != S.NODE_JOIN else None
-            detail = nemesis.start(i, f, world)
-        except Skip as why:
-            if watch is not None:
-                self.recorder.watches.remove(watch)
-            self.history.record("fault_skipped", index=i, kind=f.kind, target=f.target, why=str(why))
-            self.say(f"[{self.history.now():7.1f}s] #{i} {f.describe()}: skipped ({why})")
-            return
-        started.add(i)
-        self.history.record("fault_start", index=i, kind=f.kind, target=f.target, detail=detail)
-        self.say(f"[{self.history.now():7.1f}s] #{i} {f.describe()} {_short(detail)}")
-
-    def _stop(self, nemesis: Any, i: int, f: S.Fault, world: World) -> None:
-        assert self.history and self.recorder
-        try:
-            detail = nemesis.stop(i, f, world)
-        except Exception as exc:  # a heal that fails is retried by heal_all
-            detail = {"error": f"{type(exc).__name__}: {exc}"}
-        self.recorder.healed(i)
-        self.history.record("fault_stop", index=i, kind=f.kind, target=f.target, detail=detail)
-        self.say(f"[{self.history.now():7.1f}s] #{i} healed: {f.kind} {f.target}")
-
-    def _victim_workers(self, f: S.Fault) -> list[str]:
-        if f.kind in _WORKER_FAULTS:
-            return [f.target.split("/")[1]]
-        if f.kind in _NODE_FAULTS:
-            return list(self.nodes[f.target].spec.workers)
-        return []
-
     def _tick(self) -> None:
-        assert self.producer and self.history
+        assert self.producer and self.history and self.injector
         said = self.producer.tick()
         if said:
             self.history.record("producer", what=said)
             self.say(f"[{self.history.now():7.1f}s] {said}")
+        for line in self.producer.repair_rounds():
+            self.history.record("repair_round", what=line)
+            self.say(f"[{self.history.now():7.1f}s] producer: {line}")
+            self.injector.arm_repair_phase()
+        self.injector.advance()
 
     # --- after the window ---------------------------------------------------------------------------
     def heal_all(self) -> float:
         """Undo whatever is still broken; returns the time (history clock) of the last heal."""
-        assert self.history and self.producer and self.output and self.redis
+        assert self.history and self.producer and self.output and self.redis and self.injector
+        self.injector.heal_repair_phase()  # if it began in the window
         if self.net is not None:
             self.net.heal_all()
         self.output.unfail()
@@ -202,12 +171,17 @@ class Run:
                         requests.post(f"{node.sim_url(gpu)}/sim/faults", json={"kind": "clear"}, timeout=3)
         if not self.producer.running() and not self.producer.done:
             self.producer.start()
-        healed = max((e["t"] for e in self.history.of("fault_stop", "fault_start")), default=0.0)
+        healed = self._last_fault()
         self.history.record("healed_all", last_fault=healed)
-        return float(healed)
+        return healed
+
+    def _last_fault(self) -> float:
+        """When the last fault started or healed (history clock)."""
+        assert self.history
+        return float(max((e["t"] for e in self.history.of("fault_stop", "fault_start")), default=0.0))
 
     def wait_done(self, last_fault: float) -> None:
-        assert self.history and self.producer and self.recorder
+        assert self.history and self.producer and self.recorder and self.injector
         manifest = None
         while manifest is None:
             manifest = self.recorder.manifest
@@ -224,14 +198,20 @@ class Run:
             f"[{self.history.now():7.1f}s] fault window over; everything healed. {left:,} samples left on "
             f"{gpus} GPUs: the job must be done within {bound:.0f} s (60 s + twice their nominal time)"
         )
-        deadline = last_fault + bound
-        while not (self.producer.done and self.recorder.latest_store[0] >= manifest.chunks):
-            if self.history.now() > deadline + 120:  # past the bound: give up waiting, keep the logs
+        while True:
+            while not (self.producer.done and self.recorder.latest_store[0] >= manifest.chunks):
+                last_fault = max(last_fault, self._last_fault())  # the repair phase's faults count
+                if self.history.now() > last_fault + bound + 120:  # past the bound: give up, keep the logs
+                    break
+                self._tick()
+                time.sleep(0.2)
+            self.injector.end_repair_phase()
+            if not self.producer.done or self.result.reruns_for_repairs or not self._rerun_for_repairs():
                 break
-            self._tick()
-            time.sleep(0.2)
+        last_fault = max(last_fault, self._last_fault())
+        time.sleep(1.0)  # the recorder samples twice a second: let it see the last repair files
         if self.recorder.latest_store[0] >= manifest.chunks:
-            done_at = max(e["t"] for e in self.history.of("chunk_stored"))
+            done_at = max(e["t"] for e in self.history.of("chunk_stored", "repair_stored"))
             self.result.done_after_last_fault_s = round(max(0.0, done_at - last_fault), 1)
             self.history.record("job_done", at=done_at, after_last_fault=done_at - last_fault)
             if done_at - last_fault > bound:
@@ -247,88 +227,48 @@ class Run:
         if not self.producer.done:
             self.problems.append("the producer (enqueue --wait) never finished successfully")
 
+    def _rerun_for_repairs(self) -> bool:
+        """Re-run the producer once when it finished with samples left to repair or continue.
+
+        Its rounds may have run under faults and spent themselves (a Redis loss makes a round look
+        finished); the operator's answer to its "N left" is to run it again, now in a healed
+        cluster. True when it was re-run.
+        """
+        assert self.output is not None and self.history is not None and self.producer is not None
+        chunks = rounds.load(self.output)
+        counts, _ = rounds.check_rounds(chunks)
+        _, transient = checker.repair_counts(list(rounds.current_records(chunks)))
+        if not counts.left_cut and not transient:
+            return False
+        self.result.reruns_for_repairs += 1
+        self.history.record("producer_rerun", left_cut=counts.left_cut, transient=transient)
+        self.say(
+            f"[{self.history.now():7.1f}s] the producer finished with {counts.left_cut} thoughts left cut "
+            f"and {transient} transient failures: re-run once in the healed cluster"
+        )
+        self.producer.rerun()
+        return True
+
     # --- tear-down -----------------------------------------------------------------------------------
     def teardown(self) -> None:
         """Stop the nodes as an operator would; then nothing of the run may be left running."""
-        steps: list[tuple[str, Callable[[], None]]] = [
-            ("stopping the recorder", lambda: self.recorder.finish() if self.recorder else None),
-            ("healing what is still broken", self._heal_quietly),
-            ("stopping the nodes", self._stop_nodes),
-            ("looking for processes left behind", self._left_behind),
-            ("stopping Redis", lambda: self.redis.stop() if self.redis else None),
-            ("closing the store", self._close_output),
-            ("removing the namespaces", self._remove_net),
-            ("looking for stray processes", self._stray),
-        ]
-        for what, step in steps:
-            try:
-                step()
-            except Exception as exc:  # tear everything down, whatever fails
-                self.problems.append(f"{what} failed: {type(exc).__name__}: {exc}")
-        if self.history is not None:
-            self.history.close()
-
-    def _heal_quietly(self) -> None:
-        """After an interrupted run too: a partitioned or frozen worker would stall its node's stop."""
-        if self.net is not None:
-            self.net.heal_all()
-        if self.output is not None:
-            self.output.unfail()
-        world = getattr(self, "world", None)
-        for pid in world.paused.values() if world is not None else ():
-            procs.send(pid, signal.SIGCONT)
-
-    def _stop_nodes(self) -> None:
-        running = [n for n in self.nodes.values() if n.proc is not None and n.proc.poll() is None]
-        for node in running:  # all at once: each waits for its workers' running chunks
-            node.terminate()
-        for node in running:
-            if not node.stop():
-                self.problems.append(f"node {node.name} did not stop within 90 s of SIGTERM (killed)")
-        if self.producer is not None and self.producer.running():
-            self.producer.kill(0)
-
-    def _infra(self) -> set[int]:
-        infra = {self.redis.proc.pid} if self.redis and self.redis.proc else set()
-        if isinstance(self.output, S3Output):
-            infra.add(self.output.moto.proc.pid)
-        return infra
-
-    def _left_behind(self) -> None:
-        infra = self._infra()
-        left = _settled(lambda: [p for p in procs.marked(self.run_id, self.dir) if p.pid not in infra], 1.0)
-        if left:
-            self.problems.append(
-                "processes left behind: " + "; ".join(f"{p.pid} {p.line[:80]}" for p in left[:5])
-            )
-            for p in left:
-                procs.send(p.pid, signal.SIGKILL)
-
-    def _close_output(self) -> None:
-        if self.output is not None:
-            self.problems.extend(self.output.close())
-
-    def _remove_net(self) -> None:
-        if self.net is not None:
-            self.problems.extend(self.net.remove())
-            leftovers = _settled(self.net.leftovers, 0.5)
-            if leftovers:
-                self.problems.append(f"namespaces or links left: {leftovers}")
-
-    def _stray(self) -> None:
-        stray = _settled(lambda: procs.marked(self.run_id, self.dir), 0.5)
-        if stray:
-            self.problems.append(f"{len(stray)} processes still running after the services stopped")
-            for p in stray:
-                procs.send(p.pid, signal.SIGKILL)
+        tear_down(self)
 
     # --- the check -------------------------------------------------------------------------------------
     def check_store(self) -> None:
         """Account for every sample in the final store, verify it and export it (before tear-down)."""
         assert self.output is not None
         r = self.result
-        records = list(self.output.records())
+        chunks = rounds.load(self.output)
+        records = list(rounds.current_records(chunks))
         acc = checker.account(self.expected, records)
+        counts, problems = rounds.check_rounds(chunks)
+        r.cut_thoughts, r.continued, r.left_cut = counts.cut, counts.continued, counts.left_cut
+        r.continuations_failed, r.repair_rounds = counts.continuations_failed, counts.rounds
+        r.continuation_requests = counts.continuation_requests
+        self.problems.extend(checker.dedupe(problems))
+        if counts.left_cut:
+            self.problems.append(f"thoughts left cut after the repair rounds: {counts.left_cut}")
         r.samples_expected, r.stored_once, r.lost = acc.expected, acc.stored_once, acc.lost
         r.duplicated, r.unexpected, r.failed_records = acc.duplicated, acc.unexpected, acc.failed
         r.repaired, r.transient_left = checker.repair_counts(records)
@@ -339,7 +279,13 @@ class Run:
             self.problems.append(f"samples left failed by a transient fault after repair: {r.transient_left}")
         self.problems.extend(
             checker.verify_and_export(
-                self.inp, self.output.uri, self.expected, self.bad_lines, self.dir, self.env_store
+                self.inp,
+                self.output.uri,
+                self.expected,
+                self.bad_lines,
+                self.dir,
+                self.env_store,
+                rounds.continued_turns(chunks),
             )
         )
         self.store_checked = True
@@ -348,12 +294,14 @@ class Run:
         r = self.result
         assert self.history and self.recorder
         events = self.history.events
-        r.faults_scheduled = len(self.schedule.faults)
+        r.faults_scheduled = len(self.schedule.faults) + len(self.schedule.repair)
         r.faults_injected, r.faults_skipped, r.kinds = checker.faults_summary(events)
         r.max_overlap = self.schedule.max_overlap()
         r.requests_served = self.recorder.served()
         r.sim_faults_fired = self.recorder.served("faults_injected")
-        r.wasted_requests = r.requests_served - r.samples_expected  # one request per sample turn
+        # one request per sample turn, and one per continuation of a cut thought
+        r.wasted_requests = r.requests_served - r.samples_expected - r.continuation_requests
+        r.repair_phase, r.faults_during_repairs = checker.repair_overlap(events)
         r.recoveries, r.worst_recovery_s, r.worst_recovery = checker.recoveries(events)
         r.unrecovered = sum(1 for w in self.recorder.watches if not w.done())
         r.run_s = round(time.monotonic() - self.started, 1)
@@ -366,29 +314,15 @@ class Run:
         return r
 
 
-def _settled(probe: Callable[[], list[Any]], seconds: float) -> list[Any]:
-    """What ``probe`` still finds after ``seconds`` (sooner once it finds nothing)."""
-    deadline = time.monotonic() + seconds
-    found = probe()
-    while found and time.monotonic() < deadline:
-        time.sleep(0.1)
-        found = probe()
-    return found
-
-
-def _short(detail: dict[str, Any]) -> str:
-    text = json.dumps(detail, default=str)
-    return "" if text == "{}" else (text if len(text) < 100 else text[:97] + "...")
-
-
 def main_run(opts: Options, say: Callable[[str], None] = print) -> Result:
     run = Run(opts, say)
     gpus = sum(len(n.gpus) for n in opts.topology)
     say(
         f"chaos: seed {opts.seed}, {opts.minutes:g} min of faults, {opts.store} store, "
         f"{len(opts.topology) - 1} nodes + 1 joining ({gpus} simulated GPUs), "
-        f"{opts.prompt_count():,} prompts in chunks of {opts.chunk_size()}, {opts.request_s:g} s a request; "
-        f"lease {LEASE_S:g} s"
+        f"{opts.prompt_count():,} prompts in chunks of {opts.chunk_size()}, {opts.request_s:g} s a request, "
+        f"max_tokens {opts.max_tokens} (thoughts cut past it are continued up to max_length "
+        f"{TRAIN_MAX_LENGTH:,}); lease {LEASE_S:g} s"
     )
     say(f"chaos: run folder {run.dir}")
     for line in run.schedule.lines():

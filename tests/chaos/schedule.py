@@ -4,6 +4,10 @@ Each kind of fault comes back at a mean interval (at least once per run), at a s
 time, so faults overlap: a worker frozen while Redis restarts and its server answers 500s.
 Targets are chosen among the nodes alive over the whole fault (the node kill and the node join
 are scheduled first). Nothing here touches a process; :mod:`tests.chaos.nemeses` does.
+
+The repair rounds (the continuations of cut thoughts, the regeneration of transient failures) run
+once the job's first pass is stored, whenever faults let that be: a few faults of their own
+(:attr:`Schedule.repair`) strike at offsets from the moment the producer starts its first round.
 """
 
 from __future__ import annotations
@@ -87,6 +91,8 @@ class Schedule:
     seed: int
     window: float
     faults: tuple[Fault, ...]
+    #: faults whose ``at`` counts from the moment the producer starts its first repair round
+    repair: tuple[Fault, ...] = ()
 
     def kinds(self) -> set[str]:
         return {f.kind for f in self.faults}
@@ -110,6 +116,11 @@ class Schedule:
         for i, f in enumerate(self.faults):
             span = f"{f.duration:5.1f}s" if f.duration else "    - "
             rows.append(f"  #{i:<3} t={f.at:7.1f}s  for {span}  {f.describe()}")
+        if self.repair:
+            rows.append(f"repair-phase faults ({len(self.repair)}, from the producer's first repair round):")
+        for i, f in enumerate(self.repair, len(self.faults)):
+            span = f"{f.duration:5.1f}s" if f.duration else "    - "
+            rows.append(f"  #{i:<3} +{f.at:6.1f}s  for {span}  {f.describe()}")
         return rows
 
     def to_json(self) -> str:
@@ -155,7 +166,36 @@ def build(seed: int, window: float, nodes: Sequence[NodeSpec], store: str = "loc
             if fault is not None:
                 faults.append(fault)
     faults.sort(key=lambda f: (f.at, f.kind, f.target))
-    return Schedule(seed, window, tuple(faults))
+    after = [n for n in nodes if n.name != victim.name]  # alive once the window is over
+    return Schedule(seed, window, tuple(faults), repair_faults(seed, after))
+
+
+#: the repair phase's faults: (kind, (shortest, longest) duration), each once per run
+REPAIR_FAULTS: tuple[tuple[str, tuple[float, float]], ...] = (
+    (PRODUCER_KILL, (1.0, 5.0)),  # its re-run must not queue a round that runs or is stored
+    (REDIS_RESTART_EMPTY, (0.0, 0.0)),  # rounds in flight forgotten: the producer re-plans them
+    (WORKER_PAUSE, (3 * LEASE_S, 5 * LEASE_S)),  # wakes after its round was taken over
+    (WORKER_KILL, (0.0, 0.0)),
+    (SIM_FAULT, (3.0, 8.0)),  # continuations answered with 5xx, hangs, aborts, resets
+    (STORE_FAIL, (3.0, 8.0)),  # round files cannot be written
+    (PARTITION_REDIS, (8.0, 15.0)),  # a node runs its round cut off from Redis (split brain)
+)
+
+
+def repair_faults(seed: int, nodes: Sequence[NodeSpec]) -> tuple[Fault, ...]:
+    """One fault of each :data:`REPAIR_FAULTS` kind, 0.5 to 3 s after the producer starts its first
+    repair round (it publishes the round a second later), on nodes alive after the window."""
+    rng = random.Random(f"dflash-chaos/{seed}/repair")
+    alive = _Alive(nodes, "", 0.0, "", float("inf"))
+    faults = []
+    for kind, (shortest, longest) in REPAIR_FAULTS:
+        at = round(rng.uniform(0.5, 3.0), 1)
+        duration = round(rng.uniform(shortest, longest), 1) if longest else 0.0
+        fault = _fault(rng, kind, at, duration, alive)
+        if fault is not None:
+            faults.append(fault)
+    faults.sort(key=lambda f: (f.at, f.kind, f.target))
+    return tuple(faults)
 
 
 class _Alive:

@@ -22,6 +22,7 @@ from typing import Any
 
 import redis
 
+from tests.chaos.rounds import current_records, load
 from tests.helpers import free_port, wait_until
 from tests.s3_support import FaultProxy, MotoServer, aws_env
 
@@ -135,33 +136,12 @@ class Output:
         raise NotImplementedError
 
     def records(self) -> Iterator[dict[str, Any]]:
-        """The current record of every sample: a chunk file's, or the latest repair round's for its id."""
-        names = sorted(self.chunk_versions())
-        for name in (n for n in names if not is_repair_file(n)):
-            rows = _rows(self.read(f"outputs/{name}"))
-            where = {str(row["id"]): i for i, row in enumerate(rows)}
-            stem = name[: -len(".jsonl")]
-            rounds = sorted(
-                (int(n[len(stem) + len(".repair-") : -len(".jsonl")]), n)
-                for n in names
-                if n.startswith(f"{stem}.repair-")
-            )
-            for _, repair in rounds:
-                for row in _rows(self.read(f"outputs/{repair}")):
-                    rows[where[str(row["id"])]] = row
-            yield from rows
+        """The current record of every sample: a chunk file's, or the latest repair round's for its id
+        (:mod:`tests.chaos.rounds`)."""
+        return current_records(load(self))
 
     def close(self) -> list[str]:
         return []
-
-
-def is_repair_file(name: str) -> bool:
-    """Whether ``name`` is a repair round's file (``chunk-N.repair-R.jsonl``), not a chunk file."""
-    return ".repair-" in name
-
-
-def _rows(data: bytes | None) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (data or b"").splitlines() if line.strip()]
 
 
 def blob(data: bytes) -> Blob:

@@ -4,6 +4,8 @@ The long one is ``make chaos`` (10 minutes by default). This one runs the same c
 fixed seed and fails when any invariant broke; its row goes to ``test-artifacts/chaos.{md,json}``.
 Its simulated requests take 2 s (3 s in the long run), so its 360 prompts fill the shorter window
 as densely: the same 13 kinds of fault (16 faults, 5 at once at most) hit as much running work.
+About a fifth of their thoughts are cut at ``max_tokens`` and continued by the producer's repair
+rounds, under seven faults of their own (from the first round on), every one of them by the end.
 """
 
 from __future__ import annotations
@@ -51,9 +53,15 @@ def test_short_chaos_run_breaks_no_invariant() -> None:
     assert row["passed"] and row["violations"] == []
     assert row["lost"] == 0 and row["duplicated"] == 0 and row["unexpected"] == 0
     assert row["stored_once"] == row["samples_expected"] > 300
+    # thoughts cut short of the trainer's horizon, each continued by a repair round, none left cut
+    assert row["samples_expected"] * 0.1 <= row["cut_thoughts"] <= row["samples_expected"] * 0.35, row
+    assert row["continued"] == row["cut_thoughts"] and row["left_cut"] == 0, row
+    assert row["repair_rounds"] >= 1 and row["continuation_requests"] >= row["continued"], row
+    assert row["repair_phase"] and sum(row["faults_during_repairs"].values()) >= 3, row
     assert row["faults_injected"] >= 15 and row["max_overlap"] >= 3
     kinds = set(row["kinds"])
     assert {S.NODE_KILL, S.NODE_JOIN, S.WORKER_PAUSE, S.PARTITION_REDIS, S.REDIS_FLUSHALL} <= kinds, kinds
-    assert row["requests_served"] >= row["samples_expected"]  # wasted = served - one per sample
+    # wasted = served - one per sample - one per continuation
+    assert row["requests_served"] >= row["samples_expected"] + row["continuation_requests"]
     assert row["done_after_last_fault_s"] is not None and row["done_after_last_fault_s"] <= row["bound_s"]
     assert row["run_dir"] == ""  # a passing run removes its folder

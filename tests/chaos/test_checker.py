@@ -178,4 +178,26 @@ def test_a_repair_file_is_no_chunk_and_its_records_replace_their_chunks(
         ("s3", "ok"),
     ]
     assert checker.repair_counts(records) == (1, 1)  # s2 failed before failure kinds: counted transient
+    # a second writer of round 1 (its lease lost with Redis) replaces the round's file: written twice
+    again = json.dumps({"id": "s2", "status": "ok", "repair": 1}).encode() + b"\n"
+    (root / "outputs" / "chunk-000000.repair-1.jsonl").write_bytes(repaired + again)
+    rec.sample()
+    problems = checker.check_history(history.events)
+    assert len(problems) == 1 and "chunk-000000.repair-1.jsonl rewritten" in problems[0], problems
     history.close()
+
+
+def test_the_producer_s_repair_rounds_are_read_from_its_log_once_each_whole_line(tmp_path: Path) -> None:
+    from tests.chaos.cluster import Producer
+
+    producer = Producer(tmp_path, {}, tmp_path / "in.jsonl", DirOutput(tmp_path), 4, 208)
+    log = tmp_path / "producer.log"
+    log.write_bytes(b" 50.0%|#####     | 2/4 samples\r100.0%|##########| 4/4 samples\nrepair round 1 of at")
+    assert producer.repair_rounds() == []  # not a whole line yet
+    with open(log, "ab") as fh:
+        fh.write(b" most 3: 2 cut thoughts continued\nrepair: 1 rounds run; none left\n")
+    assert producer.repair_rounds() == ["repair round 1 of at most 3: 2 cut thoughts continued"]
+    assert producer.repair_rounds() == []
+    argv = producer.argv()
+    at = argv.index("--max-tokens")
+    assert argv[at : at + 4] == ["--max-tokens", "208", "--train-max-length", "4096"]

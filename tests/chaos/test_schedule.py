@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.chaos import schedule as S
-from tests.chaos.config import Options, sim_flags, topology
+from tests.chaos.agenda import Agenda
+from tests.chaos.config import Options, cut_budget, sim_flags, topology
 from tests.chaos.schedule import build
 
 
@@ -83,3 +84,37 @@ def test_the_job_is_sized_to_the_request_time() -> None:
     assert Options(minutes=1.5, seed=7, nodes=3).prompt_count() == 360
     assert Options(minutes=1, seed=7, nodes=3, request_s=2.0).prompt_count() == 360
     assert sim_flags(2.0)[:2] == ("--time-scale", "0.4") and sim_flags()[:2] == ("--time-scale", "0.6")
+
+
+def test_the_default_budget_cuts_a_fifth_of_the_simulated_thoughts() -> None:
+    """The budget is the thought's share of the completion at the 80th percentile of its length."""
+    assert cut_budget() == 208 and cut_budget(0.15) == 217 and cut_budget(0.25) == 201
+    assert Options().max_tokens == 208 and "--max-tokens" not in Options().replay()
+    assert Options(max_tokens=150).replay().endswith("--max-tokens 150'")
+
+
+def test_the_repair_phase_has_one_fault_of_each_kind_that_matters_to_a_round_on_nodes_alive() -> None:
+    sched = build(7, 60.0, topology(3), "local")
+    assert build(7, 60.0, topology(3), "local").repair == sched.repair  # same seed, same faults
+    assert sched.faults == build(7, 60.0, topology(3), "local").faults
+    assert sorted(f.kind for f in sched.repair) == sorted(k for k, _ in S.REPAIR_FAULTS)
+    assert all(0.5 <= f.at <= 3.0 for f in sched.repair)
+    victim = next(f.target for f in sched.faults if f.kind == S.NODE_KILL)
+    assert all(not f.target.startswith(victim + "/") and f.target != victim for f in sched.repair)
+    pause = next(f for f in sched.repair if f.kind == S.WORKER_PAUSE)
+    assert pause.duration >= 3 * 3.0  # past the lease: its round is taken over while it sleeps
+    lines = sched.lines()
+    assert any(line.startswith("repair-phase faults (7,") for line in lines), lines
+
+
+def test_the_agenda_starts_the_repair_phase_from_its_first_round_and_heals_before_starting() -> None:
+    window = (S.Fault(5.0, S.STORE_FAIL, "", 3.0), S.Fault(8.0, S.WORKER_KILL, "n1/gpu0"))
+    repair = (S.Fault(1.0, S.WORKER_PAUSE, "n2/gpu1", 9.0), S.Fault(2.0, S.REDIS_FLUSHALL))
+    agenda = Agenda(window)
+    assert [(s.at, s.start, s.index) for s in agenda.due(8.0)] == [(5.0, 1, 0), (8.0, 0, 0), (8.0, 1, 1)]
+    assert not agenda.window_left() and agenda.due(100.0) == []  # nothing until the phase begins
+    agenda.arm(repair, 40.0)
+    agenda.arm(repair, 90.0)  # once
+    assert [(s.at, s.start, s.index) for s in agenda.due(42.0)] == [(41.0, 1, 2), (42.0, 1, 3)]
+    assert [(s.at, s.index) for s in agenda.take(start=False)] == [(50.0, 2)]
+    assert agenda.steps == []
