@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from celery import Celery
 
@@ -32,6 +33,7 @@ from dflash_tasks.core.repair import RepairUnit, needs_repair, to_continue, trun
 from dflash_tasks.core.settings import ProducerSettings
 from dflash_tasks.core.states import JobState
 from dflash_tasks.monitoring.progress_writer import ProgressWriter
+from dflash_tasks.producer.outage import ride_out
 from dflash_tasks.store import Store, open_store
 from dflash_tasks.store.records import list_outputs, read_current
 
@@ -166,12 +168,24 @@ def run_repair_rounds(
     Returns the plan left after the last round (its ``pending`` samples stay failed, counted) and
     the rounds run. Stops early when the job is paused.
     """
-    tell = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    tell = say or _to_stderr
     queue = model_queue(settings.queue, job.spec.model)
-    plan = job_repair_plan(store, manifest, bookkeeping, settings, job, permanent=permanent)
+
+    def replan(only: Iterable[int] | None) -> RepairPlan:
+        return ride_out(
+            lambda: job_repair_plan(
+                store, manifest, bookkeeping, settings, job, permanent=permanent, only=only
+            ),
+            "planning a repair round",
+            tell,
+            sleep,
+        )
+
+    plan = replan(None)
     rounds = 0
     while plan.stored and plan.pending and rounds < settings.repair_rounds:
-        if bookkeeping.job_state(job.job_id)[0] == JobState.PAUSED:
+        state = ride_out(lambda: bookkeeping.job_state(job.job_id)[0], "reading the job's state", tell, sleep)
+        if state == JobState.PAUSED:
             break
         tell(
             f"repair round {rounds + 1} of at most {settings.repair_rounds}: {describe(plan, permanent)} "
@@ -179,16 +193,47 @@ def run_repair_rounds(
         )
         sleep(settings.repair_spacing_seconds)
         chunks = set(plan.pending)
-        # the plan is a spacing old: re-check only what is in flight (Redis), not the outputs
-        busy = repairs_in_flight(bookkeeping, queue, job.job_id, settings.lease_seconds)
-        publish_repairs(app, job.job_id, [u for u in plan.to_queue if u.chunk not in busy], queue=queue)
-        wait_for_repairs(bookkeeping, queue, job.job_id, settings.lease_seconds, chunks, sleep=sleep)
+        ride_out(
+            partial(
+                _publish_idle,
+                app,
+                store,
+                bookkeeping,
+                queue,
+                job.job_id,
+                settings.lease_seconds,
+                plan.to_queue,
+            ),
+            "queueing the repair round",
+            tell,
+            sleep,
+        )
+        wait_for_repairs(
+            bookkeeping, queue, job.job_id, settings.lease_seconds, chunks, sleep=sleep, tell=tell
+        )
         rounds += 1
-        plan = job_repair_plan(store, manifest, bookkeeping, settings, job, permanent=permanent, only=chunks)
+        plan = replan(chunks)
     if rounds:
         left = describe(plan, permanent) if plan.samples else "none left"
         tell(f"repair: {rounds} rounds run; {left}")
     return plan, rounds
+
+
+def _publish_idle(
+    app: Celery,
+    store: Store,
+    bookkeeping: Bookkeeping,
+    queue: str,
+    job_id: str,
+    lease_grace: float,
+    units: Iterable[RepairUnit],
+) -> int:
+    """Queue the units whose round is neither stored nor in flight (the plan is a spacing old).
+    Safe to repeat after a failure part-way: a unit queued then is in flight or stored now."""
+    busy = repairs_in_flight(bookkeeping, queue, job_id, lease_grace)
+    listing = list_outputs(store)
+    idle = [u for u in units if u.chunk not in busy and listing.last_round(u.chunk) < u.round]
+    return publish_repairs(app, job_id, idle, queue=queue)
 
 
 def wait_for_repairs(
@@ -200,17 +245,28 @@ def wait_for_repairs(
     *,
     timeout: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    tell: Callable[[str], None] | None = None,
 ) -> bool:
     """Until no repair round of ``job_id`` (of ``chunks``, if given) runs or waits, or ``timeout``
-    seconds passed; True when none does."""
+    seconds passed; True when none does. Rides out a Redis outage (:func:`ride_out`; ``tell``
+    hears of it)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        busy = repairs_in_flight(bookkeeping, queue, job_id, lease_grace)
+        busy = ride_out(
+            lambda: repairs_in_flight(bookkeeping, queue, job_id, lease_grace),
+            "reading the repair rounds in flight",
+            tell or _to_stderr,
+            sleep,
+        )
         if not (busy if chunks is None else busy & chunks):
             return True
         if deadline is not None and time.monotonic() >= deadline:
             return False
         sleep(0.5)
+
+
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def describe(plan: RepairPlan, permanent: bool = False) -> str:

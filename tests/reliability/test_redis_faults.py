@@ -11,6 +11,7 @@ bounded by the chunks running at the loss (their records are still stored once).
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 import uuid
@@ -23,12 +24,14 @@ from tests.reliability.support import (
     Collector,
     enqueue,
     enqueue_ok,
+    fault,
     last_json,
     outputs,
     owners,
     redis_client,
     settle,
     start_worker,
+    verify_json,
     wait_done,
     write_questions,
 )
@@ -157,3 +160,44 @@ def test_redis_without_aof_killed_and_restarted_then_rerun_enqueue(
             )
     finally:
         server.stop(signal.SIGKILL)
+
+
+def test_enqueue_wait_rides_out_a_redis_restart_in_its_repair_rounds(
+    procs: Processes, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Redis goes away as a repair round is about to be queued: ``enqueue --wait`` retries as its
+    first pass does, queues the round once Redis is back, waits for it and exits 0."""
+    samples, failed = 64, 8
+    inp, out = write_questions(tmp_path / "prompts.jsonl", samples, "repair-restart"), tmp_path / "out"
+    sim = procs.simulator("--time-scale", "0.001")
+    start_worker(procs, sim, "gpu0", env={"DFLASH_REQUEST_ATTEMPTS": "2", "DFLASH_MAX_INFLIGHT": "1"})
+    fault(sim, "http_500", count=2 * failed)  # the first 8 samples fail both attempts: transient
+    procs.env["DFLASH_REPAIR_SPACING_SECONDS"] = "2"
+    producer = procs.spawn(
+        [
+            *("-m", "dflash_tasks.producer.enqueue", "--input", str(inp), "--output", str(out)),
+            *("--model", "Qwen/Qwen3-8B", "--no-preflight", "--json", "--chunk-size", "8", "--wait"),
+        ],
+        "enqueue.log",
+    )
+    log = tmp_path / "enqueue.log"
+    wait_until(lambda: b"repair round 1 of" in log.read_bytes(), 120, "the first repair round")
+    redis_server.stop(signal.SIGKILL)  # down through the spacing: queueing the round meets it
+    time.sleep(4.0)
+    redis_server.start()
+    rc = producer.wait(120)
+    text = log.read_text(errors="replace")
+    assert rc == 0, text[-3000:]
+    assert "queueing the repair round failed (retrying every 1s): Redis error" in text
+    assert "repair: 1 rounds run; none left" in text
+    repair_files = sorted(p.name for p in (out / "outputs").glob("*.repair-*.jsonl"))
+    assert repair_files and all(name.endswith(".repair-1.jsonl") for name in repair_files)  # queued once
+    repaired = [
+        json.loads(line)
+        for name in repair_files
+        for line in (out / "outputs" / name).read_text().splitlines()
+    ]
+    assert len(repaired) == failed and len({r["id"] for r in repaired}) == failed
+    assert all(r["status"] == "ok" and r["repair"] == 1 for r in repaired)
+    rc, result = verify_json(procs, inp, out)
+    assert rc == 0 and (result["ok"], result["repaired"], result["failed"]) == (samples, failed, 0), result
