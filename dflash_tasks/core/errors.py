@@ -13,6 +13,7 @@ DflashError
         ├── CorruptObject   a stored object does not match the checksum recorded when written
         ├── ObjectChanged   an object read in parts was replaced (or deleted) between them
         └── BadRecord       a stored output line is not a valid record (names the field)
+            └── RepeatedRecord  a repair round's file holds a sample's id a second time
 """
 
 from __future__ import annotations
@@ -89,3 +90,7 @@ class BadRecord(StoreError):
         super().__init__(f"{where}: not a valid output record ({cause})" if where else cause)
         self.cause = cause
         self.field = field
+
+
+class RepeatedRecord(BadRecord):
+    """A repair round's file holds a sample's id a second time (a round writes each sample once)."""

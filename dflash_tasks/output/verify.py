@@ -1,12 +1,12 @@
 """``python -m dflash_tasks.verify``: check that every input sample is in the output exactly once.
 
 Exit status 0 only when every valid input sample has exactly one current record (ok or failed),
-nothing else is in the output, and every invalid line is reported: ``ok + failed + invalid ==
-lines``. A sample's current record is its chunk file's, or the latest repair round's that
-regenerated it (:mod:`dflash_tasks.store.records`). The records are told apart: ok (first pass),
-repaired (ok after a repair round), failed permanently (a 400), failed transiently (a repair round
-may still fix it) and invalid input lines; ``--strict`` also exits 1 while transient failures
-remain.
+nothing else is in the output (each repair round's file holds ids of its chunk, each once), and
+every invalid line is reported: ``ok + failed + invalid == lines``. A sample's current record
+is its chunk file's, or the latest repair round's that regenerated it
+(:mod:`dflash_tasks.store.records`). The records are told apart: ok (first pass), repaired (ok
+after a repair round), failed permanently (a 400), failed transiently (a repair round may still
+fix it) and invalid input lines; ``--strict`` also exits 1 while transient failures remain.
 Turns are accounted too: each record holds one answered turn per request sent for its sample,
 as many as its user turns (fewer only when its last turn failed or was truncated, which ended the
 conversation), and never a hole.
@@ -24,7 +24,7 @@ from typing import Any
 from dflash_tasks.cli.commands import prog
 from dflash_tasks.cli.flags import json_flag, load_settings, store_flags
 from dflash_tasks.core.conversation import can_continue, count_turns
-from dflash_tasks.core.errors import BadRecord, CorruptObject, DflashError
+from dflash_tasks.core.errors import BadRecord, CorruptObject, DflashError, RepeatedRecord
 from dflash_tasks.core.exit_codes import ExitCode
 from dflash_tasks.core.job import output_key, repair_key
 from dflash_tasks.core.record import Record
@@ -101,7 +101,11 @@ def verify(input_path: str | InputMix, store: Store) -> Verification:
     stored: set[int] = set()
     listing = list_outputs(store)
 
+    repeated = 0  # ids a repair round's file holds again (read by id, they would go unseen)
+
     def bad(exc: BadRecord) -> None:  # named by place and cause; the lines after it still read
+        nonlocal repeated
+        repeated += isinstance(exc, RepeatedRecord)
         result.problems.append(str(exc))
 
     for chunk in sorted(listing.chunks):
@@ -127,7 +131,7 @@ def verify(input_path: str | InputMix, store: Store) -> Verification:
     duplicates = {sample_id: n for sample_id, n in seen.items() if n > 1}
     unexpected = {sample_id: n for sample_id, n in seen.items() if sample_id not in expected}
     result.missing = len(missing)
-    result.duplicated = sum(n - 1 for n in duplicates.values())
+    result.duplicated = sum(n - 1 for n in duplicates.values()) + repeated
     result.unexpected = sum(unexpected.values())
     _judge(result, manifest.invalid, lines, missing, duplicates, unexpected)
     return result

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from dflash_tasks.core.errors import BadRecord
+from dflash_tasks.core.errors import BadRecord, RepeatedRecord
 from dflash_tasks.core.job import (
     OUTPUTS_PREFIX,
     Manifest,
@@ -74,26 +74,37 @@ def read_current(
 
     ``rounds``: the chunk's repair rounds (:meth:`OutputListing.rounds_of`); a later round's record
     replaces the earlier one of the same id (and goes to ``on_replaced`` with it). A damaged line,
-    or a repair record whose id the chunk file does not hold, raises :class:`BadRecord` naming the
-    file and line, or goes to ``on_bad`` (and is skipped). Raises :class:`KeyError` when the chunk
-    file does not exist.
+    a repair record whose id the chunk file does not hold, or one whose id its round's file already
+    held (:class:`RepeatedRecord`), raises :class:`BadRecord` naming the file and line, or goes to
+    ``on_bad`` (and is skipped). Raises :class:`KeyError` when the chunk file does not exist.
     """
     key = output_key(chunk)
     records = list(_decode(store.read(key), key, on_bad))
     where = {r.id: i for i, r in enumerate(records)}
     for round_ in rounds:
         rkey = repair_key(chunk, round_)
+        first: dict[str, int] = {}  # id -> its line in this round's file
         for number, record in enumerate(_decode(store.read(rkey), rkey, on_bad), 1):
             index = where.get(record.id)
-            if index is None:
-                bad = BadRecord(f"{rkey}:{number}", f"id {record.id!r} is not in {key}", "id")
-                if on_bad is None:
-                    raise bad
-                on_bad(bad)
+            if index is not None and record.id not in first:
+                first[record.id] = number
+                if on_replaced is not None:
+                    on_replaced(records[index], record)
+                records[index] = record
                 continue
-            if on_replaced is not None:
-                on_replaced(records[index], record)
-            records[index] = record
+            bad = (
+                BadRecord(f"{rkey}:{number}", f"id {record.id!r} is not in {key}", "id")
+                if index is None
+                else RepeatedRecord(
+                    f"{rkey}:{number}",
+                    f"id {record.id!r} written again by round {round_} of chunk {chunk}: "
+                    f"first at line {first[record.id]}",
+                    "id",
+                )
+            )
+            if on_bad is None:
+                raise bad
+            on_bad(bad)
     return records
 
 

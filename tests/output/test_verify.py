@@ -266,3 +266,26 @@ def test_a_repair_record_of_a_sample_its_chunk_does_not_hold_is_a_problem(
         "outputs/chunk-000000.repair-1.jsonl:1: not a valid output record (id 's5' is not in "
         "outputs/chunk-000000.jsonl)"
     ]
+
+
+def test_a_sample_a_repair_round_wrote_twice_is_a_duplicate(
+    job: tuple[Path, LocalStore], capsys: pytest.CaptureFixture[str]
+) -> None:
+    inp, store = job
+    store.write(
+        output_key(0), line("s0", "ok") + line("s1", "failed", failure="transient") + line("s2", "ok")
+    )
+    write_chunks(store, {1: ALL[1], 2: ALL[2]})
+    repaired = line("s1", "ok", repair=1, content="the repaired answer")
+    store.write(repair_key(0, 1), repaired + line("s1", "ok", repair=1, content="again") + repaired)
+    r = verify(str(inp), store)
+    assert not r.passed and (r.duplicated, r.missing, r.ok, r.repaired) == (2, 0, 9, 1)
+    assert r.problems == [
+        f"outputs/chunk-000000.repair-1.jsonl:{n}: not a valid output record (id 's1' written again "
+        "by round 1 of chunk 0: first at line 1)"
+        for n in (2, 3)
+    ]
+    assert main(["--input", str(inp), "--output", str(store.root)]) == 1
+    out = capsys.readouterr().out
+    assert "duplicated 2" in out and "written again by round 1 of chunk 0" in out
+    assert "answer" not in out and 'again"' not in out  # ids and places only, never sample text

@@ -114,6 +114,18 @@ def test_a_burst_of_500s_outlasting_the_attempts_is_repaired_by_enqueue_wait(
     )
     assert acc.stored_once == SAMPLES and acc.duplicated == 0 and acc.failed == 0
     assert reliability.rows[-1].repaired == FAILED  # the table's "repaired" column
+    # a round that wrote a sample twice: read by id the copy hides, but verify names and fails it
+    first_file = out / "outputs" / repair_files[0]
+    first_line = first_file.read_bytes().splitlines(keepends=True)[0]
+    first_file.write_bytes(first_file.read_bytes() + first_line)
+    rc, planted = verify_json(procs, inp, out)
+    written = len(first_file.read_bytes().splitlines())
+    sample_id, chunk = json.loads(first_line)["id"], failed_chunks[0]
+    assert rc == 1 and planted["duplicated"] == 1, planted
+    assert planted["problems"] == [
+        f"outputs/{repair_files[0]}:{written}: not a valid output record (id {sample_id!r} written "
+        f"again by round 1 of chunk {chunk}: first at line 1)"
+    ]
 
 
 def test_repair_truncated_regenerates_truncated_samples_with_a_larger_budget_as_an_amendment(

@@ -449,3 +449,19 @@ def test_the_current_record_of_a_sample_is_its_latest_repair_rounds(store: Local
     assert not read_current(store, 0)[1].ok
     manifest = Manifest("j", 4, 4, 0, 3, 2)
     assert [(r.id, r.ok) for r in iter_records(store, manifest)] == [(i, True) for i in "abcd"]
+
+
+def test_a_repair_round_holding_a_sample_twice_is_a_bad_record(store: LocalStore) -> None:
+    from dflash_tasks.core.errors import RepeatedRecord
+    from dflash_tasks.store.records import read_current
+
+    store.write("outputs/chunk-000000.jsonl", b'{"id": "a"}\n{"id": "b"}\n')
+    store.write("outputs/chunk-000000.repair-1.jsonl", b'{"id": "b", "status": "ok"}\n{"id": "b"}\n')
+    with pytest.raises(
+        RepeatedRecord, match=r"repair-1.jsonl:2: .*id 'b' written again by round 1 of chunk 0"
+    ):
+        read_current(store, 0, (1,))
+    skipped: list[Exception] = []
+    current = read_current(store, 0, (1,), on_bad=skipped.append)
+    assert [(r.id, r.ok) for r in current] == [("a", False), ("b", True)]  # the first one stands
+    assert [type(e) for e in skipped] == [RepeatedRecord]
