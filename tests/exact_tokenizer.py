@@ -10,14 +10,13 @@ exactly the completion tokens the simulator reported.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
-from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, SPECIAL
+from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, SPECIAL, WORD_PIECE, save_model_dir
 
-SIM_PIECES = r"<think>\n|\n</think>\n\n|(?:\. | )?[A-Za-z]+\.?"
+SIM_PIECES = r"<think>\n|\n</think>\n\n|" + WORD_PIECE
 
 
 def build_exact_model_dir(where: Path, template: str = QWEN3_TEMPLATE, name: str = "exact-qwen3") -> Path:
@@ -27,14 +26,4 @@ def build_exact_model_dir(where: Path, template: str = QWEN3_TEMPLATE, name: str
     tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(SIM_PIECES), behavior="isolated")
     tokenizer.add_special_tokens(SPECIAL)
-    tokenizer.save(str(path / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": template,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "unk_token": "[UNK]",
-        "model_max_length": 1_000_000,
-    }
-    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    return path
+    return save_model_dir(path, tokenizer, template, unk_token="[UNK]")

@@ -56,6 +56,9 @@ SPECIAL = ["<|im_start|>", "<|im_end|>", "<|end|>", "<|endoftext|>"]
 ADDED = ["<think>", "</think>"]
 #: Words the tokenizer knows as single tokens (with and without a leading space).
 WORDS = ("alpha", "beta", "gamma", "delta")
+#: One piece per word the simulator writes: the space, or full stop and space, before it, and a
+#: full stop after it.
+WORD_PIECE = r"(?:\. | )?[A-Za-z]+\.?"
 #: Enough for every word the simulator writes to be one token (BPE stops at fewer).
 VOCAB_SIZE = 3000
 
@@ -69,7 +72,7 @@ def build_model_dir(where: Path, template: str, name: str = "tiny-qwen3") -> Pat
     # piece, as the simulator emits its tokens; bytes for whatever else a row holds
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(r"(?:\. | )?[A-Za-z]+\.?"), behavior="isolated"),
+            pre_tokenizers.Split(Regex(WORD_PIECE), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -85,13 +88,20 @@ def build_model_dir(where: Path, template: str, name: str = "tiny-qwen3") -> Pat
     )
     tokenizer.train_from_iterator(lines, trainer)
     tokenizer.add_tokens(ADDED)
+    return save_model_dir(path, tokenizer, template)
+
+
+def save_model_dir(path: Path, tokenizer: Tokenizer, template: str, **config: object) -> Path:
+    """Write ``tokenizer`` and a ``tokenizer_config.json`` carrying ``template`` (and ``config``)
+    into the model directory ``path``; returns it."""
     tokenizer.save(str(path / "tokenizer.json"))
-    config = {
+    doc = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "chat_template": template,
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
+        **config,
         "model_max_length": 1_000_000,
     }
-    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (path / "tokenizer_config.json").write_text(json.dumps(doc, indent=2))
     return path
