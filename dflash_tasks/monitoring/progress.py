@@ -10,7 +10,7 @@ the same document with the same code, so the two never disagree. Nothing depends
 staying up.
 
 This module is the math (rates, ETA, GPU time, cost, the document); only
-:func:`compute_progress` does I/O.
+:func:`compute_document` does I/O.
 """
 
 from __future__ import annotations
@@ -61,12 +61,10 @@ __all__ = [
     "GPU_GAP_CAP",
     "carry_over",
     "compute_document",
-    "compute_progress",
     "cost",
     "eta_seconds",
     "gpu_seconds",
     "progress_document",
-    "summarize",
     "window_rate",
     "window_total",
 ]
@@ -167,11 +165,6 @@ class Pace:
             eta_unit="turns" if self.multi_turn else "samples",
             eta_by_tokens_s=rounded(self.eta_by_tokens, 0),
         )
-
-
-def summarize(snap: Snapshot, now: float, writer: str = "") -> dict[str, Any]:
-    """The progress document (the content of ``progress.json``) from a snapshot, JSON-ready; no I/O."""
-    return progress_document(snap, now, writer).to_dict()
 
 
 def progress_document(snap: Snapshot, now: float, writer: str = "") -> ProgressDocument:
@@ -341,30 +334,6 @@ def compute_document(
         elif previous and previous.get("job_id") == job_id:
             snap = carry_over(snap, previous)
     return progress_document(snap, now, writer)
-
-
-def compute_progress(
-    store: Store,
-    bookkeeping: Bookkeeping | None,
-    job_id: str,
-    now: float | None = None,
-    *,
-    queue: str = "",
-    gpu_hour_usd: float | None = None,
-    default_gpu_hour_usd: float = 0.0,
-    writer: str = "",
-) -> dict[str, Any]:
-    """:func:`compute_document`, JSON-ready (what ``status --json`` prints)."""
-    return compute_document(
-        store,
-        bookkeeping,
-        job_id,
-        now,
-        queue=queue,
-        gpu_hour_usd=gpu_hour_usd,
-        default_gpu_hour_usd=default_gpu_hour_usd,
-        writer=writer,
-    ).to_dict()
 
 
 def carry_over(snap: Snapshot, previous: Mapping[str, Any]) -> Snapshot:

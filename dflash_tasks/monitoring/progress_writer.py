@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable
@@ -100,7 +101,8 @@ class ProgressWriter:
             except RetryableError as exc:
                 log.debug("could not bill GPU time of job %s: %s", job_id, exc)
         document = progress_document(snap, now, self._owner)
-        store.write(PROGRESS_KEY, (document.to_json(indent=1) + "\n").encode())
+        doc = document.to_dict()
+        store.write(PROGRESS_KEY, (json.dumps(doc, indent=1) + "\n").encode())
         header = document.header
         settled = now - (header.finished_at or now) >= FINAL_AFTER  # late worker counts have landed
         if header.state == JobState.DONE and snap.redis_ok and settled:
@@ -108,7 +110,7 @@ class ProgressWriter:
                 self._live.mark_progress_final(job_id)
             except RetryableError as exc:
                 log.debug("could not mark the progress of job %s final: %s", job_id, exc)
-        return document.to_dict()
+        return doc
 
     def _finished_without_counters(
         self, job_id: str, store: Store, snap: Snapshot, now: float
@@ -119,11 +121,11 @@ class ProgressWriter:
         settled = settle(store, snap, previous)
         if settled is None:
             return None
-        document = progress_document(settled, now, self._owner)
+        doc = progress_document(settled, now, self._owner).to_dict()
         if not is_final(previous, snap):
-            store.write(PROGRESS_KEY, (document.to_json(indent=1) + "\n").encode())
+            store.write(PROGRESS_KEY, (json.dumps(doc, indent=1) + "\n").encode())
         self._live.mark_progress_final(job_id)
-        return document.to_dict()
+        return doc
 
     def _seed(self, job_id: str, store: Store) -> None:
         """After a Redis loss, carry the start time, GPU time and price over from the last document."""

@@ -9,7 +9,7 @@ import redis
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.keys import Keys
 from dflash_tasks.monitoring.fleet import FleetWorker, capacity, check_serving, live_fleet, serving_warning
-from dflash_tasks.monitoring.progress import summarize
+from dflash_tasks.monitoring.progress import progress_document
 from dflash_tasks.monitoring.snapshot import Snapshot
 from tests.helpers import redis_url
 
@@ -69,13 +69,13 @@ def test_progress_warns_when_no_live_worker_serves_the_job_model() -> None:
         queue="dflash.model-a",
         fleet={"gpu0@a": beat("Org/Model-B")},
     )
-    warnings = summarize(snap, NOW)["warnings"]
+    warnings = progress_document(snap, NOW).to_dict()["warnings"]
     assert any(
         w.startswith("no live worker serves model 'Model-A'; the live workers serve: Org/Model-B")
         and w.endswith("wait in queue dflash.model-a")
         for w in warnings
     ), warnings
-    served = summarize(replace(snap, fleet={"gpu0@a": beat("Model-A")}), NOW)
+    served = progress_document(replace(snap, fleet={"gpu0@a": beat("Model-A")}), NOW).to_dict()
     assert not any("serves model" in w for w in served["warnings"])
 
 

@@ -17,12 +17,11 @@ from dflash_tasks.core.states import ErrorKind
 from dflash_tasks.monitoring import metrics
 from dflash_tasks.monitoring.progress import (
     GPU_GAP_CAP,
-    compute_progress,
+    compute_document,
     cost,
     eta_seconds,
     gpu_seconds,
     progress_document,
-    summarize,
     window_rate,
 )
 from dflash_tasks.monitoring.progress_writer import FINAL_AFTER, ProgressWriter, registered_jobs
@@ -144,7 +143,7 @@ def test_gpu_seconds_from_ticks_with_a_gap_cap_and_a_fallback() -> None:
 
 def test_eta_falls_back_to_the_since_start_rate() -> None:
     snap = snapshot(done_samples=500, done_chunks=5, job={"started_at": str(NOW - 1000)})
-    doc = summarize(snap, NOW)
+    doc = progress_document(snap, NOW).to_dict()
     assert doc["rates"]["samples_per_s"] == 0.0
     assert doc["rates"]["since_start"]["samples_per_s"] == pytest.approx(0.5)
     assert doc["eta_basis"] == "since_start" and doc["eta_s"] == pytest.approx(1000)
@@ -152,10 +151,10 @@ def test_eta_falls_back_to_the_since_start_rate() -> None:
 
 
 def test_no_rate_no_eta_and_warnings() -> None:
-    doc = summarize(snapshot(), NOW)
+    doc = progress_document(snapshot(), NOW).to_dict()
     assert doc["eta_s"] is None and doc["eta_by_tokens_s"] is None
     assert any("no live worker" in w for w in doc["warnings"])
-    doc = summarize(snapshot(redis_ok=False), NOW)
+    doc = progress_document(snapshot(redis_ok=False), NOW).to_dict()
     assert any("Redis unreachable" in w for w in doc["warnings"])
 
 
@@ -260,7 +259,7 @@ def test_accept_length_is_tokens_over_verify_passes_of_the_samples() -> None:
     assert "accept length 3.20 per request" in text and "250 passes" in text and "last minute 2.29" in text
     assert "2.67" in text and "*" not in text
     # before any chunk is stored, the job's figure comes from the workers' live totals
-    early = summarize(snapshot(per_worker=per, workers=beats), NOW)
+    early = progress_document(snapshot(per_worker=per, workers=beats), NOW).to_dict()
     assert early["spec"]["job"] == 3.2 and early["spec"]["source"] == "per_request"
 
 
@@ -367,7 +366,9 @@ def test_worker_counts_reach_progress_json(bk: Bookkeeping, tmp_path: Path) -> N
     assert doc["rates"]["samples_per_s"] == pytest.approx(20 / (window_bounds(NOW)[1] - t0))
     assert doc["cost"]["gpus"] == 1 and doc["cost"]["gpu_hours"] == pytest.approx(30 / HOUR, rel=0.01)
     assert doc["cost"]["usd"] == pytest.approx(0.03)
-    assert compute_progress(store, bk, job.job_id, NOW)["samples"] == doc["samples"]  # status agrees
+    assert (
+        compute_document(store, bk, job.job_id, NOW).to_dict()["samples"] == doc["samples"]
+    )  # status agrees
 
 
 def test_progress_survives_a_redis_flush(bk: Bookkeeping, tmp_path: Path) -> None:
@@ -419,7 +420,7 @@ def test_status_without_redis_uses_the_store_and_the_last_progress_json(
     stats.flush({}, now=NOW - 51)  # a heartbeat: one live GPU since NOW - 100
     ProgressWriter(bk, "w", period=1.0, default_gpu_hour_usd=2.0).write(job.job_id, store, now=NOW - 50)
     store.write(output_key(2), b"{}\n")  # a chunk stored while Redis is away
-    doc = compute_progress(store, None, job.job_id, NOW)
+    doc = compute_document(store, None, job.job_id, NOW).to_dict()
     assert doc["samples"]["done"] == 30 and doc["state"] == "done"  # the store is the truth
     assert doc["samples"]["failed"] == 2 and doc["tokens"]["generated"] == 1800  # as of progress.json
     assert doc["started_at"] == NOW - 100 and doc["cost"]["gpu_hour_usd"] == 2.0
@@ -478,7 +479,9 @@ def test_a_multi_turn_job_is_measured_in_turns() -> None:
     text = render(document)
     assert "turns     300 / 900 done | 290 generated | 600 left" in text and "2.00 turns/s" in text
     assert "from the last-minute turn rate" in text
-    single = summarize(snapshot(done_samples=500, done_chunks=5, job={"started_at": str(NOW - 1000)}), NOW)
+    single = progress_document(
+        snapshot(done_samples=500, done_chunks=5, job={"started_at": str(NOW - 1000)}), NOW
+    ).to_dict()
     assert single["eta_unit"] == "samples" and single["turns"]["total"] == 1000  # a turn per sample
 
 
@@ -561,11 +564,11 @@ def test_a_finished_jobs_yield_comes_back_from_its_final_progress_json(tmp_path:
     from dflash_tasks.monitoring.settled import from_final
 
     job = {"started_at": str(NOW - 100), "finished_at": str(NOW - 40), "gpu_seconds": "120", "gpu_tick": "1"}
-    final = summarize(
+    final = progress_document(
         snapshot(done_chunks=10, done_samples=1000, job=job, gpu_hour_usd=36.0, stats=yield_stats()), NOW
-    )
+    ).to_dict()
     lost = snapshot(done_chunks=10, done_samples=1000, redis_ok=False)
-    again = summarize(from_final(lost, json.loads(json.dumps(final))), NOW + 3600)
+    again = progress_document(from_final(lost, json.loads(json.dumps(final))), NOW + 3600).to_dict()
     price = "usd_per_million_trainable"  # from the GPU-hours the document keeps to 4 digits
     assert again["yield"][price] == pytest.approx(final["yield"][price], rel=2e-3)
     assert {**again["yield"], price: None} == {**final["yield"], price: None}

@@ -12,7 +12,7 @@ import pytest
 from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.coord.progress_keys import PROGRESS_KEY
 from dflash_tasks.core.job import GenerationSpec, JobDefinition, Manifest, output_key
-from dflash_tasks.monitoring.progress import compute_document, compute_progress
+from dflash_tasks.monitoring.progress import compute_document
 from dflash_tasks.monitoring.progress_writer import FINAL_AFTER, ProgressWriter
 from dflash_tasks.monitoring.status_view import render
 from dflash_tasks.store import LocalStore
@@ -119,7 +119,7 @@ def test_a_running_job_after_a_flush_is_not_taken_for_a_finished_one(bk: Bookkee
     store, job_id = finished_job(bk, tmp_path)
     store.delete(output_key(5))  # one chunk still to do
     bk.client.flushall()
-    doc = compute_progress(store, bk, job_id, NOW + LATER)
+    doc = compute_document(store, bk, job_id, NOW + LATER).to_dict()
     assert doc["state"] != "done" and doc["samples"]["done"] == SAMPLES - CHUNK
     assert not any("finished job" in w for w in doc["warnings"])
 
@@ -134,7 +134,7 @@ def test_a_progress_json_that_is_not_final_gives_its_start_but_never_now_minus_s
     store.write(PROGRESS_KEY, json.dumps(earlier).encode())
     bk.client.flushall()
 
-    doc = compute_progress(store, bk, job_id, NOW + LATER)
+    doc = compute_document(store, bk, job_id, NOW + LATER).to_dict()
     assert any("recounted from its 60 stored records" in w for w in doc["warnings"])
     assert doc["started_at"] == earlier["started_at"]
     assert doc["finished_at"] is None and doc["elapsed_s"] is None  # not 45 minutes
@@ -147,5 +147,5 @@ def test_the_repaired_count_survives_redis_losing_the_counters(bk: Bookkeeping, 
     store.write(PROGRESS_KEY, json.dumps(final).encode())
     bk.client.flushall()
 
-    doc = compute_progress(store, bk, job_id, NOW + LATER)
+    doc = compute_document(store, bk, job_id, NOW + LATER).to_dict()
     assert doc["samples"]["repaired"] == 3

@@ -11,7 +11,7 @@ from dflash_tasks.coord.bookkeeping import Bookkeeping
 from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.monitoring.page.history import ThroughputHistory
 from dflash_tasks.monitoring.page.trainer_marks import TrainerLens
-from dflash_tasks.monitoring.progress import compute_progress
+from dflash_tasks.monitoring.progress import compute_document
 from dflash_tasks.store import Store
 from dflash_tasks.store.records import list_outputs
 
@@ -31,7 +31,7 @@ class JobSource:
 
     def progress(self) -> dict[str, Any]:
         """The progress document, as ``status --json`` computes it; its rates join the history."""
-        doc = compute_progress(
+        doc = compute_document(
             self.store,
             self.bookkeeping,
             self.definition.job_id,
@@ -39,7 +39,7 @@ class JobSource:
             gpu_hour_usd=self.gpu_hour_usd,
             default_gpu_hour_usd=self.default_gpu_hour_usd,
             writer=f"page@{os.uname().nodename}",
-        )
+        ).to_dict()
         self.history.add(doc)
         return doc
 
