@@ -97,6 +97,8 @@ def _store_chunk(
     for record in gated:
         checks.update(record.checks or ())
     where = f"chunk {chunk} of job {job_id}"
+    # before the write: between a stored chunk and its completion nothing but retries may run
+    live_yield = yield_counters(ctx.loss_counts, job_id, job.definition, served_model_path(ctx), records)
     taken = write_once(ctx, job, output_key(chunk), records, where, started)
     if taken is not None:
         return taken
@@ -118,7 +120,7 @@ def _store_chunk(
         "generations": sum(c.generations for c in each),
         "chunk_seconds": time.monotonic() - started,
         **{f"check_{name}": n for name, n in _all_checks(records).items()},
-        **yield_counters(ctx.loss_counts, job_id, job.definition, served_model_path(ctx), records),
+        **live_yield,
     }
     if retried(lambda: ctx.bookkeeping.complete(job_id, chunk, counters), "recording as done"):
         record_chunk_and_judge(ctx.bookkeeping, job_id, len(gated), checks, quality)

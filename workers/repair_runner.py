@@ -175,6 +175,9 @@ def _store_round(
     """Check, write the round's file once, and move the counters by what changed."""
     records = checked_records(ctx, job, job_id, generated)
     where = f"repair round {unit.round} of chunk {unit.chunk} of job {job_id}"
+    # before the write: between a stored round and its completion nothing but retries may run
+    model_path = served_model_path(ctx)
+    live_yield = yield_counters(ctx.loss_counts, job_id, job.definition, model_path, records, old)
     taken = write_once(ctx, job, repair_key(unit.chunk, unit.round), records, where, started)
     if taken is not None:
         return taken
@@ -195,7 +198,7 @@ def _store_round(
         "spec_tokens": sum(c.spec_tokens for c in each),
         "spec_verify_ct": sum(c.verify for c in each),
         "generations": sum(c.generations for c in each),
-        **yield_counters(ctx.loss_counts, job_id, job.definition, served_model_path(ctx), records, old),
+        **live_yield,
     }
     retry_transient(
         lambda: ctx.bookkeeping.complete_repair(job_id, unit.chunk, unit.round, counters) or True,

@@ -131,3 +131,21 @@ def test_a_repair_round_moves_the_yield_by_what_report_sees_change(counted: Stag
     assert {k: v for k, v in moved.items() if v} == {k: v for k, v in expected.items() if v}
     # the tokens this round sent, paid for whether their records were kept or superseded
     assert moved["yield_generated_tokens"] == outcome.completion_tokens > superseded.tokens
+
+
+def test_a_live_yield_that_fails_leaves_the_chunks_counters_whole(
+    counted: Staged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The yield is an optional figure: planning it must not cost the stored chunk its counters (a
+    chunk written but not recorded as done is skipped as "already done" on redelivery, uncounted)."""
+
+    def broken(self: RowPlanner, records: Any) -> Any:
+        raise ValueError("planner bug")
+
+    monkeypatch.setattr(RowPlanner, "rows", broken)
+    job_id = counted.job_id
+    assert run_chunk(counted.ctx, job_id, 0, "w@h/t1/aaaaaa").status == "done"
+    stats = counted.bk.stats(job_id)
+    records = list(decode_records(counted.store.read(output_key(0)), "chunk"))
+    assert stats["samples_ok"] == sum(r.ok for r in records) > 0
+    assert counted.bk.done_count(job_id) == 1 and live(counted, job_id) == {}

@@ -11,6 +11,7 @@ it (``yield_counted_chunks`` of them).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from dflash_tasks.core.job import JobDefinition
@@ -20,6 +21,8 @@ from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
 from dflash_tasks.core.stored_counts import RecordCounter
 from dflash_tasks.core.yields import COUNTED_CHUNKS, YieldTally
 from workers.checks.loss_counting import LossCountCache
+
+log = logging.getLogger(__name__)
 
 
 def yield_counters(
@@ -34,8 +37,24 @@ def yield_counters(
     (the records its ``records`` replace, in the same order): the change, the tokens it sent (the
     turns it generated again are paid for even though their records are superseded).
 
-    Empty when a record was not counted by ``counts`` (no tokenizer here, another view).
+    Empty when a record was not counted by ``counts`` (no tokenizer here, another view), and when
+    planning fails: the yield is an optional figure and never costs the chunk its other counters.
     """
+    try:
+        return _counters(counts, job_id, job, model_path, records, replaced)
+    except Exception as exc:
+        log.warning("live yield not counted for a chunk of job %s: %s", job_id, type(exc).__name__)
+        return {}
+
+
+def _counters(
+    counts: LossCountCache,
+    job_id: str,
+    job: JobDefinition,
+    model_path: str | None,
+    records: Sequence[Record],
+    replaced: Sequence[Record] | None,
+) -> dict[str, float]:
     counter = counts.counter(job_id, job, model_path)
     if counter is None:
         return {}
