@@ -127,6 +127,7 @@ class YieldTally:
         )
 
 
-def cost_per_million_trainable(ratio: float | None, usd_per_million_generated: float) -> float | None:
-    """What a million trainable tokens cost at a price per million generated tokens."""
-    return None if not ratio else usd_per_million_generated / ratio
+def cost_per_million_trainable(ratio: float | None, usd_per_million_generated: float | None) -> float | None:
+    """What a million trainable tokens cost at a price per million generated tokens (None without
+    a yield or a price)."""
+    return None if not ratio or usd_per_million_generated is None else usd_per_million_generated / ratio

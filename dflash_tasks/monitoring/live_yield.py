@@ -28,7 +28,7 @@ def yield_section(stats: Mapping[str, float], spent_usd: float | None) -> dict[s
     tally = YieldTally.from_counters(stats)
     generated = stats.get("completion_tokens", 0.0)
     per_million = spent_usd / generated * 1e6 if spent_usd is not None and generated > 0 else None
-    usd = None if per_million is None else cost_per_million_trainable(tally.ratio, per_million)
+    usd = cost_per_million_trainable(tally.ratio, per_million)
     return {
         **tally.to_dict(),
         "counted_chunks": chunks,

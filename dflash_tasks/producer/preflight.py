@@ -33,10 +33,10 @@ from dflash_tasks.core.row_planner import RowPlanner
 from dflash_tasks.core.source_quality import SourceTally
 from dflash_tasks.core.trainable import TrainableSummary, TrainableTally
 from dflash_tasks.core.trainer_view import TrainerView
-from dflash_tasks.core.yields import YieldTally
+from dflash_tasks.core.yields import YieldTally, cost_per_million_trainable
 from dflash_tasks.monitoring.progress_bar import format_duration
 from dflash_tasks.producer.preflight_budget import BudgetProjection, project_budgets, render_budgets
-from dflash_tasks.producer.preflight_yield import planned_yield, usd_per_million_trainable, what_would_raise
+from dflash_tasks.producer.preflight_yield import planned_yield, what_would_raise
 from dflash_tasks.store import Store
 from dflash_tasks.store.records import read_current
 
@@ -118,8 +118,7 @@ class PreflightReport:
     def usd_per_million_trainable(self) -> float | None:
         if self.yields is None:
             return None
-        usd_per_hour = self.workers * self.gpu_hour_usd
-        return usd_per_million_trainable(self.yields, usd_per_hour, self.generated_tokens_per_s())
+        return cost_per_million_trainable(self.yields.ratio, self.usd_per_million_generated())
 
     def low_yield(self) -> list[str]:
         """What would raise a projected yield under the target (empty when it is met or unknown)."""

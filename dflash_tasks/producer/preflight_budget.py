@@ -27,7 +27,7 @@ from typing import Any
 from dflash_tasks.core.budget import HORIZON, HORIZON_FLOOR
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.record import Record, Turn
-from dflash_tasks.core.yields import YieldTally
+from dflash_tasks.core.yields import YieldTally, cost_per_million_trainable
 
 #: The budgets the preflight compares the chosen one with.
 ALTERNATIVES: tuple[int | str, ...] = (HORIZON, 4096, 8192, 32768)
@@ -52,7 +52,7 @@ class BudgetProjection:
 
     def to_dict(self, usd_per_million_generated: float | None) -> dict[str, Any]:
         ratio = self.ratio
-        cost = None if not ratio or usd_per_million_generated is None else usd_per_million_generated / ratio
+        cost = cost_per_million_trainable(ratio, usd_per_million_generated)
         return {
             "max_tokens": self.budget,
             "chosen": self.chosen,

@@ -13,7 +13,7 @@ from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
 from dflash_tasks.core.trainer_view import TrainerView
-from dflash_tasks.core.yields import YieldTally, cost_per_million_trainable
+from dflash_tasks.core.yields import YieldTally
 
 YIELD_TARGET = 0.95  # below this share of generated tokens trained on, the preflight says why
 
@@ -62,13 +62,3 @@ def what_would_raise(tally: YieldTally, layout: str) -> list[str]:
         losses.append((n, f"rows left out as {reason}"))
     ranked = sorted(losses, reverse=True)
     return [f"{n / tally.generated:.1%} of generated tokens: {fix}" for n, fix in ranked]
-
-
-def usd_per_million_trainable(
-    tally: YieldTally, usd_per_hour: float, generated_tokens_per_s: float
-) -> float | None:
-    """A million trainable tokens' cost at the projected rate; None without a price, a rate or a yield."""
-    if usd_per_hour <= 0 or generated_tokens_per_s <= 0:
-        return None
-    per_million_generated = usd_per_hour / 3600 / generated_tokens_per_s * 1e6
-    return cost_per_million_trainable(tally.ratio, per_million_generated)

@@ -122,7 +122,7 @@ def cost_section(doc: Mapping[str, Any]) -> str:
     )
 
 
-def cost_per_million_trainable(doc: Mapping[str, Any]) -> float | None:
+def spent_per_million_trainable(doc: Mapping[str, Any]) -> float | None:
     """USD spent per million trainable (loss) tokens, or None without a spend or a count.
 
     The live yield's figure when the workers counted (``yield``), else from the latest
@@ -143,7 +143,7 @@ def cost_per_million_trainable(doc: Mapping[str, Any]) -> float | None:
 
 
 def _per_million(doc: Mapping[str, Any]) -> str:
-    value = cost_per_million_trainable(doc)
+    value = spent_per_million_trainable(doc)
     if value is None:
         return "<span class='muted'>not counted yet (a price and a trainable-token count)</span>"
     return figure("cost_per_million_trainable_usd", round(value, 4), f"${value:,.2f}")

@@ -15,10 +15,10 @@ from dflash_tasks.core.trainer_view import TrainerView
 from dflash_tasks.monitoring.page.auth import Credentials
 from dflash_tasks.monitoring.page.pager import Found, Page, SampleFilter
 from dflash_tasks.monitoring.page.run_view import (
-    cost_per_million_trainable,
     cost_section,
     failure_breakdown,
     gate_shares,
+    spent_per_million_trainable,
     yield_sections,
 )
 from dflash_tasks.monitoring.page.samples_view import list_page, sample_page
@@ -138,14 +138,14 @@ def test_failures_by_kind_come_from_each_sources_counted_failures() -> None:
 def test_cost_per_million_trainable_tokens_needs_both_the_spend_and_the_count() -> None:
     counted = {"counted_samples": 100, "total_loss_tokens": 2_000_000}
     doc: dict[str, Any] = {"samples": {"done": 100}, "cost": {"usd": 5.0}, "trainable_tokens": counted}
-    assert cost_per_million_trainable(doc) == pytest.approx(2.5)
+    assert spent_per_million_trainable(doc) == pytest.approx(2.5)
     # spend covers 200 done samples, the count 100 of them: the count is scaled to the done ones
     doc["samples"]["done"] = 200
-    assert cost_per_million_trainable(doc) == pytest.approx(1.25)
-    assert cost_per_million_trainable({**doc, "cost": {"usd": None}}) is None
-    assert cost_per_million_trainable({**doc, "trainable_tokens": None}) is None
+    assert spent_per_million_trainable(doc) == pytest.approx(1.25)
+    assert spent_per_million_trainable({**doc, "cost": {"usd": None}}) is None
+    assert spent_per_million_trainable({**doc, "trainable_tokens": None}) is None
     zero = {**counted, "total_loss_tokens": 0}
-    assert cost_per_million_trainable({**doc, "trainable_tokens": zero}) is None
+    assert spent_per_million_trainable({**doc, "trainable_tokens": zero}) is None
     cost = {"gpus": 1, "gpu_hours": 1.0, "gpu_hour_usd": 5.0, "usd": 5.0, "projected_total_usd": 9.0}
     shown = cost_section({**doc, "cost": cost})
     assert "data-figure='cost_per_million_trainable_usd' data-value='1.25'" in shown
@@ -156,8 +156,8 @@ def test_the_live_yields_cost_per_million_trainable_tokens_comes_first() -> None
     counted = {"counted_samples": 100, "total_loss_tokens": 2_000_000}
     doc: dict[str, Any] = {"samples": {"done": 100}, "cost": {"usd": 5.0}, "trainable_tokens": counted}
     live = {"yield": 0.9, "usd_per_million_trainable": 3.75, "where_the_rest_went": {"failed_turns": 1}}
-    assert cost_per_million_trainable({**doc, "yield": live}) == 3.75
-    assert cost_per_million_trainable({**doc, "yield": None}) == pytest.approx(2.5)  # none counted live
+    assert spent_per_million_trainable({**doc, "yield": live}) == 3.75
+    assert spent_per_million_trainable({**doc, "yield": None}) == pytest.approx(2.5)  # none counted live
     cost = {"gpus": 1, "gpu_hours": 1.0, "gpu_hour_usd": 5.0, "usd": 5.0, "projected_total_usd": 9.0}
     shown = cost_section({**doc, "cost": cost, "yield": live})
     assert "data-figure='cost_per_million_trainable_usd' data-value='3.75'" in shown
