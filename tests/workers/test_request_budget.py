@@ -103,3 +103,20 @@ def test_without_a_readable_tokenizer_each_request_gets_max_length_said_once(
             assert request_budget(cache, "job-x", job(), None) is None
     said = [r.getMessage() for r in caplog.records if "job-x" in r.getMessage()]
     assert len(said) == 1 and f"the fixed budget {MAX_LENGTH}" in said[0]
+
+
+def test_a_prefix_the_template_refuses_gets_the_fallback_said_once_per_job(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = build_exact_model_dir(tmp_path)
+    budget = request_budget(LossCountCache(), "job-refused", job(), served(model))
+    assert budget is not None
+
+    def refuse(*args: Any, **kwargs: Any) -> int:
+        raise ValueError("the template refuses these messages")
+
+    monkeypatch.setattr(budget.counter, "prompt_tokens", refuse)
+    with caplog.at_level(logging.WARNING, logger="workers.generate.request_budget"):
+        assert [budget([[SYSTEM, Q1]], []) for _ in range(5)] == [MAX_LENGTH] * 5
+    said = [r.getMessage() for r in caplog.records if "job-refused" in r.getMessage()]
+    assert len(said) == 1 and "ValueError" in said[0] and "max_tokens 300" in said[0]

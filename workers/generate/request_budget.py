@@ -6,7 +6,7 @@ the turn, up to its answer, as the export writes it (:func:`~dflash_tasks.core.e
 prefix_messages`: the per-turn layout drops earlier reasoning; the layout is the one ``export
 --layout auto`` picks), rendered by the trainer's view with the generation prompt after it. The
 tokenizer is the one the worker already loaded to count loss tokens
-(:class:`~workers.loss_counting.LossCountCache`); where there is none, every request gets the job's
+(:class:`~workers.checks.loss_counting.LossCountCache`); where there is none, every request gets the job's
 ``max_tokens`` (the trainer's ``max_length``) and the worker says so once per job.
 """
 
@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 class HorizonBudget:
     """The budget of each turn of one job's conversations (one per chunk; the counter is shared)."""
 
-    def __init__(self, counter: LossTokenCounter, per_turn: bool, fallback: int) -> None:
+    def __init__(self, counter: LossTokenCounter, per_turn: bool, fallback: int, job_id: str = "") -> None:
+        self.job_id = job_id
         self.counter = counter
         self.per_turn = per_turn  # the layout export --layout auto writes
         self.max_length = counter.view.max_length
@@ -43,9 +44,7 @@ class HorizonBudget:
         try:
             prefix = self.counter.prompt_tokens(prefix_messages(inputs, answered, self.per_turn))
         except Exception as exc:  # a template that refuses these messages: the sample still runs
-            log.warning(
-                "a request's horizon not computed (%s): max_tokens %d", type(exc).__name__, self.fallback
-            )
+            _unrendered_once(self.job_id, type(exc).__name__, self.fallback)
             return self.fallback
         return horizon_budget(self.max_length, prefix, self.closing)
 
@@ -63,7 +62,7 @@ def request_budget(
     if counter is None:
         _fixed_once(job_id, job.spec.max_tokens)
         return None
-    return HorizonBudget(counter.whole, not counter.earlier_trained, job.spec.max_tokens)
+    return HorizonBudget(counter.whole, not counter.earlier_trained, job.spec.max_tokens, job_id)
 
 
 @functools.lru_cache(maxsize=256)
@@ -73,5 +72,16 @@ def _fixed_once(job_id: str, max_tokens: int) -> None:
         "job %s asks for --max-tokens horizon, but no tokenizer of the served model is readable "
         "here: each request gets the fixed budget %d (the trainer's max_length)",
         job_id,
+        max_tokens,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _unrendered_once(job_id: str, error: str, max_tokens: int) -> None:
+    """Say once per job and error that a prefix could not be rendered (each request would repeat it)."""
+    log.warning(
+        "job %s: a request's horizon not computed (%s): such requests get max_tokens %d",
+        job_id,
+        error,
         max_tokens,
     )
