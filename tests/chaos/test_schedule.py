@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from dflash_tasks.sim.textgen import plan_output
 from tests.chaos import schedule as S
 from tests.chaos.agenda import Agenda
-from tests.chaos.config import Options, cut_budget, sim_flags, topology
+from tests.chaos.config import (
+    CUT_SHARE,
+    MEAN_TOKENS,
+    REASONING_FRACTION,
+    TOKENS_SIGMA,
+    Options,
+    cut_budget,
+    sim_flags,
+    topology,
+)
 from tests.chaos.schedule import build
 
 
@@ -87,8 +99,16 @@ def test_the_job_is_sized_to_the_request_time() -> None:
 
 
 def test_the_default_budget_cuts_a_fifth_of_the_simulated_thoughts() -> None:
-    """The budget is the thought's share of the completion at the 80th percentile of its length."""
-    assert cut_budget() == 208 and cut_budget(0.15) == 217 and cut_budget(0.25) == 201
+    """The budget cuts the share it names of the thoughts the simulator itself plans (its lengths,
+    not the formula's own assumptions about them)."""
+    plans = [
+        plan_output(random.Random(i), True, MEAN_TOKENS, TOKENS_SIGMA, REASONING_FRACTION)
+        for i in range(20_000)
+    ]
+    for share in (0.15, CUT_SHARE, 0.25):
+        budget = cut_budget(share)
+        cut = sum(p.reasoning_tokens > budget for p in plans) / len(plans)
+        assert abs(cut - share) <= 0.03, (share, budget, cut)
     assert Options().max_tokens == 208 and "--max-tokens" not in Options().replay()
     assert Options(max_tokens=150).replay().endswith("--max-tokens 150'")
 

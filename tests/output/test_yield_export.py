@@ -257,6 +257,7 @@ def test_turns_a_repair_round_generated_again_count_as_generated_in_export_and_r
     assert doc["where_the_rest_went"]["superseded"] == 20  # short-cut's cut turn, generated again
     assert doc["generated_tokens"] == current + 20 == before["generated_tokens"] + 66 + 16
     args = ["--output", str(job_dir), "--json", "--png", str(tmp_path / "r.png")]
-    assert report_main([*args, "--train-max-length", "200", "--train-template", "qwen3.5"]) in (0, 1)  # gates
+    code = report_main([*args, "--train-max-length", "200", "--train-template", "qwen3.5"])
+    assert code == 1, code  # the few-loss-tokens gate fails on these hand-made rows; the yield stands
     reported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert reported["yield"] == doc
