@@ -38,7 +38,8 @@ CHARS_PER_TOKEN = 4
 SPEC_HELP = (
     "loop detection on streamed text: 'off', 'on' (the defaults), or comma-separated key=value of "
     "min_chars (repeated run length, chars), min_repeats (copies in a row), max_period (longest "
-    "repeated span, chars), e.g. 'min_chars=2000,max_period=6000'"
+    "repeated span, chars), e.g. 'min_chars=2000,max_period=6000'. Recorded in job.json; the "
+    "workers do not stream or stop loops yet (docs/quality.md, Loops)"
 )
 
 
