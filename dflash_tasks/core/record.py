@@ -6,16 +6,17 @@ A :class:`Record` holds every :class:`Turn` of a sample's conversation, totals a
      "failed_turn", "finish_reason", "usage", "model", "server", "sampling", "endpoint", "worker",
      "latency_s", "attempts", "repair", "checks"}
     TURN = {"input", "reasoning", "content", "finish_reason", "usage", "meta_info", "status", "error",
-            "failure", "latency_s", "attempts", "parts", "checks"}
+            "failure", "latency_s", "attempts", "parts", "loop", "checks"}
     PART = {"reasoning_chars", "content_chars", "finish_reason", "usage", "meta_info", "latency_s",
             "attempts"}
 
 :meth:`Record.to_json` writes exactly these keys in this order (``source`` only in a job of several
 input sources, ``failure`` only on a failed turn and record, ``repair`` only on a record a repair
-round wrote, ``parts`` only on a turn a repair round continued, ``checks`` only once the quality
-checks ran), as ``json.dumps(..., ensure_ascii=False)`` does; :func:`encode_records` is the chunk
-file. :meth:`Record.from_json` reads a stored line back and validates it, raising
-:class:`~dflash_tasks.core.errors.BadRecord` that names the wrong field.
+round wrote, ``parts`` only on a turn a repair round continued, ``loop`` only on a turn stopped
+because its text looped, ``checks`` only once the quality checks ran), as ``json.dumps(...,
+ensure_ascii=False)`` does; :func:`encode_records` is the chunk file. :meth:`Record.from_json`
+reads a stored line back and validates it, raising :class:`~dflash_tasks.core.errors.BadRecord`
+that names the wrong field.
 
 Reading is lenient where older writers were different, strict where a value is wrong:
 
@@ -35,6 +36,11 @@ A turn whose thought was cut at ``max_tokens`` and then continued (``continue_fi
 :mod:`dflash_tasks.core.continuation`) is one turn: its ``reasoning``, ``content``, ``finish_reason``
 and ``usage`` are the whole turn's, as the trainer reads it, and ``parts`` keeps each request's
 share: the characters of ``reasoning`` and ``content`` it wrote, in order, and its own numbers.
+
+A turn whose stream was stopped because its text looped has ``finish_reason`` ``repetition`` and
+``loop`` (:class:`~dflash_tasks.core.repetition.Loop`: which text looped, where the loop starts,
+its period and where it was seen); its texts are as streamed up to the stop, loop included, and
+:meth:`Turn.before_loop` gives them cut where the loop starts.
 
 ``meta_info`` (the server's per-request numbers, whose keys change with the SGLang release),
 ``server`` (what the server said it serves) and ``sampling`` (the job's sampling parameters) stay
@@ -59,6 +65,7 @@ from dflash_tasks.core.record_fields import (
     read_failure,
     read_float,
     read_int,
+    read_loop,
     read_mapping,
     read_messages,
     read_status,
@@ -67,6 +74,7 @@ from dflash_tasks.core.record_fields import (
     wrong,
 )
 from dflash_tasks.core.record_parts import Part, Usage, read_parts, read_usage
+from dflash_tasks.core.repetition import Loop
 from dflash_tasks.core.states import FailureKind, Outcome, RecordStatus
 
 __all__ = ["Part", "Record", "Turn", "Usage", "decode_records", "encode_records", "outcome_of"]
@@ -94,11 +102,26 @@ class Turn:
     attempts: int = 0
     parts: tuple[Part, ...] = ()  # each request's share of a continued turn; () for one request
     checks: tuple[str, ...] | None = None  # the quality checks it fails; None before they ran
+    loop: Loop | None = None  # where its text fell into a loop (finish_reason "repetition")
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this code does not know, as read
 
     @property
     def ok(self) -> bool:
         return self.status is RecordStatus.OK
+
+    @property
+    def looped(self) -> bool:
+        """Whether its request was stopped because its text looped."""
+        return self.loop is not None
+
+    def before_loop(self) -> tuple[str, str]:
+        """``(reasoning, content)`` as written before the loop began (the whole texts without one)."""
+        loop = self.loop
+        if loop is None:
+            return self.reasoning, self.content
+        if loop.text == "content":
+            return self.reasoning, self.content[: loop.start_char]
+        return self.reasoning[: loop.start_char], ""
 
     def part_texts(self) -> list[tuple[str, str]]:
         """``(reasoning, content)`` written by each request, in order (one pair for a plain turn)."""
@@ -129,6 +152,8 @@ class Turn:
         doc["attempts"] = self.attempts
         if self.parts:
             doc["parts"] = [p.to_dict() for p in self.parts]
+        if self.loop is not None:
+            doc["loop"] = self.loop.to_dict()
         return _with_checks_and_extra(doc, self.checks, self.extra)
 
 
@@ -294,6 +319,7 @@ def _turn(doc: Any, path: str, inputs_key: str, known: frozenset[str]) -> Turn:
         attempts=read_int(doc, "attempts", path) or 0,
         parts=read_parts(doc, path, reasoning, content) if path else (),
         checks=read_checks(doc, path),
+        loop=read_loop(doc, path),
         extra=extra_of(doc, known) if path else {},
     )
 

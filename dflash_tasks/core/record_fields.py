@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from dflash_tasks.core.repetition import Loop
 from dflash_tasks.core.states import FailureKind, RecordStatus
 
 
@@ -109,3 +110,13 @@ def extra_of(doc: Mapping[str, Any], known: frozenset[str]) -> Mapping[str, Any]
     if known.issuperset(doc):
         return {}
     return {k: v for k, v in doc.items() if k not in known}
+
+
+def read_loop(doc: Mapping[str, Any], path: str) -> Loop | None:
+    value = doc.get("loop")
+    if value is None:
+        return None
+    try:
+        return Loop.from_dict(value)
+    except ValueError as exc:
+        raise InvalidField(path + "loop", f"{path}loop: {exc}") from None

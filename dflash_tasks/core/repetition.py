@@ -111,6 +111,11 @@ class RepetitionSettings:
 
 _INT_KEYS = ("min_chars", "min_repeats", "max_period")
 
+#: A turn's ``finish_reason`` when its request was stopped because its text looped.
+FINISH_REASON = "repetition"
+#: The texts a loop is watched in: ``Loop.text`` names one.
+TEXTS = ("reasoning", "content")
+
 
 @dataclass(frozen=True, slots=True)
 class Loop:
@@ -127,9 +132,29 @@ class Loop:
     #: Characters and tokens fed when the loop was detected.
     detected_char: int
     detected_token: int
+    #: The text that looped: ``reasoning`` (the thought) or ``content`` (the answer).
+    text: str = "reasoning"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Loop:
+        """A stored loop (a turn's ``loop``); raises ``ValueError`` naming the first wrong key."""
+        if not isinstance(doc, Mapping):
+            raise ValueError("expected an object")
+        ints = ("start_char", "start_token", "period_chars", "detected_char", "detected_token")
+        for key in ints:
+            value = doc.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{key}: expected a non-negative integer, got {value!r}")
+        copies = doc.get("copies")
+        if not isinstance(copies, (int, float)) or isinstance(copies, bool):
+            raise ValueError(f"copies: expected a number, got {copies!r}")
+        text = doc.get("text", "reasoning")
+        if text not in TEXTS:
+            raise ValueError(f"text: expected one of {', '.join(TEXTS)}, got {text!r}")
+        return cls(**{key: doc[key] for key in ints}, copies=float(copies), text=text)
 
 
 class RepetitionDetector:
@@ -148,10 +173,12 @@ class RepetitionDetector:
         "_watching",
         "loop",
         "settings",
+        "text",
     )
 
-    def __init__(self, settings: RepetitionSettings | None = None) -> None:
+    def __init__(self, settings: RepetitionSettings | None = None, text: str = "reasoning") -> None:
         self.settings = settings or RepetitionSettings()
+        self.text = text
         self.loop: Loop | None = None
         self._watching = self.settings.enabled  # until a loop is seen
         self._buf = ""  # the text from offset _base on
@@ -219,6 +246,7 @@ class RepetitionDetector:
             copies=round(run / period, 2),
             detected_char=self._chars,
             detected_token=self._tokens,
+            text=self.text,
         )
         return self.loop
 

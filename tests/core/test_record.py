@@ -12,6 +12,7 @@ import pytest
 from dflash_tasks.core.errors import BadRecord, StoreError
 from dflash_tasks.core.loss_counts import LossCounts
 from dflash_tasks.core.record import Record, Turn, Usage, decode_records, encode_records, outcome_of
+from dflash_tasks.core.repetition import FINISH_REASON, Loop
 from dflash_tasks.core.states import FailureKind, Outcome, RecordStatus
 
 DATA = Path(__file__).parent / "data"
@@ -237,3 +238,38 @@ def test_decoding_a_chunk_names_the_damaged_line() -> None:
         BadRecord, match=r"^outputs/chunk-000002.jsonl:3: not a valid output record \(no id\)$"
     ):
         list(decode_records(good + b"\n\n" + b'{"status": "ok"}\n', "outputs/chunk-000002.jsonl"))
+
+
+def test_a_looped_turn_keeps_where_its_loop_starts_and_reads_back() -> None:
+    loop = Loop(start_char=4, start_token=1, period_chars=3, copies=4.0, detected_char=16, detected_token=4)
+    looped = turn(reasoning="abcdxyzxyzxyzxyz", content="", finish_reason=FINISH_REASON, loop=loop)
+    r = record(looped)
+    doc = r.to_dict()["turns"][0]
+    assert list(doc)[-2:] == ["attempts", "loop"]
+    assert doc["loop"] == {**loop.to_dict(), "text": "reasoning"}
+    assert Record.from_json(r.to_json()) == r
+    assert looped.looped and looped.before_loop() == ("abcd", "")
+    in_answer = replace(
+        looped, reasoning="r", content="okxyzxyzxyz", loop=replace(loop, start_char=2, text="content")
+    )
+    assert in_answer.before_loop() == ("r", "ok")
+    assert turn().before_loop() == ("r", "c") and not turn().looped
+    assert "loop" not in record(turn()).to_dict()["turns"][0]
+
+
+@pytest.mark.parametrize(
+    ("value", "cause"),
+    [
+        ('"x"', "turns[0].loop: expected an object"),
+        ('{"start_char": -1}', "turns[0].loop: start_char: expected a non-negative integer, got -1"),
+        (
+            '{"start_char": 1, "start_token": 1, "period_chars": 2, "detected_char": 3, "detected_token": 1, '
+            '"copies": 2, "text": "answer"}',
+            "turns[0].loop: text: expected one of reasoning, content, got 'answer'",
+        ),
+    ],
+)
+def test_a_malformed_loop_names_the_field(value: str, cause: str) -> None:
+    with pytest.raises(BadRecord) as caught:
+        Record.from_json('{"id": "a", "turns": [{"status": "ok", "loop": ' + value + "}]}")
+    assert (caught.value.field, caught.value.cause) == ("turns[0].loop", cause)
