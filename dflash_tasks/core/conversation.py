@@ -75,7 +75,7 @@ def request_messages(
 def can_continue(turn: Turn) -> bool:
     """Whether a turn's answer can be the history of the next turn: it finished and has text.
 
-    A turn that failed, hit ``max_tokens`` (``finish_reason: length``) or has no answer text ends
-    its conversation.
+    A turn that failed, hit ``max_tokens`` (``finish_reason: length``), was stopped in a loop
+    (``repetition``) or has no answer text ends its conversation.
     """
-    return turn.ok and turn.finish_reason != "length" and bool(turn.content.strip())
+    return turn.ok and turn.finish_reason != "length" and not turn.looped and bool(turn.content.strip())

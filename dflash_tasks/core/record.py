@@ -277,7 +277,7 @@ def outcome_of(turns: Sequence[Turn], user_turns: int) -> Outcome:
     last = turns[-1]
     if not last.ok:
         return Outcome.FAILED
-    if len(turns) < user_turns or last.finish_reason == "length" or not last.content:
+    if len(turns) < user_turns or last.finish_reason == "length" or last.looped or not last.content:
         return Outcome.TRUNCATED
     return Outcome.COMPLETE
 

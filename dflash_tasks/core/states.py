@@ -88,7 +88,9 @@ class Outcome(StrEnum):
     """How a sample's conversation ended (``outcome`` of an output record)."""
 
     COMPLETE = "complete"  # every turn answered
-    TRUNCATED = "truncated"  # the last turn hit max_tokens or has no answer: the conversation stopped there
+    TRUNCATED = (
+        "truncated"  # the last turn hit max_tokens, looped or has no answer: the conversation stopped there
+    )
     FAILED = "failed"  # the last turn failed (``failed_turn`` names it)
 
 

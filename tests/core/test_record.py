@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dflash_tasks.core.conversation import can_continue
 from dflash_tasks.core.errors import BadRecord, StoreError
 from dflash_tasks.core.loss_counts import LossCounts
 from dflash_tasks.core.record import Record, Turn, Usage, decode_records, encode_records, outcome_of
@@ -255,6 +256,8 @@ def test_a_looped_turn_keeps_where_its_loop_starts_and_reads_back() -> None:
     assert in_answer.before_loop() == ("r", "ok")
     assert turn().before_loop() == ("r", "c") and not turn().looped
     assert "loop" not in record(turn()).to_dict()["turns"][0]
+    assert outcome_of((in_answer,), 1) is Outcome.TRUNCATED  # an answer, but it looped
+    assert not can_continue(in_answer) and can_continue(turn())
 
 
 @pytest.mark.parametrize(
