@@ -68,6 +68,7 @@ class ChunkWork:
                 rid_prefix,
                 listener=ctx.listener,
                 budget=budget,
+                repetition=job.definition.quality.repetition,
             )
             for s in samples
         ]

@@ -12,10 +12,11 @@ from dflash_tasks.core.continuation import joined, prefix_message
 from dflash_tasks.core.errors import RetryableError, SampleRejected, ServerUnavailable
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.record import Record, Turn, Usage, outcome_of
+from dflash_tasks.core.repetition import RepetitionSettings
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.core.states import FailureKind, RecordStatus
 from workers.monitor.listener import NO_LISTENER, WorkerListener
-from workers.sglang_client import ChatRequest, Completion, ServerIdentity, SGLangClient
+from workers.sglang_client import ChatRequest, Completion, ServerIdentity, SGLangClient, shift_loop
 
 _EMPTY = Completion("", "", "", 0, 0, 0)
 
@@ -53,16 +54,23 @@ def generate_turn(
     sleep: Callable[[float], None] = time.sleep,
     *,
     listener: WorkerListener = NO_LISTENER,
+    repetition: RepetitionSettings | None = None,
 ) -> Turn:
     """Send one turn (``messages``, of which ``added`` are new this turn) and return its turn record.
 
     Retryable failures are retried per ``policy``. A 400 fails only this turn. When retries run
     out, the turn is recorded as failed if the server is healthy (a transient failure, which a
     repair round regenerates), and :class:`ServerUnavailable` is raised if it is not (the chunk
-    then goes back to the queue). A 400 is a permanent failure.
+    then goes back to the queue). A 400 is a permanent failure. ``repetition``: the job's loop
+    settings; on, the answer is streamed and stopped where its text loops (the turn's ``loop``,
+    ``finish_reason`` ``repetition``); None or off, it is not streamed.
     """
     started = time.monotonic()
-    answer = _send(client, lambda rid: ChatRequest(spec, messages, rid), policy, rid_prefix, sleep, listener)
+
+    def request(rid: str) -> ChatRequest:
+        return ChatRequest(spec, messages, rid, watch=repetition)
+
+    answer = _send(client, request, policy, rid_prefix, sleep, listener)
     latency = time.monotonic() - started
     if isinstance(answer, _Failed):
         return make_turn(added, None, answer.error, latency, answer.attempts, answer.failure)
@@ -81,20 +89,22 @@ def continue_turn(
     sleep: Callable[[float], None] = time.sleep,
     *,
     listener: WorkerListener = NO_LISTENER,
+    repetition: RepetitionSettings | None = None,
 ) -> Turn:
     """Continue ``cut``'s thought (:mod:`dflash_tasks.core.continuation`): ``messages`` are the
     turn's request, the prefix (the opener and the thought so far) goes after them with
     ``continue_final_message``, and the answer is joined to the turn, which keeps both parts.
 
-    Retries and errors as :func:`generate_turn`, except that a continuation that fails keeps the
-    turn as it was (still cut, so a later round continues it): nothing generated is lost.
+    Retries, errors and ``repetition`` as :func:`generate_turn` (the detector watches the new
+    text; a loop's positions are the joined turn's), except that a continuation that fails keeps
+    the turn as it was (still cut, so a later round continues it): nothing generated is lost.
     """
     started = time.monotonic()
     prefixed = [*messages, prefix_message(cut, continuation.opener)]
     budget = dataclasses.replace(spec, max_tokens=continuation.budget)
 
     def request(rid: str) -> ChatRequest:
-        return ChatRequest(budget, prefixed, rid, continues=True)
+        return ChatRequest(budget, prefixed, rid, continues=True, watch=repetition)
 
     answer = _send(client, request, policy, rid_prefix, sleep, listener)
     if isinstance(answer, _Failed):
@@ -103,7 +113,14 @@ def continue_turn(
     usage = Usage(c.prompt_tokens, c.completion_tokens, c.reasoning_tokens)
     meta = c.meta.as_record() if c.meta is not None else None
     latency = time.monotonic() - started
-    return joined(cut, c.reasoning, c.content, c.finish_reason, usage, meta, latency, attempts)
+    turn = joined(cut, c.reasoning, c.content, c.finish_reason, usage, meta, latency, attempts)
+    if c.loop is None:
+        return turn
+    if c.loop.text == "content":
+        loop = shift_loop(c.loop, len(cut.content))
+    else:  # the cut turn's tokens were all thought
+        loop = shift_loop(c.loop, len(cut.reasoning), cut.usage.completion_tokens)
+    return dataclasses.replace(turn, loop=loop)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +186,7 @@ def make_turn(
         finish_reason=c.finish_reason or None,
         usage=Usage(c.prompt_tokens, c.completion_tokens, c.reasoning_tokens),
         meta_info=c.meta.as_record() if c.meta is not None else None,
+        loop=c.loop,
         status=RecordStatus.OK if completion is not None else RecordStatus.FAILED,
         error=error,
         failure=None if completion is not None else (failure or FailureKind.TRANSIENT),

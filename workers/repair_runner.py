@@ -123,6 +123,7 @@ def _start(
                 repair=unit.round,
                 resume=(old.turns[-1], Continuation(opener, budget)) if budget else None,
                 budget=horizon,
+                repetition=job.quality.repetition,
             )
         )
     return futures

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.record import Record
+from dflash_tasks.core.repetition import RepetitionSettings
 from dflash_tasks.core.sample import Sample
 from workers.flow.request_pool import RequestPool
 from workers.generate.conversation import start_conversation
@@ -22,11 +23,16 @@ def generate_sample(
     policy: RetryPolicy,
     rid_prefix: str,
     sleep: Callable[[float], None] = time.sleep,
+    repetition: RepetitionSettings | None = None,
 ) -> Record:
     """``sample``'s record through :func:`start_conversation` on a one-slot pool (the worker's own
-    path, turn after turn); raises what a turn raised, e.g. ``ServerUnavailable``."""
+    path, turn after turn); raises what a turn raised, e.g. ``ServerUnavailable``. ``repetition``:
+    streamed and watched for loops (None: plain requests)."""
     pool = RequestPool(1)
     try:
-        return start_conversation(pool, client, spec, sample, who, policy, rid_prefix, sleep=sleep).result()
+        future = start_conversation(
+            pool, client, spec, sample, who, policy, rid_prefix, sleep=sleep, repetition=repetition
+        )
+        return future.result()
     finally:
         pool.shutdown()

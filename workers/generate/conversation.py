@@ -26,6 +26,7 @@ from typing import Any
 from dflash_tasks.core.conversation import can_continue, request_messages, turn_inputs
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.record import Record, Turn
+from dflash_tasks.core.repetition import RepetitionSettings
 from dflash_tasks.core.sample import Sample
 from workers.flow.request_pool import RequestPool
 from workers.generation import (
@@ -122,6 +123,7 @@ def start_conversation(
     repair: int | None = None,
     resume: tuple[Turn, Continuation] | None = None,
     budget: TurnBudget | None = None,
+    repetition: RepetitionSettings | None = None,
 ) -> Future[Record]:
     """Run ``sample``'s turns through ``pool``, each queued when the previous one returns.
 
@@ -130,10 +132,12 @@ def start_conversation(
     passes the answered turns it keeps (``kept``, complete ones): the conversation goes on from
     the next turn; with ``resume`` (a cut turn and how to continue it) that turn is continued first.
     ``budget``: each request's ``max_tokens`` (``--max-tokens horizon``); None: the spec's.
+    ``repetition``: the job's loop settings (each request streamed and stopped where it loops,
+    which ends the conversation); None: not streamed.
     """
     conversation = Conversation(spec, sample, who, rid_prefix, kept, repair, resume, budget)
-    send = functools.partial(generate_turn, sleep=sleep, listener=listener)
-    extend = functools.partial(continue_turn, sleep=sleep, listener=listener)
+    send = functools.partial(generate_turn, sleep=sleep, listener=listener, repetition=repetition)
+    extend = functools.partial(continue_turn, sleep=sleep, listener=listener, repetition=repetition)
     result: Future[Record] = Future()
     lock = threading.Lock()
     current: list[Future[Turn]] = []

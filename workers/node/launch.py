@@ -6,7 +6,8 @@ are those of the pinned release (:mod:`workers.node.sglang_release`): the specul
 of the model's profile (:mod:`workers.node.profiles`: NEXTN on a model's own MTP layers, EAGLE3
 with a draft model, or none), and ``--max-running-requests`` / ``--cuda-graph-max-bs-decode``
 raised to the worker's in-flight target, so the worker never queues requests the server will
-not batch. A flag the user passes (``--sglang-arg``) replaces ours.
+not batch, and ``--stream-interval`` (the workers read their answers as streams). A flag the user
+passes (``--sglang-arg``) replaces ours.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from workers.node.profiles import FlagPair, Profile, SpecDecode, choose_profile
 HOST = "127.0.0.1"
 HEALTH_PATH = "/health_generate"
 REASONING_PARSER = "qwen3"
+#: ``--stream-interval``: a streamed answer's chunk goes out once this many tokens are unsent (the
+#: release's default is 1, a chunk per decode step; fewer chunks cost the server less). The loop
+#: detector checks every 64 characters anyway, about 15 tokens.
+STREAM_INTERVAL = 8
 #: No speculative decoding (a dense model without a draft).
 NO_SPEC = Profile("none", "no speculative decoding")
 
@@ -129,6 +134,7 @@ LAUNCHER_FLAGS = frozenset(
         "--max-running-requests",
         "--cuda-graph-max-bs-decode",
         "--enable-metrics",
+        "--stream-interval",
         *(flag for flag, _ in SpecDecode("EAGLE3", draft_model_path="x").flag_pairs()),
     }
 )
@@ -220,7 +226,7 @@ def sglang_command(
     profile: Profile = NO_SPEC,
 ) -> list[str]:
     """``python -m sglang.launch_server`` for one GPU: the profile's speculative decoding, the
-    in-flight cap, then ``extra`` (the user's flags, which replace ours)."""
+    in-flight cap, the stream interval, then ``extra`` (the user's flags, which replace ours)."""
     cap = str(max_inflight)
     ours: list[FlagPair] = [
         ("--model-path", (model_path,)),
@@ -231,6 +237,7 @@ def sglang_command(
         ("--max-running-requests", (cap,)),
         ("--cuda-graph-max-bs-decode", (cap,)),
         ("--enable-metrics", ()),
+        ("--stream-interval", (str(STREAM_INTERVAL),)),
     ]
     return [python, "-m", "sglang.launch_server", *merge_flags(ours, extra)]
 

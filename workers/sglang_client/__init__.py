@@ -6,6 +6,7 @@ only, never a body of the server's:
 * :mod:`~workers.sglang_client.request`: :class:`ChatRequest`, the chat body it builds
 * :mod:`~workers.sglang_client.client`: :class:`SGLangClient`, the HTTP calls
 * :mod:`~workers.sglang_client.replies`: :class:`Completion` and its :class:`MetaInfo`
+* :mod:`~workers.sglang_client.stream`: a streamed answer read, and stopped when its text loops
 * :mod:`~workers.sglang_client.info`: :class:`ServerInfo`, :class:`ModelInfo`, :class:`ServerIdentity`
 * :mod:`~workers.sglang_client.load`: :class:`ServerLoad`, from ``/metrics``
 * :mod:`~workers.sglang_client.http_errors`: every failure as the exception tree of
@@ -24,6 +25,7 @@ from workers.sglang_client.info import (
 from workers.sglang_client.load import ServerLoad, parse_metrics
 from workers.sglang_client.replies import Completion, MetaInfo, parse_completion, read_chat_reply
 from workers.sglang_client.request import ChatRequest
+from workers.sglang_client.stream import StreamReader, read_stream, shift_loop
 
 __all__ = [
     "ChatRequest",
@@ -34,10 +36,13 @@ __all__ = [
     "ServerIdentity",
     "ServerInfo",
     "ServerLoad",
+    "StreamReader",
     "error_message",
     "parse_completion",
     "parse_metrics",
     "parse_model_info",
     "parse_server_info",
     "read_chat_reply",
+    "read_stream",
+    "shift_loop",
 ]

@@ -14,7 +14,7 @@ from typing import Any
 import requests
 
 from dflash_tasks.core.errors import RetryableError
-from workers.sglang_client.http_errors import info_status_error, transport_error
+from workers.sglang_client.http_errors import chat_status_error, info_status_error, transport_error
 from workers.sglang_client.info import (
     MODEL_INFO_PATHS,
     SERVER_INFO_PATHS,
@@ -28,6 +28,7 @@ from workers.sglang_client.info import (
 from workers.sglang_client.load import ServerLoad, parse_metrics
 from workers.sglang_client.replies import Completion, read_chat_reply
 from workers.sglang_client.request import CHAT_PATH, ChatRequest
+from workers.sglang_client.stream import read_stream
 
 #: Seconds to wait for a connection (a server that is up accepts at once).
 CONNECT_TIMEOUT = 10.0
@@ -67,18 +68,32 @@ class SGLangClient:
         """Send ``request`` and parse the first choice of the answer.
 
         A continuation (``request.continues``) keeps the whitespace its reasoning starts with: it
-        joins the thought where the prefix stopped."""
-        return read_chat_reply(self._post_chat(request.body()), joins=request.continues)
+        joins the thought where the prefix stopped. With loop detection on (``request.streams``)
+        the answer is streamed, and a loop stops it: the connection is closed, which makes the
+        server abort the request (:mod:`~workers.sglang_client.stream`)."""
+        watch = request.watch
+        if watch is None or not request.streams:
+            return read_chat_reply(self._post_chat(request.body()), joins=request.continues)
+        resp = self._post_chat(request.body(), stream=True)
+        try:
+            if resp.status_code != 200:
+                raise chat_status_error(resp)
+            return read_stream(resp.iter_content(chunk_size=None), watch, request.continues)
+        except requests.RequestException as exc:  # the connection failed mid-stream
+            raise transport_error(exc, "", self._timeout) from exc
+        finally:
+            resp.close()  # read to its end: back to the pool; stopped early: closed
 
-    def _post_chat(self, body: dict[str, Any]) -> requests.Response:
+    def _post_chat(self, body: dict[str, Any], stream: bool = False) -> requests.Response:
         """POST ``body`` to the chat route, whatever the status: the transport's errors translated,
-        the status left to the reader (a streamed answer is read by the same rules)."""
+        the status left to the reader; ``stream``: the body is left unread."""
         try:
             return self._session().post(
                 f"{self.endpoint}{CHAT_PATH}",
                 data=json.dumps(body, ensure_ascii=False).encode(),
                 headers=self._headers,
                 timeout=(CONNECT_TIMEOUT, self._timeout),
+                stream=stream,
             )
         except requests.exceptions.InvalidHeader as exc:
             raise transport_error(exc, "", self._timeout) from None  # its message quotes the key

@@ -9,6 +9,7 @@ valid header value
 chat: HTTP 400 (a prompt past the context, a bad       :class:`SampleRejected`: this sample only
 sampling value)
 chat: any other status (5xx, 503 "queue full", 401)    :class:`RetryableError` (401/403 with the key hint)
+a streamed chat's ``data: {"error": ...}`` event        as the status its ``code`` names (a full queue: 503)
 info endpoints: HTTP 401/403 (a missing or wrong key)  :class:`ConfigError`
 info endpoints, ``/metrics``: any other status          :class:`RetryableError`
 a body that is not what the route answers              :class:`RetryableError` (``BAD_RESPONSE`` on chat)
@@ -57,6 +58,19 @@ def chat_status_error(resp: requests.Response) -> DflashError:
     if resp.status_code in (401, 403):
         message += f" ({KEY_HINT})"
     return RetryableError(f"HTTP {resp.status_code}: {message}", ErrorKind.of_status(resp.status_code))
+
+
+def stream_error(error: object) -> DflashError:
+    """The error for a streamed chat's error event (``data: {"error": {...}}``, sent with status
+    200 once the stream began): as the HTTP status its ``code`` names, retryable without one."""
+    body = error if isinstance(error, dict) else {}
+    message = str(body.get("message") or error)[:500]
+    code = body.get("code")
+    if not isinstance(code, int) or isinstance(code, bool) or not 400 <= code < 600:
+        return RetryableError(f"stream error: {message}", ErrorKind.OTHER)
+    if code == 400:
+        return SampleRejected(f"HTTP 400 (stream): {message}")
+    return RetryableError(f"HTTP {code} (stream): {message}", ErrorKind.of_status(code))
 
 
 def info_status_error(resp: requests.Response, where: str) -> DflashError:

@@ -12,6 +12,7 @@ from typing import Any
 import requests
 
 from dflash_tasks.core.errors import RetryableError
+from dflash_tasks.core.repetition import Loop
 from dflash_tasks.core.states import ErrorKind
 from workers.sglang_client.http_errors import chat_status_error
 
@@ -40,7 +41,11 @@ class MetaInfo:
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """One successful chat completion, with both text fields stripped."""
+    """One successful chat completion, with both text fields stripped.
+
+    ``loop``: where a streamed text fell into a loop; the request was then stopped there
+    (``finish_reason`` ``repetition``, the texts and tokens as streamed until the stop).
+    """
 
     reasoning: str
     content: str
@@ -49,6 +54,7 @@ class Completion:
     completion_tokens: int
     reasoning_tokens: int
     meta: MetaInfo | None = None
+    loop: Loop | None = None
 
 
 def read_chat_reply(resp: requests.Response, joins: bool = False) -> Completion:

@@ -7,9 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_tasks.core.job import GenerationSpec
+from dflash_tasks.core.repetition import RepetitionSettings
 
 #: The chat route (OpenAI-compatible).
 CHAT_PATH = "/v1/chat/completions"
+#: ``stream_options`` of a streamed request: the usage at the end and with every text chunk.
+STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,21 +21,30 @@ class ChatRequest:
 
     ``rid`` must be unique among the server's requests in flight (SGLang rejects a duplicate);
     ``continues``: the last message is the assistant's thought so far, which the answer continues
-    (``continue_final_message``).
+    (``continue_final_message``); ``watch``: the job's loop settings; when they are on, the answer
+    is streamed and stopped once its text loops (:mod:`~workers.sglang_client.stream`).
     """
 
     spec: GenerationSpec
     messages: Sequence[Mapping[str, str]]
     rid: str
     continues: bool = False
+    watch: RepetitionSettings | None = None
+
+    @property
+    def streams(self) -> bool:
+        """Whether the answer is read as a stream (loop detection on)."""
+        return self.watch is not None and self.watch.enabled
 
     def body(self) -> dict[str, Any]:
-        """The JSON body, non-streaming.
+        """The JSON body.
 
         The limit goes out under both names: SGLang 0.5.23 reads ``max_completion_tokens`` first
         (and marks ``max_tokens`` deprecated), releases that predate it ignore the unknown field
         and read ``max_tokens``. ``return_meta_info`` asks for the per-request speculative-decoding
-        numbers; older releases ignore it too.
+        numbers; older releases ignore it too. Streamed (:attr:`streams`), it asks for the usage
+        with every text chunk and ``return_spec_tokens_details`` instead (SGLang refuses
+        ``return_meta_info`` with streaming).
         """
         spec = self.spec
         body: dict[str, Any] = {
@@ -50,6 +62,11 @@ class ChatRequest:
             "return_meta_info": True,
             "rid": self.rid,
         }
+        if self.streams:
+            del body["return_meta_info"]
+            body["stream"] = True
+            body["stream_options"] = dict(STREAM_OPTIONS)
+            body["return_spec_tokens_details"] = True
         if self.continues:
             body["continue_final_message"] = True
         return body

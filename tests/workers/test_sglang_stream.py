@@ -1,0 +1,296 @@
+"""The worker's streamed requests (loop detection on): the record they make is the plain one, a
+looping thought is stopped early and its slot freed, and a stream's errors are retried as the
+plain answer's. Over real HTTP, against the simulator (and, for wire-format edge cases the
+simulator never sends, a small server of the test's own)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import requests
+
+from dflash_tasks.core.errors import RetryableError, SampleRejected
+from dflash_tasks.core.job import GenerationSpec
+from dflash_tasks.core.record import Turn
+from dflash_tasks.core.repetition import FINISH_REASON, RepetitionSettings
+from dflash_tasks.core.states import ErrorKind
+from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
+from dflash_tasks.sim.config import FaultSpec
+from tests.helpers import wait_until
+from workers.generation import Continuation, RetryPolicy, continue_turn, generate_turn
+from workers.sglang_client import ChatRequest, Completion, SGLangClient, StreamReader
+
+ON = RepetitionSettings()
+SPEC = GenerationSpec(model="m", max_tokens=2000)
+QUESTION = [{"role": "user", "content": "What is 6*7? Explain."}]
+POLICY = RetryPolicy(attempts=3, backoff=0.001, backoff_max=0.002)
+#: The per-request numbers a stream carries (its ``sglext`` chunk); the rest are the plain answer's only.
+SPEC_KEYS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts")
+
+
+class RecordingClient(SGLangClient):
+    """The real client, remembering every request body it sent."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(endpoint, timeout=60.0)
+        self.payloads: list[dict[str, Any]] = []
+
+    def chat(self, request: ChatRequest) -> Completion:
+        self.payloads.append(request.body())
+        return super().chat(request)
+
+
+@pytest.fixture
+def sims() -> Iterator[list[RunningSimulator]]:
+    started: list[RunningSimulator] = []
+    yield started
+    for sim in started:
+        sim.stop()
+
+
+def start(sims: list[RunningSimulator], **overrides: Any) -> RunningSimulator:
+    sim = start_simulator(SimConfig(**{"port": 0, "time_scale": 0.0, "mean_output_tokens": 400, **overrides}))
+    sims.append(sim)
+    return sim
+
+
+def stats(sim: RunningSimulator) -> dict[str, Any]:
+    result: dict[str, Any] = requests.get(f"{sim.url}/sim/stats", timeout=10).json()
+    return result
+
+
+def turn(client: SGLangClient, rid: str, spec: GenerationSpec = SPEC, **kw: Any) -> Turn:
+    messages = kw.pop("messages", QUESTION)
+    return generate_turn(client, spec, messages, messages, POLICY, rid, lambda _: None, **kw)
+
+
+def same_record(plain: Turn, streamed: Turn) -> None:
+    """The streamed turn is the plain one: texts, finish, usage; ``meta_info`` its spec numbers."""
+    assert streamed.status is plain.status and streamed.ok
+    assert (streamed.reasoning, streamed.content) == (plain.reasoning, plain.content)
+    assert streamed.finish_reason == plain.finish_reason and streamed.usage == plain.usage
+    assert streamed.loop is None
+    assert plain.meta_info is not None and streamed.meta_info is not None
+    assert {k: streamed.meta_info[k] for k in SPEC_KEYS} == {k: plain.meta_info[k] for k in SPEC_KEYS}
+    assert streamed.meta_info["cached_tokens"] is None  # the stream does not carry it
+
+
+# --- the record --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("interval", [1, 8])
+def test_a_streamed_turn_is_the_plain_turn(sims: list[RunningSimulator], interval: int) -> None:
+    sim = start(sims, stream_interval=interval)
+    client = RecordingClient(sim.url)
+    history = [*QUESTION, {"role": "assistant", "content": "42."}, {"role": "user", "content": "Why?"}]
+    cases = [
+        (SPEC, QUESTION),
+        (dataclasses.replace(SPEC, max_tokens=60), QUESTION),  # cut in its thought: length
+        (dataclasses.replace(SPEC, thinking=False), QUESTION),
+        (SPEC, history),
+    ]
+    for i, (spec, messages) in enumerate(cases):
+        plain = turn(client, f"p{i}", spec, messages=messages)
+        assert client.payloads[-1]["stream"] is False
+        streamed = turn(client, f"s{i}", spec, messages=messages, repetition=ON)
+        body = client.payloads[-1]
+        assert body["stream"] is True and "return_meta_info" not in body
+        assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+        same_record(plain, streamed)
+    assert [turn(client, "x", cases[1][0]).finish_reason] == ["length"]
+    off = turn(client, "off", repetition=RepetitionSettings(enabled=False))
+    assert client.payloads[-1]["stream"] is False and off.meta_info is not None
+
+
+def test_a_continued_thought_streams_and_is_the_plain_continuation(sims: list[RunningSimulator]) -> None:
+    sim = start(sims)
+    client = RecordingClient(sim.url)
+    cut = turn(client, "cut", dataclasses.replace(SPEC, max_tokens=60))
+    assert cut.finish_reason == "length"
+    how = Continuation("<think>\n", 2000)
+    plain = continue_turn(client, SPEC, QUESTION, cut, how, POLICY, "pc", lambda _: None)
+    streamed = continue_turn(client, SPEC, QUESTION, cut, how, POLICY, "sc", lambda _: None, repetition=ON)
+    assert client.payloads[-1]["stream"] is True and client.payloads[-1]["continue_final_message"] is True
+    assert (streamed.reasoning, streamed.content) == (plain.reasoning, plain.content)
+    assert streamed.finish_reason == plain.finish_reason == "stop"
+    assert streamed.usage == plain.usage and len(streamed.parts) == 2
+
+
+def test_the_reader_reads_events_split_anywhere(sims: list[RunningSimulator]) -> None:
+    sim = start(sims)
+    body = ChatRequest(SPEC, QUESTION, "raw", watch=ON).body()
+    raw = requests.post(f"{sim.url}/v1/chat/completions", json=body, timeout=30).content
+    whole = StreamReader(ON)
+    whole.feed(raw)
+    pieces = StreamReader(ON)
+    for at in range(0, len(raw), 7):
+        pieces.feed(raw[at : at + 7])
+    assert pieces.completion() == whole.completion()
+    assert whole.completion().reasoning and whole.completion().content
+
+
+# --- loops -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("interval", [1, 8])
+def test_a_looping_thought_is_stopped_early_and_its_slot_freed(
+    sims: list[RunningSimulator], interval: int
+) -> None:
+    sim = start(sims, loop_share=1.0, time_scale=0.05, stream_interval=interval)  # 800 tokens a second
+    client = SGLangClient(sim.url)
+    budget = dataclasses.replace(SPEC, max_tokens=4096)
+    looped = turn(client, "loop", budget, repetition=ON)
+    assert looped.ok and looped.finish_reason == FINISH_REASON and looped.loop is not None
+    assert 0 < looped.usage.completion_tokens <= 0.25 * 4096
+    loop = looped.loop
+    assert loop.text == "reasoning" and loop.start_char < len(looped.reasoning)
+    span = looped.reasoning[loop.start_char : loop.start_char + loop.period_chars]
+    assert looped.reasoning[loop.start_char :].startswith(span * 2)
+    assert looped.before_loop()[0] == looped.reasoning[: loop.start_char]
+    wait_until(lambda: stats(sim)["running"] == 0, 10, "the slot freed", 0.02)
+    after = stats(sim)
+    assert (after["client_gone"], after["aborted"]) == (1, 1)
+    assert after["generation_tokens"] < 0.3 * 4096  # it stopped generating soon after the stop
+
+
+def test_a_continued_thought_that_loops_is_stopped_where_the_joined_thought_loops(
+    sims: list[RunningSimulator],
+) -> None:
+    sim = start(sims, loop_share=1.0)
+    client = SGLangClient(sim.url)
+    cut = turn(client, "cut", dataclasses.replace(SPEC, max_tokens=40))
+    how = Continuation("<think>\n", 4096)
+    looped = continue_turn(client, SPEC, QUESTION, cut, how, POLICY, "c", lambda _: None, repetition=ON)
+    loop = looped.loop
+    assert loop is not None and looped.finish_reason == FINISH_REASON and len(looped.parts) == 2
+    assert loop.start_char >= len(cut.reasoning) and loop.start_token >= cut.usage.completion_tokens
+    span = looped.reasoning[loop.start_char : loop.start_char + loop.period_chars]
+    assert looped.reasoning[loop.start_char :].startswith(span * 2)
+    assert looped.usage.completion_tokens <= cut.usage.completion_tokens + 0.25 * 4096
+
+
+def test_without_detection_the_loop_runs_to_max_tokens(sims: list[RunningSimulator]) -> None:
+    sim = start(sims, loop_share=1.0)
+    looped = turn(SGLangClient(sim.url), "loop", dataclasses.replace(SPEC, max_tokens=4096))
+    assert looped.finish_reason == "length" and looped.loop is None
+    assert looped.usage.completion_tokens == 4096
+
+
+# --- errors ------------------------------------------------------------------------------------------
+
+
+def test_a_full_queue_event_is_retried(sims: list[RunningSimulator]) -> None:
+    sim = start(sims, time_scale=0.5, max_running_requests=1, max_queued_requests=0)
+    holder = hold_slot(sim)
+    wait_until(lambda: stats(sim)["running"] == 1, 10, "the slot taken")
+    client = SGLangClient(sim.url)
+    with pytest.raises(RetryableError) as caught:
+        client.chat(ChatRequest(SPEC, QUESTION, "full", watch=ON))
+    assert caught.value.kind is ErrorKind.HTTP_503 and "queue is full" in str(caught.value)
+
+    def release(_: float) -> None:
+        holder.close()
+        wait_until(lambda: stats(sim)["running"] == 0, 10, "the slot freed")
+
+    answered = generate_turn(client, SPEC, QUESTION, QUESTION, POLICY, "retry", release, repetition=ON)
+    assert answered.ok and answered.attempts == 2 and answered.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("kind", ["bad_json", "abort"])
+def test_a_stream_cut_or_aborted_midway_is_retried(sims: list[RunningSimulator], kind: str) -> None:
+    sim = start(sims, faults=(FaultSpec(kind, count=1),))
+    client = SGLangClient(sim.url)
+    with pytest.raises(RetryableError) as caught:
+        client.chat(ChatRequest(SPEC, QUESTION, "cut", watch=ON))
+    assert caught.value.kind in ((ErrorKind.ABORT,) if kind == "abort" else (ErrorKind.CONNECTION,))
+    again = turn(client, "again", repetition=ON)
+    assert again.ok and again.attempts == 1 and again.finish_reason == "stop"
+
+
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+TEXT = (
+    b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"Hm."},"finish_reason":null}],'
+    b'"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'
+)
+FINISH = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    ("events", "raised", "kind"),
+    [
+        ([ROLE, TEXT, FINISH], RetryableError, ErrorKind.BAD_RESPONSE),  # no [DONE]
+        ([ROLE, TEXT, DONE], RetryableError, ErrorKind.BAD_RESPONSE),  # no finish
+        ([ROLE, b'data: {"choices":[{"delta":\n\n', DONE], RetryableError, ErrorKind.BAD_RESPONSE),
+        ([b'data: {"error": {"message": "bad", "code": 400}}\n\n', DONE], SampleRejected, ErrorKind.REJECTED),
+        (
+            [b'data: {"error": {"message": "down", "code": 500}}\n\n', DONE],
+            RetryableError,
+            ErrorKind.HTTP_5XX,
+        ),
+        ([b'data: {"error": "odd"}\n\n', DONE], RetryableError, ErrorKind.OTHER),
+    ],
+)
+def test_a_malformed_or_unfinished_stream_raises(events: list[bytes], raised: type, kind: ErrorKind) -> None:
+    with Serving(events) as url, pytest.raises(raised) as caught:
+        SGLangClient(url).chat(ChatRequest(SPEC, QUESTION, "odd", watch=ON))
+    assert type(caught.value) is raised and caught.value.kind is kind
+
+
+def test_a_whole_stream_from_the_tests_server_reads() -> None:
+    with Serving([ROLE, TEXT, FINISH, DONE]) as url:
+        done = SGLangClient(url).chat(ChatRequest(SPEC, QUESTION, "ok", watch=ON))
+    assert (done.reasoning, done.finish_reason, done.completion_tokens, done.prompt_tokens) == (
+        "Hm.",
+        "stop",
+        2,
+        5,
+    )
+
+
+class Serving:
+    """A server that answers every chat with ``events`` as one chunked ``text/event-stream`` body."""
+
+    def __init__(self, events: list[bytes]) -> None:
+        body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def hold_slot(sim: RunningSimulator) -> socket.socket:
+    """A long streamed request on a socket the test closes itself."""
+    payload = json.dumps({"model": "m", "messages": QUESTION, "max_tokens": 2000, "stream": True}).encode()
+    conn = socket.create_connection((sim.host, sim.port))
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    conn.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    return conn

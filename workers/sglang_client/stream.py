@@ -1,0 +1,195 @@
+"""Reading a streamed chat answer (``stream: true``) and stopping it when its text loops
+(``docs/sglang.md``, "Streaming").
+
+:class:`StreamReader` takes the body's raw pieces as they arrive, splits them into server-sent
+events on blank lines (bytes operations, one ``json.loads`` an event), joins the thought's and
+the answer's deltas and feeds each text to its own
+:class:`~dflash_tasks.core.repetition.RepetitionDetector`, with the tokens each delta brought
+(the continuous usage of ``stream_options.continuous_usage_stats``). Once a detector sees a loop
+the reader is done: the caller closes the response, which makes SGLang abort the request.
+
+What the stream cannot say is left out: ``meta_info`` (SGLang refuses ``return_meta_info`` with
+streaming) holds only the speculative-decoding numbers of the ``sglext`` chunk
+(``return_spec_tokens_details``), None when there is none (no speculative decoding, or a stream
+stopped before its end).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from dflash_tasks.core.errors import DflashError, RetryableError
+from dflash_tasks.core.repetition import FINISH_REASON, Loop, RepetitionDetector, RepetitionSettings
+from dflash_tasks.core.states import ErrorKind
+from workers.sglang_client.http_errors import stream_error
+from workers.sglang_client.replies import Completion, MetaInfo, parse_meta_info
+
+_DATA = b"data: "
+_DONE = b"[DONE]"
+_EVENT_END = b"\n\n"
+_MALFORMED = (ValueError, KeyError, IndexError, TypeError, AttributeError)
+
+
+class StreamReader:
+    """One streamed answer, read piece by piece: :meth:`feed` the body's bytes, then
+    :meth:`completion`. Raises the project's errors for an error event or a malformed event."""
+
+    __slots__ = (
+        "_content",
+        "_content_watch",
+        "_events",
+        "_reasoning",
+        "_reasoning_watch",
+        "_rest",
+        "done",
+        "finish_reason",
+        "loop",
+        "meta",
+        "tokens",
+        "usage",
+    )
+
+    def __init__(self, settings: RepetitionSettings) -> None:
+        self._reasoning: list[str] = []
+        self._content: list[str] = []
+        self._reasoning_watch = RepetitionDetector(settings, "reasoning")
+        self._content_watch = RepetitionDetector(settings, "content")
+        self._rest = b""
+        self._events = 0
+        self.done = False  # [DONE] seen
+        self.finish_reason = ""
+        self.loop: Loop | None = None
+        self.meta: MetaInfo | None = None
+        self.tokens = 0  # completion tokens so far (the latest usage)
+        self.usage: dict[str, Any] = {}
+
+    def feed(self, data: bytes) -> bool:
+        """Read the next piece of the body; True once a loop was seen (stop reading)."""
+        rest = self._rest + data if self._rest else data
+        if _EVENT_END not in rest:
+            self._rest = rest
+            return False
+        events = rest.split(_EVENT_END)
+        self._rest = events.pop()
+        return any(raw.startswith(_DATA) and self._event(raw[len(_DATA) :]) for raw in events)
+
+    def _event(self, payload: bytes) -> bool:
+        if payload == _DONE:
+            self.done = True
+            return False
+        self._events += 1
+        try:
+            doc = json.loads(payload)
+            if "error" in doc:
+                raise stream_error(doc["error"])
+            usage = doc.get("usage")
+            step = 1
+            if usage:
+                self.usage = usage
+                count = int(usage["completion_tokens"])
+                step, self.tokens = count - self.tokens, count
+            choices = doc["choices"]
+            if not choices:
+                self._extension(doc.get("sglext"))
+                return False
+            choice = choices[0]
+            delta = choice["delta"]
+            loop = self._text(delta.get("reasoning_content"), delta.get("content"), step)
+            finish = choice.get("finish_reason")
+            if finish:
+                self.finish_reason = str(finish)
+        except DflashError:
+            raise
+        except _MALFORMED as exc:
+            raise RetryableError(
+                f"invalid stream event ({len(payload)} bytes): {type(exc).__name__}", ErrorKind.BAD_RESPONSE
+            ) from None
+        if loop is not None:
+            self.loop = loop
+            return True
+        return False
+
+    def _text(self, reasoning: Any, content: Any, tokens: int) -> Loop | None:
+        """Join the delta's texts and watch them (a step's tokens go with its first text)."""
+        loop = None
+        if reasoning:
+            self._reasoning.append(reasoning)
+            loop = self._reasoning_watch.feed(reasoning, tokens)
+            tokens = 0
+        if content and loop is None:
+            self._content.append(content)
+            loop = self._content_watch.feed(content, tokens)
+        return loop
+
+    def _extension(self, sglext: Any) -> None:
+        """The ``sglext`` chunk: the speculative-decoding numbers, as ``meta_info`` holds them."""
+        details = sglext.get("spec_tokens_details") if isinstance(sglext, dict) else None
+        if isinstance(details, dict) and details:
+            self.meta = parse_meta_info(details)
+
+    def completion(self, joins: bool = False) -> Completion:
+        """The answer read: the whole one, or the part before the stop once a loop was seen.
+
+        ``joins`` as :func:`~workers.sglang_client.replies.parse_completion`. Retryable: a stream
+        that ended before its finish and ``[DONE]``, and an abort (as the plain answer's)."""
+        if self.loop is None:
+            if not (self.done and self.finish_reason):
+                raise RetryableError(
+                    f"the stream ended before its end ({self._events} events, no "
+                    f"{'[DONE]' if self.finish_reason else 'finish_reason'})",
+                    ErrorKind.BAD_RESPONSE,
+                )
+            if self.finish_reason == "abort":
+                raise RetryableError(
+                    "the server aborted the request (finish_reason 'abort')", ErrorKind.ABORT
+                )
+        raw_reasoning = "".join(self._reasoning)
+        raw_content = "".join(self._content)
+        reasoning = raw_reasoning.rstrip() if joins else raw_reasoning.strip()
+        content = raw_content.strip()
+        usage = self.usage
+        details = usage.get("completion_tokens_details") or {}
+        loop = self.loop
+        if loop is not None:  # positions in the stored (stripped) text
+            raw, kept = (raw_content, content) if loop.text == "content" else (raw_reasoning, reasoning)
+            loop = shift_loop(loop, -_leading_cut(raw, kept))
+        return Completion(
+            reasoning=reasoning,
+            content=content,
+            finish_reason=FINISH_REASON if loop is not None else self.finish_reason,
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=self.tokens,
+            reasoning_tokens=int(usage.get("reasoning_tokens") or details.get("reasoning_tokens") or 0),
+            meta=self.meta,
+            loop=loop,
+        )
+
+
+def read_stream(pieces: Iterable[bytes], settings: RepetitionSettings, joins: bool = False) -> Completion:
+    """The completion of a streamed body given as its pieces; stops reading at a loop (the caller
+    then closes the connection)."""
+    reader = StreamReader(settings)
+    for piece in pieces:
+        if reader.feed(piece):
+            break
+    return reader.completion(joins)
+
+
+def _leading_cut(raw: str, kept: str) -> int:
+    """Characters stripping took off the start of ``raw`` to leave ``kept``."""
+    return len(raw) - len(raw.lstrip()) if kept else len(raw)
+
+
+def shift_loop(loop: Loop, chars: int, tokens: int = 0) -> Loop:
+    """``loop`` with its character positions moved by ``chars`` and its token counts by ``tokens``
+    (not below 0): where it lies in a text that holds more (or less) before it."""
+    return replace(
+        loop,
+        start_char=max(0, loop.start_char + chars),
+        detected_char=max(0, loop.detected_char + chars),
+        start_token=max(0, loop.start_token + tokens),
+        detected_token=max(0, loop.detected_token + tokens),
+    )
