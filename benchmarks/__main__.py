@@ -32,6 +32,7 @@ NAMES = (
     "page",
     "stored_counts",
     "repetition",
+    "stream",
 )
 #: Benchmarks whose module is not named after them (``yield`` is a keyword).
 MODULES = {"yield": "trainable_yield"}

@@ -38,8 +38,9 @@ CHARS_PER_TOKEN = 4
 SPEC_HELP = (
     "loop detection on streamed text: 'off', 'on' (the defaults), or comma-separated key=value of "
     "min_chars (repeated run length, chars), min_repeats (copies in a row), max_period (longest "
-    "repeated span, chars), e.g. 'min_chars=2000,max_period=6000'. Recorded in job.json; the "
-    "workers do not stream or stop loops yet (docs/quality.md, Loops)"
+    "repeated span, chars), e.g. 'min_chars=2000,max_period=6000'. On, the workers stream "
+    "each request and stop it where its text loops (finish_reason 'repetition'); off, requests "
+    "are sent plain (docs/quality.md, Loops)"
 )
 
 

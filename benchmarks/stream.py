@@ -1,0 +1,137 @@
+"""Streaming: the worker's streamed requests (loop detection on) against plain ones, same client,
+same servers, same prompts.
+
+A direct client (one thread per slot, ``slots`` per server, every thread taking the next prompt
+from one shared list) sends the prompts plain, then streamed (``SGLangClient`` with the job's
+default repetition settings: ``stream: true``, continuous usage, each delta fed to the detector),
+then plain and streamed again; each phase is timed from its first request to its last answer.
+The servers: S simulators started here (default 1, ``--max-running-requests`` = slots, the
+simulator's output lengths capped by ``max_tokens`` 4096, ``--stream-interval 8`` as the node
+launches SGLang, ``--time-scale 0.025``), or a running server (``--set endpoint=URL``, e.g. real
+SGLang: ``benchmarks/gpu_check.sh stream``). The figure: streamed completions per second over
+plain (the better of two phases each), and the client's CPU seconds per completion (this process).
+``--set slots=N``, ``--set servers=S``, ``--set prompts_per_server=N``, ``--set time_scale=X``,
+``--set loop_share=X``; ``--quick``: fewer prompts.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import (
+    MODEL,
+    Benchmark,
+    Figures,
+    Goal,
+    Options,
+    check,
+    say,
+    stack,
+    start_simulators,
+    workspace,
+)
+from benchmarks.prompts import write_prompts
+from dflash_tasks.core.job import GenerationSpec
+from dflash_tasks.core.repetition import RepetitionSettings
+from dflash_tasks.core.sample import Sample
+from dflash_tasks.producer.mix import read_input
+from workers.sglang_client import ChatRequest, SGLangClient
+
+SLOTS = 48
+TIME_SCALE = 0.025
+#: Prompts per server: about 8 request lifetimes per slot at 256 slots, 40 at 48.
+PROMPTS_PER_SERVER = 2000
+
+
+def phase(
+    urls: list[str], samples: list[Sample], slots: int, watch: RepetitionSettings | None, tag: str
+) -> Figures:
+    """Send every sample once, ``slots`` at a time per server; completions/s and client CPU."""
+    spec = GenerationSpec(model=MODEL)
+    todo = collections.deque(samples)
+    failures, tokens = [0], [0]
+    lock = threading.Lock()
+
+    def serve(url: str) -> None:
+        client = SGLangClient(url, timeout=600)
+        while True:
+            try:
+                sample = todo.popleft()
+            except IndexError:
+                return
+            try:
+                done = client.chat(ChatRequest(spec, sample.messages, f"{tag}-L{sample.line}", watch=watch))
+            except Exception:
+                with lock:
+                    failures[0] += 1
+                continue
+            with lock:
+                tokens[0] += done.completion_tokens
+
+    threads = [threading.Thread(target=serve, args=(url,), daemon=True) for url in urls for _ in range(slots)]
+    cpu, start = os.times(), time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds, after = time.monotonic() - start, os.times()
+    used = (after.user - cpu.user) + (after.system - cpu.system)
+    check(failures[0] == 0, f"{tag}: {failures[0]} requests failed")
+    return {
+        "completions_per_s": len(samples) / seconds,
+        "tokens_per_s": tokens[0] / seconds,
+        "client_cpu_ms_per_completion": 1000 * used / len(samples),
+    }
+
+
+def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
+    slots = int(opts.get("slots", SLOTS))
+    servers = int(opts.get("servers", 1))
+    per_server = int(opts.get("prompts_per_server", 600 if opts.quick else PROMPTS_PER_SERVER))
+    scale = opts.get("time_scale", TIME_SCALE)
+    endpoint = opts.params.get("endpoint", "")
+    total = servers * per_server
+    details: dict[str, Any] = {"slots": slots, "servers": servers, "prompts": total, "time_scale": scale}
+    with workspace("stream", opts) as work, stack(work) as (_, procs):
+        if endpoint:
+            urls = [endpoint.rstrip("/")] * servers
+        else:
+            flags = (
+                "--time-scale",
+                str(scale),
+                "--max-running-requests",
+                str(slots),
+                "--stream-interval",
+                "8",
+            )
+            loop_share = opts.get("loop_share", 0.0)
+            urls = start_simulators(procs, servers, *flags, "--loop-share", str(loop_share))
+        samples = [
+            s for s in read_input(write_prompts(Path(work) / "prompts.jsonl", total)) if isinstance(s, Sample)
+        ]
+        runs: dict[str, list[Figures]] = {"plain": [], "stream": []}
+        for round_ in range(2):
+            for name, watch in (("plain", None), ("stream", RepetitionSettings())):
+                say(f"{name} #{round_ + 1}: {total:,} prompts, {servers} x {slots} in flight ...")
+                fig = phase(urls, samples, slots, watch, f"{name}{round_}")
+                say(f"{name} #{round_ + 1}: {fig['completions_per_s']:.1f} completions/s")
+                runs[name].append(fig)
+    figures: Figures = {}
+    for name, figs in runs.items():
+        best = max(figs, key=lambda f: f["completions_per_s"])
+        figures.update({f"{name}.{k}": v for k, v in best.items()})
+    figures["ratio"] = figures["stream.completions_per_s"] / figures["plain.completions_per_s"]
+    details["phases"] = runs
+    return figures, details
+
+
+def goals(opts: Options) -> list[Goal]:
+    return [Goal("ratio", ">=", 0.95, "streamed completions/s over plain (the same direct client)")]
+
+
+BENCHMARK = Benchmark("stream", __doc__.splitlines()[0], run, goals)
