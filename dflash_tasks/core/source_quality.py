@@ -47,8 +47,8 @@ class SourceQuality:
             self.failed += 1
             self.failures[record.failure.value if record.failure is not None else "unknown"] += 1
 
-    def gate_failures(self, settings: QualitySettings) -> list[GateFailure]:
-        return evaluate_gates(self.samples, self.checks, settings)
+    def gate_failures(self, settings: QualitySettings, temperature: float | None = None) -> list[GateFailure]:
+        return evaluate_gates(self.samples, self.checks, settings, temperature)
 
     def to_dict(self, all_output_tokens: int) -> dict[str, Any]:
         share = self.output_tokens / all_output_tokens if all_output_tokens else 0.0
@@ -92,9 +92,11 @@ class SourceTally:
         total = sum(s.output_tokens for s in self.sources.values())
         return {name: s.to_dict(total) for name, s in sorted(self.sources.items())}
 
-    def gate_failures(self, settings: QualitySettings) -> dict[str, list[GateFailure]]:
+    def gate_failures(
+        self, settings: QualitySettings, temperature: float | None = None
+    ) -> dict[str, list[GateFailure]]:
         """The sources whose own samples fail a gate, with the gates they fail."""
-        out = {name: s.gate_failures(settings) for name, s in sorted(self.sources.items())}
+        out = {name: s.gate_failures(settings, temperature) for name, s in sorted(self.sources.items())}
         return {name: fails for name, fails in out.items() if fails}
 
 

@@ -131,9 +131,10 @@ def build_report(
     else:
         for record in _tallied(report, records):
             report.sources.add(record)
-    failures = evaluate_gates(report.samples, report.checks, job.quality)
+    failures = evaluate_gates(report.samples, report.checks, job.quality, job.spec.temperature)
     if planner is not None:
-        planner.yields.add_superseded(superseded.tokens if superseded else 0)
+        if superseded is not None:
+            planner.yields.add_superseded(superseded.tokens, superseded.looping)
         report.yields = planner.yields
         report.trainable = planner.summary if planner.counted else None
         report.trainer_note = planner.note
@@ -144,9 +145,8 @@ def build_report(
     if report.trainable is not None:
         failures += evaluate_gates(report.trainable.samples, report.trainable.gate_counts(), job.quality)
     report.gate_failures = [f.message for f in failures]
-    report.source_gate_failures = {
-        name: [f.message for f in fails] for name, fails in report.sources.gate_failures(job.quality).items()
-    }
+    by_source = report.sources.gate_failures(job.quality, job.spec.temperature)
+    report.source_gate_failures = {name: [f.message for f in fails] for name, fails in by_source.items()}
     return report
 
 
