@@ -130,6 +130,18 @@ LOOPED_COUNTER = "looped_generations"
 SAVED_COUNTER = "loop_tokens_saved"
 
 
+def loop_figures(counters: Mapping[str, float]) -> dict[str, int] | None:
+    """From a job's counters: first-pass samples stopped in a loop (``samples``), generations
+    stopped in one, repair rounds' included (``generations``), and the budget their stops left
+    unspent (``tokens_saved``); None before any loop."""
+    figures = {
+        "samples": round(counters.get("check_looping", 0.0)),
+        "generations": round(counters.get(LOOPED_COUNTER, 0.0)),
+        "tokens_saved": round(counters.get(SAVED_COUNTER, 0.0)),
+    }
+    return figures if any(figures.values()) else None
+
+
 def loop_counters(records: Iterable[Record]) -> dict[str, float]:
     """The loop counters of records just generated (each record's last turn, the one it sent last)."""
     looped = [r for r in records if r.turns[-1].looped]

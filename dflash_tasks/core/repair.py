@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dflash_tasks.core.continuation import carries, is_cut_thought, record_budget
-from dflash_tasks.core.on_loop import OnLoop
+from dflash_tasks.core.on_loop import OnLoop, tokens_saved
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.states import Outcome
 
@@ -127,8 +127,11 @@ class Superseded:
     tokens: int = 0
     records: int = 0  # records replaced
     looping: int = 0  # of the tokens: those of looped attempts
+    loop_tokens_saved: int = 0  # the budget the stops of those looped attempts left unspent
 
     def __call__(self, old: Record, new: Record) -> None:
         self.tokens += superseded_tokens(old, new)
-        self.looping += superseded_looping(old, new)
+        looping = superseded_looping(old, new)
+        self.looping += looping
+        self.loop_tokens_saved += tokens_saved(old) if looping else 0
         self.records += 1
