@@ -114,11 +114,13 @@ def test_a_kept_prefix_short_of_the_horizon_is_truncated_as_a_cut_thought_is(
     assert validator["dropped"] == {"truncated": 3}  # every cut row, the long prefix included
 
 
+@pytest.mark.parametrize("layout", ["auto", "conversation"])  # auto: per-turn rows here
 def test_keep_looping_writes_rows_cut_where_the_loop_starts_never_the_loop(
-    tmp_path: Path, model: str
+    tmp_path: Path, model: str, layout: str
 ) -> None:
-    rows, doc = exported(tmp_path, model, OnLoop(), keep=frozenset({"looping"}))
-    assert [r["id"] for r in rows] == ["long", "fine", "second#turn0"]
+    rows, doc = exported(tmp_path, model, OnLoop(), keep=frozenset({"looping"}), layout=layout)
+    # per-turn, the second sample's first turn is a row of its own; as a conversation it is truncated
+    assert [r["id"] for r in rows] == ["long", "fine"] + (["second#turn0"] if layout == "auto" else [])
     assert rows[0]["conversations"][-1]["reasoning_content"] == thought(400)
     assert doc["kept_despite"] == {"looping": 1} and doc["dropped"] == {"truncated": 2}
 
