@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from dflash_tasks.coord.jobs_cache import JobHandle
 from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.job import input_key, output_key
+from dflash_tasks.core.on_loop import loop_counters
 from dflash_tasks.core.quality import judged
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.sample import decode_chunk
@@ -121,10 +122,12 @@ def _store_chunk(
         "generations": sum(c.generations for c in each),
         "chunk_seconds": time.monotonic() - started,
         **{f"check_{name}": n for name, n in _all_checks(records).items()},
+        **loop_counters(records),
         **live_yield,
     }
     if retried(lambda: ctx.bookkeeping.complete(job_id, chunk, counters), "recording as done"):
-        record_chunk_and_judge(ctx.bookkeeping, job_id, len(gated), checks, quality)
+        temperature = job.definition.spec.temperature
+        record_chunk_and_judge(ctx.bookkeeping, job_id, len(gated), checks, quality, temperature)
     return DeliveryOutcome(
         Delivery.DONE, "", Cause.NONE, ok, len(records) - ok, tokens, time.monotonic() - started
     )

@@ -5,7 +5,9 @@ and rounds ``1..R-1``), regenerates those that failed by a passing cause (all fa
 ``--retry-failed``) through the worker's request pool, a multi-turn sample from its failed turn
 (the answered turns before it are kept, not sent again), continues a thought cut short of the
 trainer's horizon where it stopped (``continue_final_message``: only the new tokens are generated;
-:mod:`dflash_tasks.core.continuation`), and writes the new records, write-once,
+:mod:`dflash_tasks.core.continuation`), sends a sample stopped in a loop again from its looped turn
+when the job's ``--on-loop`` says so, with the round's number as sampling seed (another draw than
+the looped one; at temperature 0 it changes nothing), and writes the new records, write-once,
 to ``outputs/chunk-N.repair-R.jsonl``. It holds the chunk's own lease meanwhile (the chunk is done,
 so no first pass competes for it), and its counters move once per chunk and round. The lease and
 the listeners' events are the leased-work runner's (:func:`workers.leased_work.run_leased`), as
@@ -24,6 +26,7 @@ from dflash_tasks.coord.jobs_cache import JobHandle
 from dflash_tasks.core.continuation import new_parts
 from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.job import JobDefinition, input_key, output_key, repair_key
+from dflash_tasks.core.on_loop import loop_counters
 from dflash_tasks.core.record import Part, Record, Turn
 from dflash_tasks.core.repair import RepairUnit, budget_of, to_continue, to_repair
 from dflash_tasks.core.sample import Sample, decode_chunk
@@ -75,7 +78,10 @@ class RepairWork:
         unit, chunk = self.unit, self.unit.chunk
         earlier = tuple(r for r in range(1, unit.round) if job.store.exists(repair_key(chunk, r)))
         current = read_current(job.store, chunk, earlier)
-        self.targets = to_repair(current, unit.permanent, unit.max_tokens, job.definition.trainer.max_length)
+        job_def = job.definition
+        self.targets = to_repair(
+            current, unit.permanent, unit.max_tokens, job_def.trainer.max_length, job_def.quality.on_loop
+        )
         if not self.targets:
             return DeliveryOutcome(Delivery.SKIPPED, "nothing left to repair", Cause.ALREADY_DONE)
         samples = {s.id: s for s in decode_chunk(job.store.read(input_key(chunk)), input_key(chunk))}
@@ -108,12 +114,15 @@ def _start(
     futures = []
     for old in targets:
         budget = to_continue(old, unit.max_tokens, job.trainer.max_length)
+        # truncated, cut or failed at the amendment's budget: its records name that budget
+        chosen = longer if old.ok or budget_of(old) == unit.max_tokens else spec
+        if old.turns[-1].looped:  # another draw than the one that looped
+            chosen = dataclasses.replace(chosen, seed=unit.round)
         futures.append(
             start_conversation(
                 ctx.pool,
                 ctx.client,
-                # truncated, cut or failed at the amendment's budget: its records name that budget
-                longer if old.ok or budget_of(old) == unit.max_tokens else spec,
+                chosen,
                 samples[old.id],
                 who,
                 ctx.policy,
@@ -199,6 +208,7 @@ def _store_round(
         "spec_tokens": sum(c.spec_tokens for c in each),
         "spec_verify_ct": sum(c.verify for c in each),
         "generations": sum(c.generations for c in each),
+        **loop_counters(records),  # a looped last turn is one this round sent
         **live_yield,
     }
     retry_transient(

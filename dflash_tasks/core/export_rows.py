@@ -15,6 +15,11 @@ text, so every token the trainer sees is one the model wrote (the answer may the
 SpecForge's validator script refuses and its trainer does not read). Truncated rows short of the
 horizon are left out as ``truncated`` ("to continue or drop": a continuation round can finish
 them). ``validator`` leaves out every truncated row, so SpecForge's validator accepts the file.
+
+No row carries a loop: a turn stopped in a loop is written cut where its loop starts, as a turn cut
+at ``max_tokens`` is (``truncated``, the horizon rule), when the job's ``--on-loop prefix`` keeps it
+(:mod:`dflash_tasks.core.on_loop`); otherwise its row is left out as ``looping`` (``--keep
+looping`` writes the cut row, still under the truncated rule).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_tasks.core.loss_tokens import LossTokenCounter, RowTokens, row_messages
+from dflash_tasks.core.on_loop import OnLoop, loop_tokens, prefix_tokens
 from dflash_tasks.core.quality import QualitySettings, check_record
 from dflash_tasks.core.record import Record, Turn
 from dflash_tasks.core.trainer_rules import row_problem
@@ -49,6 +55,7 @@ class Candidate:
     tokens: RowTokens | None = None  # the trainer's view, once counted
     source: str | None = None  # the record's input source (a job of several)
     turn: int | None = None  # the per-turn layout: the index of the turn it trains; None: every one
+    looping: int = 0  # completion tokens of its looped turn from the loop on (never in the row)
 
 
 def record_checks(record: Record, thinking: bool) -> set[str]:
@@ -56,14 +63,21 @@ def record_checks(record: Record, thinking: bool) -> set[str]:
 
 
 def conversation_candidate(
-    record: Record, thinking: bool, drop_checks: frozenset[str], keep_sources: bool
+    record: Record,
+    thinking: bool,
+    drop_checks: frozenset[str],
+    keep_sources: bool,
+    on_loop: OnLoop | None = None,
 ) -> Candidate:
-    """The one row of an ok record in the ``conversation`` layout."""
+    """The one row of an ok record in the ``conversation`` layout (``on_loop``: the job's policy)."""
     turns = row_messages(record)
     row: dict[str, Any] = {"id": record.id, "status": "success", "conversations": turns}
     copied = _copied_answers(record)
-    generated = sum(t.usage.completion_tokens for t in record.turns)
-    c = Candidate(record.id, row, generated, cut_at_max_tokens=record.turns[-1].finish_reason == "length")
+    last = record.turns[-1]
+    looping = loop_tokens(last)
+    generated = sum(t.usage.completion_tokens for t in record.turns) - looping
+    c = Candidate(record.id, row, generated, cut_at_max_tokens=_cut(last), looping=looping)
+    c.reasons += _loop_reasons(last, on_loop or OnLoop())
     checks = record_checks(record, thinking)
     c.reasons += [(check, "") for check in (*DEFAULT_DROPS, *sorted(drop_checks)) if check in checks]
     if thinking and copied:
@@ -76,28 +90,37 @@ def conversation_candidate(
 
 
 def per_turn_candidates(
-    record: Record, thinking: bool, drop_checks: frozenset[str], plain_id: bool = False
+    record: Record,
+    thinking: bool,
+    drop_checks: frozenset[str],
+    plain_id: bool = False,
+    on_loop: OnLoop | None = None,
 ) -> list[Candidate]:
     """One row per generated (ok) turn of ``record`` in the ``per-turn`` layout (``plain_id``: a
-    sample of one turn keeps its id, without ``source_id`` and ``assistant_turn_index``)."""
+    sample of one turn keeps its id, without ``source_id`` and ``assistant_turn_index``;
+    ``on_loop``: the job's policy)."""
     out: list[Candidate] = []
     history: list[dict[str, Any]] = []
     for index, turn in enumerate(t for t in record.turns if t.ok):
         history += [
             {"role": m["role"], "content": m["content"], "reasoning_content": None} for m in turn.input
         ]
-        answer = {"role": "assistant", "content": turn.content, "reasoning_content": turn.reasoning}
+        reasoning, content = turn.before_loop()
+        answer = {"role": "assistant", "content": content, "reasoning_content": reasoning}
         messages = [*history, answer]
         row: dict[str, Any] = {"id": record.id, "status": "success", "conversations": messages}
         if not plain_id:
             row |= {"id": f"{record.id}#turn{index}", "source_id": record.id, "assistant_turn_index": index}
+        looping = loop_tokens(turn)
         c = Candidate(
             record.id,
             row,
-            turn.usage.completion_tokens,
-            cut_at_max_tokens=turn.finish_reason == "length",
+            turn.usage.completion_tokens - looping,
+            cut_at_max_tokens=_cut(turn),
             turn=index,
+            looping=looping,
         )
+        c.reasons += _loop_reasons(turn, on_loop or OnLoop())
         c.reasons += _turn_reasons(turn, thinking, drop_checks)
         earlier = frozenset(i for i, m in enumerate(messages[:-1]) if m["role"] == "assistant")
         problem = row_problem(row, expect_reasoning=thinking, exempt=earlier)
@@ -123,6 +146,24 @@ def prefix_messages(
     return messages + [
         {"role": m["role"], "content": m["content"], "reasoning_content": None} for m in next_input
     ]
+
+
+def _cut(turn: Turn) -> bool:
+    """Whether the row ends in a turn cut short: at ``max_tokens``, or where its loop starts."""
+    return turn.finish_reason == "length" or turn.looped
+
+
+def _loop_reasons(turn: Turn, on_loop: OnLoop) -> list[tuple[str, str]]:
+    """A looped turn's reasons: ``looping`` unless the policy keeps its prefix, then ``truncated``
+    (its row ends where the loop starts, as a row cut at ``max_tokens`` does)."""
+    loop = turn.loop
+    if loop is None:
+        return []
+    cut = ("truncated", f"cut where its {loop.text} loops, {prefix_tokens(turn):,} tokens in")
+    if on_loop.keeps_prefix(turn):
+        return [cut]
+    why = f"stopped in a loop of its {loop.text} at token {loop.start_token:,} (--on-loop {on_loop.policy})"
+    return [("looping", why), cut]
 
 
 def _turn_reasons(turn: Turn, thinking: bool, drop_checks: frozenset[str]) -> Iterator[tuple[str, str]]:

@@ -46,6 +46,8 @@ class GenerationSpec:
     ``budget_policy``: ``fixed``, every request gets ``max_tokens``; ``horizon`` (``--max-tokens
     horizon``), each request gets the trainer's horizon (:mod:`dflash_tasks.core.budget`) and
     ``max_tokens`` is the trainer's ``max_length``, the budget where no tokenizer is at hand.
+    ``seed``: a request's sampling seed, set only on the requests of a repair round that
+    regenerates a looped sample (never a job's: None leaves the server to draw one).
     """
 
     model: str
@@ -58,6 +60,7 @@ class GenerationSpec:
     turns: str = "all"
     history_reasoning: str = "drop"
     budget_policy: str = FIXED
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.budget_policy not in BUDGET_POLICIES:
@@ -92,6 +95,8 @@ class GenerationSpec:
             del doc["history_reasoning"]
         if doc["budget_policy"] == FIXED:
             del doc["budget_policy"]
+        if doc["seed"] is None:
+            del doc["seed"]
         return doc
 
     def sampling(self) -> dict[str, Any]:
@@ -106,6 +111,8 @@ class GenerationSpec:
         }
         if self.at_horizon:
             doc["budget_policy"] = HORIZON
+        if self.seed is not None:
+            doc["seed"] = self.seed
         return doc
 
 
@@ -216,6 +223,8 @@ def _spec_doc(spec: GenerationSpec) -> dict[str, Any]:
     doc = asdict(spec)
     if doc["budget_policy"] == FIXED:
         del doc["budget_policy"]
+    if doc["seed"] is None:
+        del doc["seed"]
     return doc
 
 

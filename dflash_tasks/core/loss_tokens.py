@@ -40,16 +40,16 @@ _PROBE_ANSWER = "dflash-probe-answer"
 
 
 def row_messages(record: Record) -> list[dict[str, Any]]:
-    """The record's exported conversation: each turn's input, then the model's answer when it has one."""
+    """The record's exported conversation: each turn's input, then the model's answer when it has one
+    (a looped turn's cut where its loop starts: no row carries a loop)."""
     messages: list[dict[str, Any]] = []
     for turn in record.turns:
         messages += [
             {"role": m["role"], "content": m["content"], "reasoning_content": None} for m in turn.input
         ]
         if turn.ok:
-            messages.append(
-                {"role": "assistant", "content": turn.content, "reasoning_content": turn.reasoning}
-            )
+            reasoning, content = turn.before_loop()
+            messages.append({"role": "assistant", "content": content, "reasoning_content": reasoning})
     return messages
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from dflash_tasks.core.on_loop import OnLoop
 from dflash_tasks.core.record import Record, Turn
 from dflash_tasks.core.repetition import RepetitionSettings
 
@@ -31,7 +32,16 @@ CHECK_HINTS: dict[str, str] = {
     "empty_answer": "no answer after the reasoning: raise --max-tokens, or check the reasoning parser",
     "truncated": "outputs hit max_tokens: raise --max-tokens or accept truncated samples",
     "short": "completions are very short: is thinking really on for this model?",
+    "looping": (
+        "the model falls into loops: check the sampling settings the server applies (temperature, "
+        "top_p, top_k, presence_penalty; a model card's recommended ones) and the model itself"
+    ),
 }
+#: The ``looping`` hint of a job sampling at temperature 0, the likely cause.
+GREEDY_LOOPING_HINT = (
+    "the job samples at temperature 0, and greedy decoding loops (regenerating with another seed "
+    "changes nothing): raise --temperature (e.g. 0.6), or set presence_penalty on the server"
+)
 CHECKS = tuple(CHECK_HINTS)
 
 #: Gates on the trainer's view of the rows (loss tokens under the model's chat template, see
@@ -66,6 +76,7 @@ class QualitySettings:
             "empty_answer": 0.25,
             "truncated": 0.30,
             "short": 0.25,
+            "looping": 0.10,
             "few_loss_tokens": 0.10,
             "truncated_by_trainer": 0.30,
         }
@@ -78,6 +89,8 @@ class QualitySettings:
     min_samples: int = 100
     #: When a streamed thought or answer counts as looping (core/repetition.py).
     repetition: RepetitionSettings = field(default_factory=RepetitionSettings)
+    #: What happens to a sample stopped in a loop (core/on_loop.py).
+    on_loop: OnLoop = field(default_factory=OnLoop)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,6 +108,7 @@ class QualitySettings:
             min_samples=int(doc.get("min_samples", base.min_samples)),
             min_loss_tokens=int(doc.get("min_loss_tokens", base.min_loss_tokens)),
             repetition=RepetitionSettings.from_dict(doc.get("repetition")),
+            on_loop=OnLoop.from_dict(doc.get("on_loop")),
         )
 
 
@@ -116,6 +130,8 @@ def check_turn(turn: Turn, thinking: bool, settings: QualitySettings) -> list[st
         found.append("empty_answer")
     if turn.finish_reason == "length":
         found.append("truncated")
+    if turn.looped:
+        found.append("looping")
     # A few tokens are the seed's failure in thinking mode; without thinking, a short answer
     # ("42") can be exactly right, so the check applies to thinking jobs only.
     if thinking and turn.usage.completion_tokens < settings.min_completion_tokens:
@@ -160,11 +176,18 @@ class GateFailure:
     check: str
     share: float
     threshold: float
+    #: The job's sampling temperature, when known: names the likely cause of ``looping``.
+    temperature: float | None = None
 
     @property
     def message(self) -> str:
-        hint = CHECK_HINTS.get(self.check) or TRAINER_GATE_HINTS[self.check]
-        return f"{self.share:.0%} of samples {_DESCRIBE[self.check]}: {hint}"
+        return f"{self.share:.0%} of samples {_DESCRIBE[self.check]}: {self.hint}"
+
+    @property
+    def hint(self) -> str:
+        if self.check == "looping" and self.temperature == 0:
+            return GREEDY_LOOPING_HINT
+        return CHECK_HINTS.get(self.check) or TRAINER_GATE_HINTS[self.check]
 
 
 _DESCRIBE = {
@@ -175,17 +198,21 @@ _DESCRIBE = {
     "empty_answer": "have no answer",
     "truncated": "are truncated",
     "short": "are shorter than the minimum",
+    "looping": "fall into a loop",
     "few_loss_tokens": "have fewer than the minimum loss tokens under the chat template",
     "truncated_by_trainer": "lose loss tokens to the trainer's max_length",
 }
 
 
-def evaluate_gates(total: int, counts: Mapping[str, int], settings: QualitySettings) -> list[GateFailure]:
-    """Every check whose share of ``total`` exceeds its threshold, worst first."""
+def evaluate_gates(
+    total: int, counts: Mapping[str, int], settings: QualitySettings, temperature: float | None = None
+) -> list[GateFailure]:
+    """Every check whose share of ``total`` exceeds its threshold, worst first (``temperature``: the
+    job's, which names the likely cause of loops)."""
     if total <= 0:
         return []
     failures = [
-        GateFailure(check, counts.get(check, 0) / total, limit)
+        GateFailure(check, counts.get(check, 0) / total, limit, temperature)
         for check, limit in settings.max_share.items()
         if counts.get(check, 0) / total > limit
     ]

@@ -6,7 +6,9 @@ a repair round of its chunk, which writes the new records to a write-once file o
 (``outputs/chunk-N.repair-R.jsonl``); the chunk file never changes. With a job amended by
 ``--repair-truncated --max-tokens N``, a round also regenerates the samples truncated at a smaller
 budget, with budget ``N``. A thought cut short of the trainer's horizon (or of ``N``) is not
-regenerated but continued from where it stopped (:mod:`dflash_tasks.core.continuation`).
+regenerated but continued from where it stopped (:mod:`dflash_tasks.core.continuation`). A sample
+stopped in a loop is regenerated from its looped turn when the job's ``--on-loop`` says so
+(:mod:`dflash_tasks.core.on_loop`), with the round's number as its sampling seed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dflash_tasks.core.continuation import carries, is_cut_thought, record_budget
+from dflash_tasks.core.on_loop import OnLoop, tokens_saved
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.states import Outcome
 
@@ -59,12 +62,19 @@ def truncated_below(record: Record, max_tokens: int | None) -> bool:
 
 
 def needs_repair(
-    record: Record, permanent: bool = False, max_tokens: int | None = None, horizon: int | None = None
+    record: Record,
+    permanent: bool = False,
+    max_tokens: int | None = None,
+    horizon: int | None = None,
+    on_loop: OnLoop | None = None,
 ) -> bool:
     """Whether a repair round regenerates or continues this current record (``horizon``: the
-    trainer's ``max_length``; None: continue nothing but what ``max_tokens`` asks for)."""
+    trainer's ``max_length``; None: continue nothing but what ``max_tokens`` asks for; ``on_loop``:
+    the job's policy for looped samples, None: none is regenerated)."""
     if not record.ok:
         return permanent or record.transient
+    if record.turns[-1].looped:
+        return on_loop is not None and on_loop.regenerates(record)
     if is_cut_thought(record.turns[-1]):  # continued, never regenerated
         return to_continue(record, max_tokens, horizon) > 0
     return truncated_below(record, max_tokens)
@@ -82,9 +92,10 @@ def to_repair(
     permanent: bool = False,
     max_tokens: int | None = None,
     horizon: int | None = None,
+    on_loop: OnLoop | None = None,
 ) -> list[Record]:
     """The records a repair round regenerates or continues, in order."""
-    return [r for r in records if needs_repair(r, permanent, max_tokens, horizon)]
+    return [r for r in records if needs_repair(r, permanent, max_tokens, horizon, on_loop)]
 
 
 def superseded_tokens(old: Record, new: Record) -> int:
@@ -99,13 +110,28 @@ def superseded_tokens(old: Record, new: Record) -> int:
     )
 
 
+def superseded_looping(old: Record, new: Record) -> int:
+    """Of :func:`superseded_tokens`, those of looped turns (a looped attempt regenerated)."""
+    later = new.turns
+    return sum(
+        turn.usage.completion_tokens
+        for i, turn in enumerate(old.turns)
+        if turn.looped and (i >= len(later) or not carries(later[i], turn))
+    )
+
+
 @dataclass(slots=True)
 class Superseded:
     """Adds up :func:`superseded_tokens` as the store's reader replaces records (its ``on_replaced``)."""
 
     tokens: int = 0
     records: int = 0  # records replaced
+    looping: int = 0  # of the tokens: those of looped attempts
+    loop_tokens_saved: int = 0  # the budget the stops of those looped attempts left unspent
 
     def __call__(self, old: Record, new: Record) -> None:
         self.tokens += superseded_tokens(old, new)
+        looping = superseded_looping(old, new)
+        self.looping += looping
+        self.loop_tokens_saved += tokens_saved(old) if looping else 0
         self.records += 1

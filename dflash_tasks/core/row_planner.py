@@ -79,6 +79,7 @@ class _LeftOut:
     reason: str
     detail: str
     generated: int
+    looping: int = 0
 
 
 _Planned = Candidate | _LeftOut | dict[str, Any]
@@ -96,6 +97,7 @@ class RowPlanner:
         self.summary = TrainableSummary(job.quality.min_loss_tokens, view.max_length)
         self.sources = SourceTally()  # a job of several input sources: figures per source
         self._min_loss_tokens = job.quality.min_loss_tokens
+        self.on_loop = job.quality.on_loop
         self.layout = options.layout
         self.note = ""  # which tokenizer counts, or why none does
         self._counter: LossTokenCounter | None = None
@@ -195,10 +197,10 @@ class RowPlanner:
         if self.per_turn:
             # auto: a sample of one generated turn keeps its own id (the row is the same either way)
             plain = o.layout == "auto" and sum(t.ok for t in record.turns) == 1
-            rows = per_turn_candidates(record, self.thinking, o.drop_checks, plain)
+            rows = per_turn_candidates(record, self.thinking, o.drop_checks, plain, self.on_loop)
         else:
             keep_sources = "source_answers" in o.keep
-            rows = [conversation_candidate(record, self.thinking, o.drop_checks, keep_sources)]
+            rows = [conversation_candidate(record, self.thinking, o.drop_checks, keep_sources, self.on_loop)]
         self._attach_stored(record, rows)
         return [*failed, *rows]
 
@@ -220,7 +222,7 @@ class RowPlanner:
                 yield c
                 continue
             if isinstance(c, _LeftOut):
-                self._leave_out(c.row_id, c.reason, c.detail, c.generated)
+                self._leave_out(c.row_id, c.reason, c.detail, c.generated, c.looping)
                 continue
             row = self._decide(c)
             if row is not None:
@@ -229,16 +231,20 @@ class RowPlanner:
     def _decide(self, c: Candidate) -> dict[str, Any] | None:
         """The row when the trainer gets it (counted), else None (left out, counted)."""
         horizon = False
+        kept: list[str] = []
+        if "looping" in self.options.keep and any(reason == "looping" for reason, _ in c.reasons):
+            # the row is its looped turn cut where the loop starts: judged as a cut row from here on
+            c.reasons = [(reason, detail) for reason, detail in c.reasons if reason != "looping"]
+            kept.append("looping")
         if self.options.mode == "trainer" and c.cut_at_max_tokens:
             horizon, why = within_horizon(c, self.thinking, self.view.max_length, self.per_turn)
             if not horizon and why and c.reasons and c.reasons[0][0] == "truncated":
                 c.reasons[0] = ("truncated", why)
-        kept: list[str] = []
         for reason, detail in c.reasons:
             if horizon and reason in ("truncated", "empty_answer", "empty_message"):
                 continue
             if reason not in self.options.keep:
-                self._leave_out(c.row["id"], reason, detail, c.generated)
+                self._leave_out(c.row["id"], reason, detail, c.generated, c.looping)
                 return None
             kept.append(reason)
         self.counts.kept.update(kept)
@@ -249,6 +255,7 @@ class RowPlanner:
         self.counts.multi_turn += assistants > 1
         self.yields.horizon_rows += horizon
         self.yields.written_generated += c.generated
+        self.yields.looping += c.looping
         if c.tokens is not None:
             self.summary.add(c.tokens)
             self.yields.trainable += c.tokens.loss_tokens
@@ -270,7 +277,13 @@ class RowPlanner:
             figures.pop("few_loss_tokens", None)
         return doc or None
 
-    def _leave_out(self, row_id: str, reason: str, detail: str, generated: int) -> None:
+    def _leave_out(self, row_id: str, reason: str, detail: str, generated: int, looping: int = 0) -> None:
+        """Count a row left out: its tokens to ``reason``, those of a loop (and of a row left out
+        for its loop) to ``looping``."""
         self.counts.dropped[reason] += 1
         self.counts.left_out.append({"id": row_id, "reason": reason, "detail": detail})
-        self.yields.dropped[reason] += generated
+        if reason == "looping":
+            self.yields.looping += generated + looping
+        else:
+            self.yields.dropped[reason] += generated
+            self.yields.looping += looping

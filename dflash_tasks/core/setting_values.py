@@ -12,6 +12,7 @@ from typing import Any
 
 from dflash_tasks.core.budget import parse_max_tokens
 from dflash_tasks.core.errors import ConfigError
+from dflash_tasks.core.on_loop import OnLoop
 from dflash_tasks.core.repetition import RepetitionSettings
 
 ENV_PREFIX = "DFLASH_"
@@ -42,6 +43,11 @@ def parse_value(name: str, kind: Any, raw: str, *, named: bool = True) -> Any:
     if name == "repetition":  # a loop rule, as --repetition takes
         try:
             RepetitionSettings.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{where}{raw!r}: {exc}") from None
+    if name == "on_loop":  # a policy, as --on-loop takes
+        try:
+            OnLoop.parse(raw)
         except ValueError as exc:
             raise ConfigError(f"{where}{raw!r}: {exc}") from None
     try:
@@ -130,6 +136,14 @@ def check_repetition(value: str) -> None:
         RepetitionSettings.parse(value)
     except ValueError as exc:
         raise ConfigError(f"{ENV_PREFIX}REPETITION={value!r}: {exc}") from None
+
+
+def check_on_loop(value: str) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is a looped-sample policy (``--on-loop``)."""
+    try:
+        OnLoop.parse(value)
+    except ValueError as exc:
+        raise ConfigError(f"{ENV_PREFIX}ON_LOOP={value!r}: {exc}") from None
 
 
 def check_names(cls: type, given: Mapping[str, Any]) -> None:

@@ -34,6 +34,7 @@ from dflash_tasks.core.setting_values import (
     check_at_least,
     check_max_tokens,
     check_names,
+    check_on_loop,
     check_positive,
     check_repetition,
     is_user_password,
@@ -168,6 +169,9 @@ class ProducerSettings(ProgressSettings):
     #: A new job's loop detection (``--repetition``, which wins): ``off``, ``on``, or
     #: ``min_chars=N,min_repeats=N,max_period=N`` (docs/quality.md, "Loops"); empty: the defaults.
     repetition: str = ""
+    #: What a new job does with a sample stopped in a loop (``--on-loop``, which wins):
+    #: ``regenerate``, ``prefix``, ``prefix=N`` or ``drop`` (docs/quality.md, "Loops"); empty: regenerate.
+    on_loop: str = ""
     # --- a new job's spec ---
     #: Completion budget of each request of a new job (``--max-tokens``): a number of tokens, or
     #: ``horizon``: each request's budget is the trainer's ``max_length`` less its row's prefix
@@ -183,6 +187,7 @@ class ProducerSettings(ProgressSettings):
         check_max_tokens(self.max_tokens)
         check_at_least(self, 0, "repair_rounds", "repair_spacing_seconds")
         check_repetition(self.repetition)
+        check_on_loop(self.on_loop)
         check_positive(self, "wait_replan_seconds", "preflight_timeout_seconds")
 
 

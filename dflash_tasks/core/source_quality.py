@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_tasks.core.on_loop import tokens_saved
 from dflash_tasks.core.quality import GateFailure, QualitySettings, evaluate_gates
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.states import Outcome
@@ -34,11 +35,13 @@ class SourceQuality:
     loss_tokens: int | None = None  # None when no tokenizer counted them
     few_loss_tokens: int = 0
     rows_exported: int = 0  # rows of the export's plan (filled by the export's planner only)
+    loop_tokens_saved: int = 0  # the budget its looped records' stops left unspent
 
     def add(self, record: Record) -> None:
         self.samples += 1
         self.checks.update(record.checks or ())
         self.output_tokens += record.usage.completion_tokens
+        self.loop_tokens_saved += tokens_saved(record)
         if record.outcome is Outcome.TRUNCATED:
             self.truncated += 1
         if record.ok:
@@ -47,8 +50,8 @@ class SourceQuality:
             self.failed += 1
             self.failures[record.failure.value if record.failure is not None else "unknown"] += 1
 
-    def gate_failures(self, settings: QualitySettings) -> list[GateFailure]:
-        return evaluate_gates(self.samples, self.checks, settings)
+    def gate_failures(self, settings: QualitySettings, temperature: float | None = None) -> list[GateFailure]:
+        return evaluate_gates(self.samples, self.checks, settings, temperature)
 
     def to_dict(self, all_output_tokens: int) -> dict[str, Any]:
         share = self.output_tokens / all_output_tokens if all_output_tokens else 0.0
@@ -60,6 +63,9 @@ class SourceQuality:
             "truncated": self.truncated,
             "truncated_share": round(self.truncated / self.samples, 4) if self.samples else 0.0,
             "checks": dict(self.checks),
+            "looping": self.checks["looping"],
+            "looping_share": round(self.checks["looping"] / self.samples, 4) if self.samples else 0.0,
+            "loop_tokens_saved": self.loop_tokens_saved,
             "output_tokens": self.output_tokens,
             "loss_tokens": self.loss_tokens,
             "few_loss_tokens": self.few_loss_tokens if self.loss_tokens is not None else None,
@@ -92,9 +98,11 @@ class SourceTally:
         total = sum(s.output_tokens for s in self.sources.values())
         return {name: s.to_dict(total) for name, s in sorted(self.sources.items())}
 
-    def gate_failures(self, settings: QualitySettings) -> dict[str, list[GateFailure]]:
+    def gate_failures(
+        self, settings: QualitySettings, temperature: float | None = None
+    ) -> dict[str, list[GateFailure]]:
         """The sources whose own samples fail a gate, with the gates they fail."""
-        out = {name: s.gate_failures(settings) for name, s in sorted(self.sources.items())}
+        out = {name: s.gate_failures(settings, temperature) for name, s in sorted(self.sources.items())}
         return {name: fails for name, fails in out.items() if fails}
 
 
@@ -105,9 +113,11 @@ def render_sources(doc: Mapping[str, Mapping[str, Any]], cost_usd: float | None 
         causes = ", ".join(f"{k} {v:,}" for k, v in sorted(s["failures"].items())) or "none"
         loss = "" if s.get("loss_tokens") is None else f", loss tokens {s['loss_tokens']:,}"
         cost = f" (~${cost_usd * s['cost_share']:,.2f})" if cost_usd else ""
+        looping = s.get("looping") or 0
+        loops = f", looping {looping:,} ({s['looping_share']:.1%})" if looping else ""
         lines.append(
             f"  {name}: {s['samples']:,} samples, {s['ok']:,} ok, {s['failed']:,} failed ({causes}), "
-            f"truncated {s['truncated']:,} ({s['truncated_share']:.1%}), output tokens "
+            f"truncated {s['truncated']:,} ({s['truncated_share']:.1%}){loops}, output tokens "
             f"{s['output_tokens']:,}{loss}, cost share {s['cost_share']:.1%}{cost}"
         )
     return lines

@@ -4,8 +4,10 @@ Generated tokens are the completion tokens of every turn of every current record
 failed turns alike) and of every turn a repair round generated again (``superseded``: paid for,
 then replaced); trainable tokens are the loss tokens of the rows the export writes, under the
 trainer's template and ``max_length``. The rest is accounted for: the generated tokens of rows left
-out (by reason), of failed turns, of superseded turns, the loss tokens ``max_length`` cuts, and what
-is left (turns the template leaves untrained, less the template's own tokens counted as loss).
+out (by reason), of failed turns, of superseded turns, of loops (``looping``: the looped attempts
+a repair round regenerated, the rows left out for their loop, and the loop itself where a row
+keeps the text before it), the loss tokens ``max_length`` cuts, and what is left (turns the
+template leaves untrained, less the template's own tokens counted as loss).
 
 The workers add the same tally up live, chunk by chunk and round by round, in the job's counters
 (:meth:`YieldTally.counters`, read back by :meth:`YieldTally.from_counters`).
@@ -31,6 +33,7 @@ _COUNTERS = {
     "lost_to_max_length": "yield_past_max_length",
     "failed_turns": "yield_failed_turns",
     "superseded": "yield_superseded",
+    "looping": "yield_looping",
     "horizon_rows": "yield_horizon_rows",
 }
 
@@ -44,7 +47,8 @@ class YieldTally:
     written_generated: int = 0  # completion tokens of the turns the written rows carry as their own
     lost_to_max_length: int = 0  # loss tokens of written rows past max_length
     failed_turns: int = 0  # completion tokens of failed turns
-    superseded: int = 0  # completion tokens of turns a repair round generated again
+    superseded: int = 0  # completion tokens of turns a repair round generated again (loops apart)
+    looping: int = 0  # completion tokens of looped turns never trained (see the module docstring)
     dropped: Counter[str] = field(default_factory=Counter)  # completion tokens of rows left out, by reason
     horizon_rows: int = 0  # rows cut at max_tokens written by the horizon rule
     counted: bool = True  # False when no tokenizer counted loss tokens
@@ -61,10 +65,12 @@ class YieldTally:
         """Generated tokens of written rows the trainer does not learn from, net of template tokens."""
         return self.written_generated - self.trainable - self.lost_to_max_length
 
-    def add_superseded(self, tokens: int) -> None:
-        """Turns a repair round generated again: paid for, no longer in any record."""
+    def add_superseded(self, tokens: int, looping: int = 0) -> None:
+        """Turns a repair round generated again: paid for, no longer in any record (``looping`` of
+        the ``tokens``: those of looped attempts, counted under ``looping``)."""
         self.generated += tokens
-        self.superseded += tokens
+        self.superseded += tokens - looping
+        self.looping += looping
 
     def counters(self, minus: YieldTally | None = None) -> dict[str, float]:
         """The tally as job counters (``yield_*``), less ``minus`` (what a repair round replaced)."""
@@ -100,6 +106,7 @@ class YieldTally:
                 "dropped_rows": {reason: n for reason, n in self.dropped.items() if n},
                 "failed_turns": self.failed_turns,
                 "superseded": self.superseded,
+                "looping": self.looping,
                 "past_max_length": self.lost_to_max_length,
                 "untrained_in_written_rows": self.untrained if self.counted else None,
             },
@@ -114,6 +121,7 @@ class YieldTally:
         rest = [f"{reason} {n:,}" for reason, n in self.dropped.most_common()]
         rest += [f"failed turns {self.failed_turns:,}"] if self.failed_turns else []
         rest += [f"superseded by repairs {self.superseded:,}"] if self.superseded else []
+        rest += [f"looping {self.looping:,}"] if self.looping else []
         rest += [
             f"past max_length {self.lost_to_max_length:,}",
             f"untrained in written rows {self.untrained:,}",

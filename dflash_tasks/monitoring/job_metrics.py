@@ -18,8 +18,10 @@ dashboards read them with ``max by (job)``. Series (besides the ``worker`` label
     dflash_job_yield_tokens{job,kind}      generated, trainable (the counted chunks; absent without a count)
     dflash_job_yield_ratio{job}            trainable ÷ generated tokens of the counted chunks
     dflash_job_yield_rest_tokens{job,where}  the other generated tokens: dropped_<reason>, failed_turns,
-                                           superseded, past_max_length, untrained
+                                           superseded, looping, past_max_length, untrained
     dflash_job_usd_per_million_trainable{job}  spend per generated token ÷ the yield; absent without a price
+    dflash_job_loops{job,kind}             samples (first passes stopped in a loop), generations (repair
+                                           rounds' too), tokens_saved (budget their stops left unspent)
     dflash_job_paused{job,reason}          1 while a quality gate holds the job paused, else 0
     dflash_job_done{job}                   1 once every chunk is stored
     dflash_job_progress_timestamp_seconds{job}  when the document was computed
@@ -34,6 +36,8 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from dflash_tasks.core.on_loop import loop_figures
 
 #: Labels of every family below, in this order.
 _JOB = ["worker", "job"]
@@ -89,6 +93,11 @@ class JobProgressGauges(Collector):
                     [*_JOB, "where"],
                 ),
                 ("dflash_job_usd_per_million_trainable", "Cost of a million trainable tokens so far.", _JOB),
+                (
+                    "dflash_job_loops",
+                    "Loops: samples and generations stopped in one, tokens their stops saved.",
+                    [*_JOB, "kind"],
+                ),
                 ("dflash_job_paused", "1 while a quality gate holds the job paused.", [*_JOB, "reason"]),
                 ("dflash_job_done", "1 once every chunk of the job is stored.", _JOB),
                 ("dflash_job_progress_timestamp_seconds", "When the progress was computed.", _JOB),
@@ -129,6 +138,8 @@ def job_samples(doc: Mapping[str, Any]) -> Iterator[tuple[str, tuple[str, ...], 
         if isinstance(spec.get(key), int | float):
             yield "dflash_job_accept_length", (window,), float(spec[key])
     yield from yield_samples(doc.get("yield") or {})
+    for kind, n in (loop_figures(doc.get("counters") or {}) or {}).items():
+        yield "dflash_job_loops", (kind,), float(n)
     paused = doc.get("state") == "paused"
     yield "dflash_job_paused", (str(doc.get("pause_reason") or "") if paused else "",), 1.0 if paused else 0.0
     yield "dflash_job_done", (), 1.0 if doc.get("state") == "done" else 0.0
@@ -151,6 +162,7 @@ def yield_samples(section: Mapping[str, Any]) -> Iterator[tuple[str, tuple[str, 
     for where, key in (
         ("failed_turns", "failed_turns"),
         ("superseded", "superseded"),
+        ("looping", "looping"),
         ("past_max_length", "past_max_length"),
         ("untrained", "untrained_in_written_rows"),
     ):

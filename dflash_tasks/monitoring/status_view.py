@@ -18,6 +18,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from dflash_tasks.core.on_loop import loop_figures
 from dflash_tasks.core.spec_stats import SOURCE_PER_REQUEST, SOURCE_SERVER
 from dflash_tasks.core.states import JobState
 from dflash_tasks.core.trainable import describe_trainable
@@ -136,6 +137,9 @@ def summary_rows(doc: ProgressDocument) -> list[tuple[str, str]]:
         rows.append(("trainable", describe_trainable(doc.trainable_tokens)))
     if doc.yield_section:
         rows.append(("yield", describe_yield(doc.yield_section, c.done)))
+    loops = loop_figures(doc.counters)
+    if loops:
+        rows.append(("loops", describe_loops(loops, s.done)))
     spec_line = render_spec(doc.spec)
     if spec_line:
         rows.append(("spec", spec_line))
@@ -143,6 +147,15 @@ def summary_rows(doc: ProgressDocument) -> list[tuple[str, str]]:
     for name, figures in (doc.sources or {}).items():
         rows.append((f"source {name}", _source_line(figures)))
     return rows
+
+
+def describe_loops(loops: dict[str, int], done: int) -> str:
+    """Samples stopped in a loop (their share of those done), generations, and the tokens saved."""
+    share = f" ({loops['samples'] / done:.1%})" if done else ""
+    return (
+        f"{loops['samples']:,} samples stopped in a loop{share} | {loops['generations']:,} generations "
+        f"stopped, repairs included | {loops['tokens_saved']:,} tokens of budget saved"
+    )
 
 
 def _source_line(s: dict[str, Any]) -> str:

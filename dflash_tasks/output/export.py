@@ -79,6 +79,8 @@ WHY: dict[str, str] = {
     "short": "a turn is shorter than min_completion_tokens (--drop-check short)",
     "source_answers": "assistant turns copied from the input (turns: last) carry no reasoning",
     "duplicate": "the sample was seen before (impossible with a sound store)",
+    "looping": "a turn was stopped in a loop and the job's --on-loop keeps no prefix of it; --keep looping "
+    "writes it cut where the loop starts (as a truncated row), never the loop",
     **REASONS,
 }
 #: Reasons ``--keep`` accepts.
@@ -148,7 +150,7 @@ def export(
     else:
         write_jsonl(rows, tmp)
     os.replace(tmp, to)
-    planner.yields.add_superseded(superseded.tokens)
+    planner.yields.add_superseded(superseded.tokens, superseded.looping)
     dropped_path = to.with_name(to.name + ".dropped.jsonl")
     if counts.left_out:
         write_jsonl(counts.left_out, dropped_path)

@@ -36,6 +36,7 @@ from dflash_tasks.core.distribution import describe, describe_floats
 from dflash_tasks.core.errors import DflashError, StoreError
 from dflash_tasks.core.exit_codes import ExitCode
 from dflash_tasks.core.job import JobDefinition
+from dflash_tasks.core.on_loop import tokens_saved
 from dflash_tasks.core.quality import CHECKS, evaluate_gates
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.repair import Superseded
@@ -76,6 +77,8 @@ class QualityReport:
     yields: YieldTally | None = None  # None without a trainer view
     sources: SourceTally = field(default_factory=SourceTally)  # a job of several input sources
     source_gate_failures: dict[str, list[str]] = field(default_factory=dict)
+    #: The budget that stopping loops left unspent: current records' and regenerated attempts'.
+    loop_tokens_saved: int = 0
 
     @property
     def overall_accept_length(self) -> float | None:
@@ -108,6 +111,11 @@ class QualityReport:
             "yield": None if self.yields is None else self.yields.to_dict(),
             "sources": self.sources.to_dict() or None,
             "source_gate_failures": self.source_gate_failures or None,
+            "loops": {
+                "samples": self.checks["looping"],
+                "share": round(self.checks["looping"] / self.samples, 4) if self.samples else 0.0,
+                "tokens_saved": self.loop_tokens_saved,
+            },
         }
 
 
@@ -131,9 +139,11 @@ def build_report(
     else:
         for record in _tallied(report, records):
             report.sources.add(record)
-    failures = evaluate_gates(report.samples, report.checks, job.quality)
+    failures = evaluate_gates(report.samples, report.checks, job.quality, job.spec.temperature)
+    report.loop_tokens_saved += superseded.loop_tokens_saved if superseded is not None else 0
     if planner is not None:
-        planner.yields.add_superseded(superseded.tokens if superseded else 0)
+        if superseded is not None:
+            planner.yields.add_superseded(superseded.tokens, superseded.looping)
         report.yields = planner.yields
         report.trainable = planner.summary if planner.counted else None
         report.trainer_note = planner.note
@@ -144,9 +154,8 @@ def build_report(
     if report.trainable is not None:
         failures += evaluate_gates(report.trainable.samples, report.trainable.gate_counts(), job.quality)
     report.gate_failures = [f.message for f in failures]
-    report.source_gate_failures = {
-        name: [f.message for f in fails] for name, fails in report.sources.gate_failures(job.quality).items()
-    }
+    by_source = report.sources.gate_failures(job.quality, job.spec.temperature)
+    report.source_gate_failures = {name: [f.message for f in fails] for name, fails in by_source.items()}
     return report
 
 
@@ -160,6 +169,7 @@ def _tallied(report: QualityReport, records: Iterable[Record]) -> Iterator[Recor
 def _add(report: QualityReport, record: Record) -> None:
     report.samples += 1
     report.checks.update(record.checks or ())
+    report.loop_tokens_saved += tokens_saved(record)
     if not record.ok:
         report.failed += 1
         return
@@ -193,6 +203,12 @@ def render_text(report: QualityReport) -> str:
         "  checks            "
         + ", ".join(f"{c} {report.checks[c]:,} ({doc['check_shares'][c]:.1%})" for c in CHECKS),
     ]
+    loops = doc["loops"]
+    if loops["samples"] or loops["tokens_saved"]:
+        lines.append(
+            f"  loops             {loops['samples']:,} samples stopped in a loop ({loops['share']:.1%}), "
+            f"{loops['tokens_saved']:,} tokens of budget saved (regenerated attempts included)"
+        )
     if report.trainer_note:
         lines.append(f"  {report.trainer_note}")
     if report.trainable is not None:

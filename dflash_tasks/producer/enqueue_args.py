@@ -13,6 +13,8 @@ from dflash_tasks.core.budget import FIXED, HORIZON
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.job import HISTORY_REASONING, TURNS_MODES, GenerationSpec
 from dflash_tasks.core.model_name import check_model_name
+from dflash_tasks.core.on_loop import SPEC_HELP as ON_LOOP_HELP
+from dflash_tasks.core.on_loop import OnLoop
 from dflash_tasks.core.quality import GATES, QualitySettings
 from dflash_tasks.core.repetition import SPEC_HELP, RepetitionSettings
 from dflash_tasks.core.settings import ProducerSettings
@@ -166,6 +168,7 @@ def add_quality_flags(p: argparse.ArgumentParser) -> None:
         help="a row with fewer loss tokens counts toward the few_loss_tokens gate (default 64)",
     )
     add_setting(q, "--repetition", ProducerSettings, "repetition", SPEC_HELP, metavar="SPEC")
+    add_setting(q, "--on-loop", ProducerSettings, "on_loop", ON_LOOP_HELP, metavar="POLICY")
 
 
 def add_column_flags(p: argparse.ArgumentParser) -> None:
@@ -231,9 +234,9 @@ def spec_from_args(
     )
 
 
-def quality_from_args(args: argparse.Namespace, repetition: str = "") -> QualitySettings:
+def quality_from_args(args: argparse.Namespace, repetition: str = "", on_loop: str = "") -> QualitySettings:
     """The job's quality settings from the flags; ``repetition``: ``DFLASH_REPETITION``, which
-    ``--repetition`` overrides."""
+    ``--repetition`` overrides; ``on_loop``: ``DFLASH_ON_LOOP``, which ``--on-loop`` overrides."""
     base = QualitySettings()
     shares = dict(base.max_share)
     for item in args.max_share:
@@ -253,21 +256,33 @@ def quality_from_args(args: argparse.Namespace, repetition: str = "") -> Quality
         loops = RepetitionSettings.parse(spec)
     except ValueError as exc:
         raise ConfigError(f"--repetition {spec!r}: {exc}") from None
+    policy = args.on_loop or on_loop
+    try:
+        looped = OnLoop.parse(policy)
+    except ValueError as exc:
+        raise ConfigError(f"--on-loop {policy!r}: {exc}") from None
     return QualitySettings(
-        min_completion_tokens=minimum, max_share=shares, min_loss_tokens=loss, repetition=loops
+        min_completion_tokens=minimum,
+        max_share=shares,
+        min_loss_tokens=loss,
+        repetition=loops,
+        on_loop=looped,
     )
 
 
 def options_from_args(args: argparse.Namespace, settings: ProducerSettings | None = None) -> EnqueueOptions:
-    """The run the flags ask for, over ``settings``' ``DFLASH_MAX_TOKENS`` and ``DFLASH_REPETITION``;
-    :class:`ConfigError` naming a bad flag. Under ``--max-tokens horizon`` the spec's ``max_tokens``
-    is the trainer's ``max_length`` of the flags (``prepare`` takes the job's where it has one)."""
+    """The run the flags ask for, over ``settings``' ``DFLASH_MAX_TOKENS``, ``DFLASH_REPETITION`` and
+    ``DFLASH_ON_LOOP``; :class:`ConfigError` naming a bad flag. Under ``--max-tokens horizon`` the
+    spec's ``max_tokens`` is the trainer's ``max_length`` of the flags (``prepare`` takes the job's
+    where it has one)."""
     overrides = overrides_from_args(args)
     return EnqueueOptions(
         inputs=tuple(args.input),
         output=args.output,
         spec=spec_from_args(args, settings.max_tokens if settings else None, overrides.on().max_length),
-        quality=quality_from_args(args, settings.repetition if settings else ""),
+        quality=quality_from_args(
+            args, settings.repetition if settings else "", settings.on_loop if settings else ""
+        ),
         trainer=overrides,
         columns=columns_from_args(args),
         sample_seed=args.sample_seed,

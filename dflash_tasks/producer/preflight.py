@@ -249,7 +249,8 @@ def judge(
     """
     records = [r for chunk in chunks for r in read_current(store, chunk)]
     total, counts = count_checks(judged(records))
-    failures = evaluate_gates(total, counts, settings)
+    temperature = job.spec.temperature if job is not None else None
+    failures = evaluate_gates(total, counts, settings, temperature)
     plan = planned_yield(job, trainer, records) if job is not None and trainer is not None else None
     trainable, note = _trainable(records, plan, trainer, thinking, preserve_thinking, settings)
     if trainable is not None:
@@ -277,7 +278,8 @@ def judge(
         trainer_note=note,
         tuned_workers=tuned_workers,
         source_failures={
-            name: [f.message for f in fails] for name, fails in by_source.gate_failures(settings).items()
+            name: [f.message for f in fails]
+            for name, fails in by_source.gate_failures(settings, temperature).items()
         },
         yields=None if plan is None else plan.yields,
         layout="" if plan is None else plan.layout,

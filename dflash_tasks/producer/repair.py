@@ -5,7 +5,8 @@ A re-run of ``enqueue`` queues one round for each stored chunk that holds such s
 itself, ``repair_spacing_seconds`` apart, and waits for each. A round goes through the same queue,
 workers, leases and routing as the chunks (:mod:`workers.repair_runner`) and writes a write-once
 file per chunk; the chunk files never change. A chunk whose round runs or waits is never queued
-twice.
+twice. A sample stopped in a loop is regenerated too where the job's ``--on-loop`` says so
+(:mod:`dflash_tasks.core.on_loop`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dflash_tasks.coord.routing import model_queue
 from dflash_tasks.core.continuation import is_cut_thought
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.job import JobDefinition, Manifest
+from dflash_tasks.core.on_loop import OnLoop
 from dflash_tasks.core.repair import RepairUnit, needs_repair, to_continue, truncated_below
 from dflash_tasks.core.settings import ProducerSettings
 from dflash_tasks.core.states import JobState
@@ -53,6 +55,7 @@ class RepairPlan:
     continued_tokens: int = 0  # the most new tokens their continuations may generate
     busy: frozenset[int] = frozenset()  # chunks whose round runs or waits
     to_queue: tuple[RepairUnit, ...] = ()
+    looped: int = 0  # of the pending: samples stopped in a loop, regenerated (--on-loop)
 
     @property
     def samples(self) -> int:
@@ -71,11 +74,13 @@ def plan_repairs(
     lease_grace: float = 60.0,
     only: Iterable[int] | None = None,
     horizon: int | None = None,
+    on_loop: OnLoop | None = None,
 ) -> RepairPlan:
     """Plan the next round of every stored chunk (of those in ``only``, if given) with samples to
     regenerate or continue; with ``bookkeeping=None`` (a dry run) nothing counts as in flight.
     ``max_tokens``: the job's budget for truncated samples (``JobDefinition.repair_max_tokens``);
-    ``horizon``: the trainer's ``max_length``, up to which cut thoughts are continued.
+    ``horizon``: the trainer's ``max_length``, up to which cut thoughts are continued; ``on_loop``:
+    the job's policy for samples stopped in a loop (None: none is regenerated).
 
     Reads each such chunk's current records once (one pass over the outputs, as ``verify``).
     """
@@ -84,10 +89,11 @@ def plan_repairs(
         return RepairPlan(stored=False)
     chunks = sorted(set(range(manifest.chunks)) if only is None else set(only))
     pending: dict[int, int] = {}
-    permanent_left = truncated = continued = continued_tokens = 0
+    permanent_left = truncated = continued = continued_tokens = looped = 0
     for chunk in chunks:
         records = read_current(store, chunk, listing.rounds_of(chunk))
-        n = sum(needs_repair(r, permanent, max_tokens, horizon) for r in records)
+        n = sum(needs_repair(r, permanent, max_tokens, horizon, on_loop) for r in records)
+        looped += sum(on_loop is not None and on_loop.regenerates(r) for r in records)
         budgets = [to_continue(r, max_tokens, horizon) for r in records]
         continued += sum(b > 0 for b in budgets)
         continued_tokens += sum(budgets)
@@ -106,7 +112,9 @@ def plan_repairs(
         if c not in busy
     )
     left = 0 if permanent else permanent_left
-    return RepairPlan(True, pending, left, truncated, max_tokens, continued, continued_tokens, busy, to_queue)
+    return RepairPlan(
+        True, pending, left, truncated, max_tokens, continued, continued_tokens, busy, to_queue, looped
+    )
 
 
 def queue_repairs(
@@ -148,6 +156,7 @@ def job_repair_plan(
         lease_grace=settings.lease_seconds,
         only=only,
         horizon=job.trainer.max_length,
+        on_loop=job.quality.on_loop,
     )
 
 
@@ -271,9 +280,11 @@ def _to_stderr(text: str) -> None:
 
 def describe(plan: RepairPlan, permanent: bool = False) -> str:
     """``N samples failed by a passing cause, T truncated (at most T x B tokens), C cut thoughts
-    continued`` for the plan."""
-    failed = plan.samples - plan.truncated - plan.continued
+    continued, L looped`` for the plan."""
+    failed = plan.samples - plan.truncated - plan.continued - plan.looped
     parts = [f"{failed:,} samples " + ("failed" if permanent else "failed by a passing cause")]
+    if plan.looped:
+        parts.append(f"{plan.looped:,} stopped in a loop, regenerated with another seed")
     if plan.continued:
         parts.append(
             f"{plan.continued:,} cut thoughts continued (at most {plan.continued_tokens:,} new tokens)"

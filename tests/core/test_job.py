@@ -42,6 +42,7 @@ CHANGED: dict[str, Any] = {
     "turns": "last",
     "history_reasoning": "keep",
     "budget_policy": "horizon",
+    "seed": 7,
 }
 
 
@@ -148,6 +149,7 @@ def test_job_json_round_trip() -> None:
     assert doc["input_name"] == "in.jsonl.gz"
     fields = dataclasses.asdict(spec)
     assert fields.pop("budget_policy") == "fixed"  # left out of a fixed job's job.json, as before
+    assert fields.pop("seed") is None  # a request's (a looped sample's repair), never a job's
     assert doc["spec"] == fields
     assert data.endswith(b"\n")
     assert JobDefinition.from_json(data, "job.json") == job

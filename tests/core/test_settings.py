@@ -87,6 +87,8 @@ def changed_value(field: dataclasses.Field[Any]) -> Any:
         return "watcher:s3cret"  # user:password
     if field.name == "repetition":
         return "min_chars=2000"
+    if field.name == "on_loop":
+        return "prefix=2048"
     if field.name == "echo_logs":
         return "workers"  # one of all, workers, none
     return f"{default}9"  # keeps redis:// URLs valid
@@ -324,7 +326,7 @@ def test_each_role_has_the_fields_its_processes_read() -> None:
     common = {"broker_url", "queue", "redis_prefix", "visibility_timeout", "lease_seconds", "s3_endpoint_url"}
     progress = common | {"progress_seconds", "gpu_hour_usd"}
     assert names(CommonSettings) == common
-    producer = {"repair_rounds", "repair_spacing_seconds", "repetition", "max_tokens"}
+    producer = {"repair_rounds", "repair_spacing_seconds", "repetition", "on_loop", "max_tokens"}
     producer |= {"wait_replan_seconds", "preflight_timeout_seconds"}
     assert names(ProducerSettings) == progress | producer
     assert not names(WorkerSettings) & producer

@@ -60,6 +60,7 @@ def test_the_yield_section_as_gauges() -> None:
             "dropped_rows": {"truncated": 7_000},
             "failed_turns": 1_000,
             "superseded": 2_000,
+            "looping": 4_000,
             "past_max_length": 3_000,
             "untrained_in_written_rows": 5_000,
         },
@@ -74,6 +75,7 @@ def test_the_yield_section_as_gauges() -> None:
         'dflash_job_yield_ratio{job="j1",worker="gpu0@n"} 0.8',
         'dflash_job_yield_rest_tokens{job="j1",where="dropped_truncated",worker="gpu0@n"} 7000.0',
         'dflash_job_yield_rest_tokens{job="j1",where="superseded",worker="gpu0@n"} 2000.0',
+        'dflash_job_yield_rest_tokens{job="j1",where="looping",worker="gpu0@n"} 4000.0',
         'dflash_job_yield_rest_tokens{job="j1",where="untrained",worker="gpu0@n"} 5000.0',
         'dflash_job_usd_per_million_trainable{job="j1",worker="gpu0@n"} 15.15',
     ):
@@ -81,3 +83,18 @@ def test_the_yield_section_as_gauges() -> None:
     gauges.written(DOC)  # a job no worker counted: no yield series
     samples = [line for line in scrape(gauges).splitlines() if not line.startswith("#")]
     assert not [line for line in samples if "yield" in line or "per_million" in line]
+
+
+def test_loops_as_gauges_from_the_jobs_counters() -> None:
+    gauges = JobProgressGauges("gpu0@n", fresh_s=15.0)
+    gauges.written(DOC)
+    assert "dflash_job_loops{" not in scrape(gauges)  # no loop yet: no series
+    counters = {"check_looping": 40.0, "looped_generations": 52.0, "loop_tokens_saved": 150_000.0}
+    gauges.written({**DOC, "counters": counters})
+    text = scrape(gauges)
+    for line in (
+        'dflash_job_loops{job="j1",kind="samples",worker="gpu0@n"} 40.0',
+        'dflash_job_loops{job="j1",kind="generations",worker="gpu0@n"} 52.0',
+        'dflash_job_loops{job="j1",kind="tokens_saved",worker="gpu0@n"} 150000.0',
+    ):
+        assert line in text, line

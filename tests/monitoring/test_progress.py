@@ -540,6 +540,7 @@ def test_the_yield_section_is_the_workers_tally_with_its_cost() -> None:
         "dropped_rows": {"truncated": 7_000},
         "failed_turns": 1_000,
         "superseded": 2_000,
+        "looping": 0,
         "past_max_length": 3_000,
         "untrained_in_written_rows": 80_000 - 72_000 - 3_000,
     }

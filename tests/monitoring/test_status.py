@@ -202,3 +202,14 @@ def test_main_exits_130_on_ctrl_c(
 
     stubbed(interrupted)
     assert status.main(["--output", str(tmp_path), "--watch", "0.001"]) == 130
+
+
+def test_the_summary_shows_loops_once_there_are_any() -> None:
+    doc = seed_doc()
+    assert "loops" not in dict(summary_rows(doc))
+    counters = {**doc.counters, "check_looping": 3_046.0, "looped_generations": 3_500.0}
+    looping = replace(doc, counters={**counters, "loop_tokens_saved": 9_000_000.0})
+    assert dict(summary_rows(looping))["loops"] == (
+        "3,046 samples stopped in a loop (1.0%) | 3,500 generations stopped, repairs included "
+        "| 9,000,000 tokens of budget saved"
+    )

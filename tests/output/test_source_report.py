@@ -49,8 +49,8 @@ def test_report_shows_each_sources_figures_and_names_the_one_failing_a_gate() ->
     doc = report.as_dict()["sources"]
     assert doc["chat"] | {"checks": {}} == {
         "samples": 10, "ok": 10, "failed": 0, "failures": {}, "truncated": 0, "truncated_share": 0.0,
-        "checks": {}, "output_tokens": 3000, "loss_tokens": None, "few_loss_tokens": None,
-        "cost_share": round(3000 / 8100, 4),
+        "checks": {}, "looping": 0, "looping_share": 0.0, "loop_tokens_saved": 0, "output_tokens": 3000,
+        "loss_tokens": None, "few_loss_tokens": None, "cost_share": round(3000 / 8100, 4),
     }  # fmt: skip
     assert (doc["code"]["failed"], doc["code"]["failures"], doc["code"]["truncated"]) == (
         1,

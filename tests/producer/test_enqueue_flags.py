@@ -7,6 +7,7 @@ import pytest
 
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.job import GenerationSpec
+from dflash_tasks.core.on_loop import OnLoop
 from dflash_tasks.core.repetition import RepetitionSettings
 from dflash_tasks.core.settings import ProducerSettings
 from dflash_tasks.producer.enqueue_args import build_parser, quality_from_args, spec_from_args
@@ -84,3 +85,28 @@ def test_max_tokens_horizon_records_the_policy_and_the_trainers_max_length() -> 
     flag = spec_from_args(build_parser().parse_args([*base, "--max-tokens", "300"]), "horizon", 2048)
     assert (flag.budget_policy, flag.max_tokens) == ("fixed", 300)
     assert spec_from_args(build_parser().parse_args(base), 1000, 2048).max_tokens == 1000
+
+
+# --- what happens to a looped sample: --on-loop and DFLASH_ON_LOOP take the same values --------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("drop", OnLoop("drop")), ("prefix", OnLoop("prefix")), ("prefix=2048", OnLoop("prefix", 2048))],
+)
+def test_the_flag_and_the_variable_set_the_jobs_on_loop_policy(value: str, expected: OnLoop) -> None:
+    by_flag = quality_from_args(build_parser().parse_args([*JOB, "--on-loop", value]))
+    settings = ProducerSettings.load({"DFLASH_ON_LOOP": value})
+    by_variable = quality_from_args(build_parser().parse_args(JOB), "", settings.on_loop)
+    assert by_flag.on_loop == by_variable.on_loop == expected
+    assert quality_from_args(build_parser().parse_args(JOB)).on_loop == OnLoop("regenerate")
+    over = quality_from_args(build_parser().parse_args([*JOB, "--on-loop", value]), "", "regenerate")
+    assert over.on_loop == expected  # the flag wins
+
+
+def test_a_bad_on_loop_policy_names_the_flag_or_the_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*JOB, "--on-loop", "retry"])
+    assert "argument --on-loop: 'retry'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="DFLASH_ON_LOOP='drop=3'"):
+        ProducerSettings.load({"DFLASH_ON_LOOP": "drop=3"})

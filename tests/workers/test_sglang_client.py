@@ -484,6 +484,20 @@ def test_a_server_still_loading_has_no_identity_yet() -> None:
         sim.stop()
 
 
+def test_a_repair_rounds_seed_goes_out_and_the_simulator_plans_with_it() -> None:
+    assert "seed" not in ChatRequest(SPEC, SAMPLE.messages, "s-0").body()
+    assert ChatRequest(dataclasses.replace(SPEC, seed=7), SAMPLE.messages, "s-7").body()["seed"] == 7
+    with start_simulator(SimConfig(port=0, time_scale=0.0, loop_share=0.5)) as looping:
+        client = SGLangClient(looping.url)
+        ends = {
+            client.chat(
+                ChatRequest(dataclasses.replace(SPEC, seed=seed), SAMPLE.messages, f"s-{seed}")
+            ).finish_reason
+            for seed in range(12)
+        }
+    assert ends == {"stop", "length"}  # some seeds fall into the loop (cut at max_tokens), some do not
+
+
 # -- per-request meta_info ---------------------------------------------------------------------------
 
 

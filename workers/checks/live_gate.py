@@ -35,14 +35,20 @@ def window_counts(entries: list[dict[str, Any]], window: int) -> tuple[int, Coun
 
 
 def record_chunk_and_judge(
-    bookkeeping: Bookkeeping, job_id: str, samples: int, checks: Mapping[str, int], settings: QualitySettings
+    bookkeeping: Bookkeeping,
+    job_id: str,
+    samples: int,
+    checks: Mapping[str, int],
+    settings: QualitySettings,
+    temperature: float | None = None,
 ) -> list[GateFailure]:
-    """Record one chunk's checks; pause the job and return the failures when a gate trips."""
+    """Record one chunk's checks; pause the job and return the failures when a gate trips
+    (``temperature``: the job's, which names the likely cause of loops)."""
     entries = bookkeeping.push_recent(job_id, {"n": samples, "checks": dict(checks)}, _KEEP)
     total, counts = window_counts(entries, settings.window)
     if total < settings.min_samples:
         return []
-    failures = evaluate_gates(total, counts, settings)
+    failures = evaluate_gates(total, counts, settings, temperature)
     if failures:
         reason = f"quality gate over the last {total} samples: " + "; ".join(f.message for f in failures)
         if bookkeeping.pause_job(job_id, reason):

@@ -44,7 +44,9 @@ class ChatRequest:
         and read ``max_tokens``. ``return_meta_info`` asks for the per-request speculative-decoding
         numbers; older releases ignore it too. Streamed (:attr:`streams`), it asks for the usage
         with every text chunk and ``return_spec_tokens_details`` instead (SGLang refuses
-        ``return_meta_info`` with streaming).
+        ``return_meta_info`` with streaming). ``seed`` goes out only on a repair round's request
+        (SGLang applies it only with ``--enable-deterministic-inference``; otherwise every request
+        samples afresh anyway).
         """
         spec = self.spec
         body: dict[str, Any] = {
@@ -67,6 +69,8 @@ class ChatRequest:
             body["stream"] = True
             body["stream_options"] = dict(STREAM_OPTIONS)
             body["return_spec_tokens_details"] = True
+        if spec.seed is not None:
+            body["seed"] = spec.seed
         if self.continues:
             body["continue_final_message"] = True
         return body

@@ -303,11 +303,8 @@ def test_the_log_holds_no_sample_text_nor_the_password(run: Run) -> None:
     assert res.status_code == 200
     page_log = run.procs.tmp / "page.log"
     # Tornado logs a request after its response is sent: the line may land a moment after the reply.
-    log = wait_until(
-        lambda: (text := page_log.read_text()) if "SamplesHandler 200" in text else None,
-        10,
-        "the page to log the request",
-    )
+    wait_until(lambda: "SamplesHandler 200" in page_log.read_text(), 10, "the page to log the request")
+    log = page_log.read_text()
     assert "RunHandler 200" in log
     assert "Question" not in log and PASSWORD not in log and "/samples" not in log
 
