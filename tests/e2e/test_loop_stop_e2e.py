@@ -1,10 +1,11 @@
 """A job whose server loops on a fifth of its samples: the workers stream, stop each looping
-sample early and record it as ``repetition``, and flag nothing else.
+sample early and record it as ``repetition``, flag nothing else, and the export writes no loop;
+with ``--on-loop regenerate`` (the default) repair rounds send the looped samples again.
 
-Real simulator (``--loop-share 0.2``), a real worker process, ``enqueue --wait``. Which samples
-the simulator makes loop is its own plan, worked out here with its own functions (a sample loops
-by its prompt alone when the request has no seed), so the records are checked against the truth,
-not against the detector.
+Real simulator (``--loop-share 0.2``), a real worker process, ``enqueue --wait``, ``export``.
+Which samples the simulator makes loop is its own plan, worked out here with its own functions (a
+sample loops by its prompt alone when the request has no seed, by seed and prompt on a repair
+round's request), so the records are checked against the truth, not against the detector.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -19,7 +21,7 @@ from dflash_tasks.core.repetition import FINISH_REASON
 from dflash_tasks.sim import SimConfig
 from dflash_tasks.sim.textgen import plan_loop, plan_output, prompt_rng
 from tests.e2e.test_pipeline_e2e import enqueue_args, last_json
-from tests.helpers import Processes
+from tests.helpers import Processes, read_records
 
 SAMPLES = 300
 SHARE = 0.2
@@ -32,12 +34,15 @@ def loops(prompt: str, share: float = SHARE) -> bool:
     return plan_loop(prompt_rng(SimConfig().seed + 3, prompt), base, share, MAX_TOKENS).loop is not None
 
 
-def test_looping_samples_are_stopped_and_recorded_and_no_other_is(procs: Processes, tmp_path: Path) -> None:
+def write_job(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
     inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
     prompts = {f"s{i}": f"Question {i}: what is {i} * 7? Think it through." for i in range(SAMPLES)}
     inp.write_text("".join(json.dumps({"id": k, "prompt": p}) + "\n" for k, p in prompts.items()))
-    looping = {k for k, p in prompts.items() if loops(p)}
-    assert 0.12 * SAMPLES < len(looping) < 0.28 * SAMPLES
+    return inp, out, prompts
+
+
+def run_job(procs: Processes, inp: Path, out: Path, *flags: str) -> str:
+    """Run the job on a looping simulator with one worker; the simulator's URL."""
     sim = procs.simulator(
         "--loop-share",
         str(SHARE),
@@ -49,14 +54,43 @@ def test_looping_samples_are_stopped_and_recorded_and_no_other_is(procs: Process
         "8",
     )
     procs.worker(sim, "gpu0", "--max-inflight", "64")
-    flags = ("--max-tokens", str(MAX_TOKENS), "--chunk-size", "50", "--no-preflight", "--wait", "--json")
+    common = ("--max-tokens", str(MAX_TOKENS), "--chunk-size", "50", "--no-preflight", "--wait", "--json")
+    # the looping share is the test's own: the gate would (rightly) stop the job at 10%
+    shares = ("--max-share", "truncated=1.0", "--max-share", "looping=1.0")
     res = procs.run(
-        "dflash_tasks.producer.enqueue",
-        *enqueue_args(inp, out, *flags, "--max-share", "truncated=1.0"),
-        timeout=600,
+        "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, *common, *shares, *flags), timeout=600
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert last_json(res.stdout)["job_id"]
+    return sim
+
+
+def loops_in(text: str, looped: list[dict[str, Any]]) -> list[str]:
+    """The ids of looped turns whose loop (two copies of its span, as JSON writes it) is in ``text``."""
+    found = []
+    for key, turn in ((r["id"], t) for r in looped for t in r["turns"] if "loop" in t):
+        loop = turn["loop"]
+        span = turn[loop["text"]][loop["start_char"] : loop["start_char"] + loop["period_chars"]]
+        assert len(span) == loop["period_chars"] > 0
+        if json.dumps(span * 2, ensure_ascii=False)[1:-1] in text:
+            found.append(key)
+    return found
+
+
+def exported_loops(procs: Processes, out: Path, to: Path, looped: list[dict[str, Any]]) -> list[str]:
+    """Export the job; the ids of looped turns whose loop is in the exported file."""
+    res = procs.run("dflash_tasks.export", "--output", str(out), "--to", str(to))
+    assert res.returncode == 0, res.stderr[-3000:]
+    text = to.read_text()
+    assert text.count("\n") > 0.5 * SAMPLES
+    return loops_in(text, looped)
+
+
+def test_looping_samples_are_stopped_and_recorded_and_no_other_is(procs: Processes, tmp_path: Path) -> None:
+    inp, out, prompts = write_job(tmp_path)
+    looping = {k for k, p in prompts.items() if loops(p)}
+    assert 0.12 * SAMPLES < len(looping) < 0.28 * SAMPLES
+    sim = run_job(procs, inp, out, "--on-loop", "drop")
     records = {
         r["id"]: r
         for path in sorted((out / "outputs").glob("chunk-*.jsonl"))
@@ -77,3 +111,27 @@ def test_looping_samples_are_stopped_and_recorded_and_no_other_is(procs: Process
     assert stats["looping"] == len(looping)
     # closed by the worker (at this pace a few finish generating before the close reaches them)
     assert 0.5 * len(looping) < stats["client_gone"] <= len(looping)
+    looped = [records[k] for k in looping]
+    assert exported_loops(procs, out, tmp_path / "train.jsonl", looped) == []
+    # the same check finds every loop in the stored records, which keep them
+    stored = "".join(path.read_text() for path in (out / "outputs").glob("chunk-*.jsonl"))
+    assert sorted(loops_in(stored, looped)) == sorted(looping)
+
+
+def test_repair_rounds_regenerate_the_looped_samples_with_another_seed(
+    procs: Processes, tmp_path: Path
+) -> None:
+    inp, out, prompts = write_job(tmp_path)
+    first = {k for k, p in prompts.items() if loops(p)}
+    run_job(procs, inp, out)  # --on-loop regenerate, the default
+    current = {str(r["id"]): r for r in read_records(out)}
+    assert len(current) == SAMPLES
+    left = {k for k, r in current.items() if r["finish_reason"] == FINISH_REASON}
+    regenerated = {k for k in first if current[k].get("repair")}
+    assert regenerated == first  # each looped sample was sent again, and no other
+    assert len(left) < 0.5 * len(first)  # another seed mostly escapes the loop
+    assert all(current[k]["sampling"].get("seed") is not None for k in regenerated)
+    stored = [r for path in sorted((out / "outputs").glob("*.jsonl")) for r in map(json.loads, path.open())]
+    looped = [r for r in stored if r["finish_reason"] == FINISH_REASON]
+    assert len(looped) >= len(first)
+    assert exported_loops(procs, out, tmp_path / "train.jsonl", looped) == []
