@@ -24,7 +24,7 @@ from workers.node.procs import Backoff, Child, LogEcho
 from workers.node.supervisor import Node, SupervisorConfig
 
 MODEL = "Qwen/Qwen3-8B"
-PROMPTS, CHUNK = 800, 8
+PROMPTS, CHUNK = 1600, 8  # a job that outlasts the joins, leaves and kills on a loaded machine
 # Requests of ~0.2 s (400 tokens at 40 tok/s, time scale 0.02), 8 in flight per simulated GPU.
 SIM = "--time-scale 0.02 --mean-output-tokens 400"
 
