@@ -9,7 +9,9 @@ The servers: S simulators started here (default 1, ``--max-running-requests`` = 
 simulator's output lengths capped by ``max_tokens`` 4096, ``--stream-interval 8`` as the node
 launches SGLang, ``--time-scale 0.025``), or a running server (``--set endpoint=URL``, e.g. real
 SGLang: ``benchmarks/gpu_check.sh stream``). The figure: streamed completions per second over
-plain (the better of two phases each), and the client's CPU seconds per completion (this process).
+plain (the better of two phases each), the client's CPU milliseconds per completion (this
+process) and, with simulators started here, theirs (``server_cpu_ms_per_completion``: a streamed
+answer costs the server too, and here both share the machine's cores).
 ``--set slots=N``, ``--set servers=S``, ``--set prompts_per_server=N``, ``--set time_scale=X``,
 ``--set loop_share=X``; ``--quick``: fewer prompts.
 """
@@ -32,7 +34,7 @@ from benchmarks.common import (
     check,
     say,
     stack,
-    start_simulators,
+    start_simulator,
     workspace,
 )
 from benchmarks.prompts import write_prompts
@@ -48,8 +50,25 @@ TIME_SCALE = 0.025
 PROMPTS_PER_SERVER = 2000
 
 
+def process_cpu(pids: list[int]) -> float:
+    """CPU seconds the processes ``pids`` used so far (Linux ``/proc``; 0 without it)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
+
+
 def phase(
-    urls: list[str], samples: list[Sample], slots: int, watch: RepetitionSettings | None, tag: str
+    urls: list[str],
+    samples: list[Sample],
+    slots: int,
+    watch: RepetitionSettings | None,
+    tag: str,
+    servers: list[int],
 ) -> Figures:
     """Send every sample once, ``slots`` at a time per server; completions/s and client CPU."""
     spec = GenerationSpec(model=MODEL)
@@ -74,18 +93,19 @@ def phase(
                 tokens[0] += done.completion_tokens
 
     threads = [threading.Thread(target=serve, args=(url,), daemon=True) for url in urls for _ in range(slots)]
-    cpu, start = os.times(), time.monotonic()
+    cpu, server_cpu, start = os.times(), process_cpu(servers), time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    seconds, after = time.monotonic() - start, os.times()
+    seconds, after, server_used = time.monotonic() - start, os.times(), process_cpu(servers) - server_cpu
     used = (after.user - cpu.user) + (after.system - cpu.system)
     check(failures[0] == 0, f"{tag}: {failures[0]} requests failed")
     return {
         "completions_per_s": len(samples) / seconds,
         "tokens_per_s": tokens[0] / seconds,
         "client_cpu_ms_per_completion": 1000 * used / len(samples),
+        "server_cpu_ms_per_completion": 1000 * server_used / len(samples),
     }
 
 
@@ -98,6 +118,7 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
     total = servers * per_server
     details: dict[str, Any] = {"slots": slots, "servers": servers, "prompts": total, "time_scale": scale}
     with workspace("stream", opts) as work, stack(work) as (_, procs):
+        pids: list[int] = []
         if endpoint:
             urls = [endpoint.rstrip("/")] * servers
         else:
@@ -109,8 +130,9 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
                 "--stream-interval",
                 "8",
             )
-            loop_share = opts.get("loop_share", 0.0)
-            urls = start_simulators(procs, servers, *flags, "--loop-share", str(loop_share))
+            flags += ("--loop-share", str(opts.get("loop_share", 0.0)))
+            started = [start_simulator(procs, f"sim{i}", *flags) for i in range(servers)]
+            urls, pids = [url for url, _ in started], [pid for _, pid in started]
         samples = [
             s for s in read_input(write_prompts(Path(work) / "prompts.jsonl", total)) if isinstance(s, Sample)
         ]
@@ -118,7 +140,7 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         for round_ in range(2):
             for name, watch in (("plain", None), ("stream", RepetitionSettings())):
                 say(f"{name} #{round_ + 1}: {total:,} prompts, {servers} x {slots} in flight ...")
-                fig = phase(urls, samples, slots, watch, f"{name}{round_}")
+                fig = phase(urls, samples, slots, watch, f"{name}{round_}", pids)
                 say(f"{name} #{round_ + 1}: {fig['completions_per_s']:.1f} completions/s")
                 runs[name].append(fig)
     figures: Figures = {}
