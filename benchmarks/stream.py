@@ -122,7 +122,7 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         if endpoint:
             urls = [endpoint.rstrip("/")] * servers
         else:
-            flags = (
+            flags: tuple[str, ...] = (
                 "--time-scale",
                 str(scale),
                 "--max-running-requests",

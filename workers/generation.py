@@ -96,7 +96,8 @@ def continue_turn(
     ``continue_final_message``, and the answer is joined to the turn, which keeps both parts.
 
     Retries, errors and ``repetition`` as :func:`generate_turn` (the detector watches the new
-    text; a loop's positions are the joined turn's), except that a continuation that fails keeps
+    text, primed with the cut thought's tail, so a loop that began before the cut starts where it
+    began; a loop's positions are the joined turn's), except that a continuation that fails keeps
     the turn as it was (still cut, so a later round continues it): nothing generated is lost.
     """
     started = time.monotonic()
@@ -118,8 +119,13 @@ def continue_turn(
         return turn
     if c.loop.text == "content":
         loop = shift_loop(c.loop, len(cut.content))
-    else:  # the cut turn's tokens were all thought
+    elif c.loop.start_char >= 0:  # the cut turn's tokens were all thought
         loop = shift_loop(c.loop, len(cut.reasoning), cut.usage.completion_tokens)
+    else:  # it began in the cut thought: its start token pro rata of the cut's characters
+        loop = shift_loop(c.loop, len(cut.reasoning), cut.usage.completion_tokens)
+        start = len(cut.reasoning) + c.loop.start_char
+        tokens = cut.usage.completion_tokens * start // max(1, len(cut.reasoning))
+        loop = dataclasses.replace(loop, start_token=tokens)
     return dataclasses.replace(turn, loop=loop)
 
 

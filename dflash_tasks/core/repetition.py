@@ -215,6 +215,18 @@ class RepetitionDetector:
             return None
         return self._check()
 
+    def prime(self, text: str) -> None:
+        """Hold the tail of ``text`` (up to :attr:`RepetitionSettings.window` characters), the text
+        this stream continues, as if it had been fed before position 0, without counting it as fed:
+        a loop that began in it is placed where it began, at a negative position (its tokens
+        estimated at :data:`CHARS_PER_TOKEN` characters a token). Call it before the first feed."""
+        if not self._watching or not text or self._chars or self._pending:
+            return
+        tail = text[-self.settings.window :]
+        self._buf = tail
+        self._base = -len(tail)
+        self._marks = [(-len(tail), -round(len(tail) / CHARS_PER_TOKEN)), (0, 0)]
+
     def flush(self) -> Loop | None:
         """Check what was fed since the last check (at the end of a stream)."""
         if not self._watching or not self._pending:

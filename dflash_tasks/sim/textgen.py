@@ -173,11 +173,12 @@ def _filler_tokens(rng: random.Random, tokens: int, vocab: list[str]) -> list[st
 
 def _loop_unit(rng: random.Random, sentences: int, vocab: list[str]) -> list[str]:
     """The span a looping sample repeats: a sentence (`` Word … word.``) or a paragraph
-    (``\n\n`` and ``sentences`` sentences)."""
-    unit = ["\n\n"] if sentences > 1 else []
+    (``\n\n`` and ``sentences`` sentences); the break goes with the paragraph's first word, so that
+    each token holds a word, as :func:`prefix_tokens` counts them."""
+    unit: list[str] = []
     for n in range(sentences):
         words = rng.choices(vocab, k=rng.randint(*LOOP_SENTENCE_WORDS))
-        first = "" if sentences > 1 and n == 0 else " "
+        first = "\n\n" if sentences > 1 and n == 0 else " "
         unit += [first + words[0].capitalize(), *(" " + w for w in words[1:])]
         unit[-1] += "."
     return unit

@@ -129,10 +129,11 @@ def test_the_reader_reads_events_split_anywhere(sims: list[RunningSimulator]) ->
     raw = requests.post(f"{sim.url}/v1/chat/completions", json=body, timeout=30).content
     whole = StreamReader(ON)
     whole.feed(raw)
-    pieces = StreamReader(ON)
-    for at in range(0, len(raw), 7):
-        pieces.feed(raw[at : at + 7])
-    assert pieces.completion() == whole.completion()
+    for size in (1, 7, 1000):  # a piece: a byte, a part of an event, several events
+        pieces = StreamReader(ON)
+        for at in range(0, len(raw), size):
+            pieces.feed(raw[at : at + size])
+        assert pieces.completion() == whole.completion()
     assert whole.completion().reasoning and whole.completion().content
 
 
@@ -160,20 +161,47 @@ def test_a_looping_thought_is_stopped_early_and_its_slot_freed(
     assert after["generation_tokens"] < 0.3 * 4096  # it stopped generating soon after the stop
 
 
+@pytest.mark.parametrize("cut_at", ["before", "inside"])
 def test_a_continued_thought_that_loops_is_stopped_where_the_joined_thought_loops(
-    sims: list[RunningSimulator],
+    sims: list[RunningSimulator], cut_at: str
 ) -> None:
+    """Cut (plain, undetected) before its loop or 100 tokens into it, then continued with detection
+    on: the loop is placed where the uncut thought's is, the cut text priming the detector."""
     sim = start(sims, loop_share=1.0)
     client = SGLangClient(sim.url)
-    cut = turn(client, "cut", dataclasses.replace(SPEC, max_tokens=40))
+    whole = turn(client, "whole", dataclasses.replace(SPEC, max_tokens=4096), repetition=ON).loop
+    assert whole is not None
+    cut_tokens = max(1, whole.start_token // 2) if cut_at == "before" else whole.start_token + 100
+    cut = turn(client, "cut", dataclasses.replace(SPEC, max_tokens=cut_tokens))
+    assert cut.finish_reason == "length" and cut.loop is None
+    assert (len(cut.reasoning) > whole.start_char) is (cut_at == "inside")
     how = Continuation("<think>\n", 4096)
     looped = continue_turn(client, SPEC, QUESTION, cut, how, POLICY, "c", lambda _: None, repetition=ON)
     loop = looped.loop
     assert loop is not None and looped.finish_reason == FINISH_REASON and len(looped.parts) == 2
-    assert loop.start_char >= len(cut.reasoning) and loop.start_token >= cut.usage.completion_tokens
-    span = looped.reasoning[loop.start_char : loop.start_char + loop.period_chars]
-    assert looped.reasoning[loop.start_char :].startswith(span * 2)
+    assert (loop.start_char, loop.period_chars) == (whole.start_char, whole.period_chars)
+    assert abs(loop.start_token - whole.start_token) <= 3
+    assert looped.before_loop()[0] == looped.reasoning[: whole.start_char]
     assert looped.usage.completion_tokens <= cut.usage.completion_tokens + 0.25 * 4096
+
+
+def test_a_loop_completed_by_the_last_delta_is_recorded() -> None:
+    """A stream that ends by itself (here: length) with a loop in its last few characters, fewer
+    than a check's worth: the end of the stream checks them."""
+    watch = RepetitionSettings(min_chars=100, min_repeats=2, max_period=50)
+    natural = "".join(f"step {i}: {i * i} and {i**3}; " for i in range(12))
+    texts = [natural, "abcdefghij" * 9, "abcdefghij" * 2]  # the loop reaches 100 chars at the end
+    events = [ROLE] + [
+        b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"%s"},"finish_reason":null}],'
+        b'"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n' % (text.encode(), 10 * (i + 1))
+        for i, text in enumerate(texts)
+    ]
+    length = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}\n\n'
+    with Serving([*events, length, DONE]) as url:
+        done = SGLangClient(url).chat(ChatRequest(SPEC, QUESTION, "end", watch=watch))
+    assert done.finish_reason == FINISH_REASON and done.loop is not None
+    assert done.loop.start_char == len(natural) and done.loop.period_chars == 10
+    assert done.reasoning == "".join(texts).strip() and done.completion_tokens == 30
 
 
 def test_without_detection_the_loop_runs_to_max_tokens(sims: list[RunningSimulator]) -> None:
@@ -236,6 +264,8 @@ DONE = b"data: [DONE]\n\n"
             ErrorKind.HTTP_5XX,
         ),
         ([b'data: {"error": "odd"}\n\n', DONE], RetryableError, ErrorKind.OTHER),
+        ([ROLE, TEXT[:-2] + b" {}\n\n", FINISH, DONE], RetryableError, ErrorKind.BAD_RESPONSE),
+        ([ROLE, b"data: \n\n", DONE], RetryableError, ErrorKind.BAD_RESPONSE),
     ],
 )
 def test_a_malformed_or_unfinished_stream_raises(events: list[bytes], raised: type, kind: ErrorKind) -> None:

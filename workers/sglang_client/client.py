@@ -70,7 +70,8 @@ class SGLangClient:
         A continuation (``request.continues``) keeps the whitespace its reasoning starts with: it
         joins the thought where the prefix stopped. With loop detection on (``request.streams``)
         the answer is streamed, and a loop stops it: the connection is closed, which makes the
-        server abort the request (:mod:`~workers.sglang_client.stream`)."""
+        server abort the request (:mod:`~workers.sglang_client.stream`); a continuation's
+        detector is primed with the thought it continues (the tail of its last message)."""
         watch = request.watch
         if watch is None or not request.streams:
             return read_chat_reply(self._post_chat(request.body()), joins=request.continues)
@@ -78,7 +79,8 @@ class SGLangClient:
         try:
             if resp.status_code != 200:
                 raise chat_status_error(resp)
-            return read_stream(resp.iter_content(chunk_size=None), watch, request.continues)
+            primer = str(request.messages[-1].get("content") or "") if request.continues else ""
+            return read_stream(resp.iter_content(chunk_size=None), watch, request.continues, primer)
         except requests.RequestException as exc:  # the connection failed mid-stream
             raise transport_error(exc, "", self._timeout) from exc
         finally:

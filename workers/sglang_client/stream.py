@@ -56,10 +56,11 @@ class StreamReader:
         "usage",
     )
 
-    def __init__(self, settings: RepetitionSettings) -> None:
+    def __init__(self, settings: RepetitionSettings, primer: str = "") -> None:
         self._reasoning: list[str] = []
         self._content: list[str] = []
         self._reasoning_watch = RepetitionDetector(settings, "reasoning")
+        self._reasoning_watch.prime(primer)
         self._content_watch = RepetitionDetector(settings, "content")
         self._rest = b""
         self._events = 0
@@ -158,6 +159,8 @@ class StreamReader:
                 raise RetryableError(
                     "the server aborted the request (finish_reason 'abort')", ErrorKind.ABORT
                 )
+            # the text since each detector's last check: a loop it completes counts too
+            self.loop = self._reasoning_watch.flush() or self._content_watch.flush()
         raw_reasoning = "".join(self._reasoning)
         raw_content = "".join(self._content)
         reasoning = raw_reasoning.rstrip() if joins else raw_reasoning.strip()
@@ -166,8 +169,12 @@ class StreamReader:
         details = usage.get("completion_tokens_details") or {}
         loop = self.loop
         if loop is not None:  # positions in the stored (stripped) text
-            raw, kept = (raw_content, content) if loop.text == "content" else (raw_reasoning, reasoning)
-            loop = shift_loop(loop, -_leading_cut(raw, kept))
+            if loop.text == "content":
+                cut = _leading_cut(raw_content, content)
+            else:  # a joining thought keeps its leading whitespace (and may loop from before 0)
+                cut = 0 if joins else _leading_cut(raw_reasoning, reasoning)
+            if cut:
+                loop = shift_loop(loop, -cut)
         return Completion(
             reasoning=reasoning,
             content=content,
@@ -180,10 +187,14 @@ class StreamReader:
         )
 
 
-def read_stream(pieces: Iterable[bytes], settings: RepetitionSettings, joins: bool = False) -> Completion:
+def read_stream(
+    pieces: Iterable[bytes], settings: RepetitionSettings, joins: bool = False, primer: str = ""
+) -> Completion:
     """The completion of a streamed body given as its pieces; stops reading at a loop (the caller
-    then closes the connection)."""
-    reader = StreamReader(settings)
+    then closes the connection). ``joins``: the answer continues ``primer`` (the thought so far),
+    whose tail primes the thought's detector: a loop that began before the join starts at a
+    negative position (:meth:`~dflash_tasks.core.repetition.RepetitionDetector.prime`)."""
+    reader = StreamReader(settings, primer)
     for piece in pieces:
         if reader.feed(piece):
             break
