@@ -5,8 +5,8 @@ Held against the release serving the looping tiny checkpoint and against the sim
 cancels the response's generator, and ``TokenizerManager.generate_request`` aborts a dispatched
 request on any exception; ``create_abort_task``'s abort 2 s later is only a backstop.)
 
-A plain HTTP client here (``http.client``): the worker's streaming client is wired in later
-(issue 33, stage 2).
+Twice: a plain HTTP client (``http.client``) feeding the detector itself, and the worker's own
+client (``SGLangClient.chat`` with loop detection on), whose turn comes back as ``repetition``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from dflash_tasks.core.repetition import RepetitionDetector
+from dflash_tasks.core.job import GenerationSpec
+from dflash_tasks.core.repetition import FINISH_REASON, RepetitionDetector, RepetitionSettings
 from tests.real_sglang.conftest import SETUP_TIMEOUT, Target
-from tests.real_sglang.test_streaming import payload
+from tests.real_sglang.test_streaming import QUESTION, payload
+from workers.sglang_client import ChatRequest, SGLangClient
 
 pytestmark = pytest.mark.timeout(SETUP_TIMEOUT)
 
@@ -92,6 +94,36 @@ def test_a_loop_is_seen_and_closing_the_stream_frees_the_server(looping_target: 
     assert freed < 5.0, f"still running {freed:.1f} s after the client closed its stream"
     assert settled["num_aborted_requests_total"] - before.get("num_aborted_requests_total", 0.0) == 1
     assert seen_at <= generated < budget  # stopped, not run to max_tokens
+    assert later["generation_tokens_total"] == settled["generation_tokens_total"]  # generation stopped
+    assert later["num_running_reqs"] == 0
+
+
+def test_the_workers_client_stops_the_loop_and_the_server_frees_it(looping_target: Target) -> None:
+    target = looping_target
+    budget = target.context_length - 64
+    before = metrics(target)
+    client = SGLangClient(target.url, timeout=120, api_key=target.api_key)
+    spec = GenerationSpec(model=target.served_name, max_tokens=budget)
+    started = time.monotonic()
+    done = client.chat(ChatRequest(spec, QUESTION, "worker-loop", watch=RepetitionSettings()))
+    returned = time.monotonic()
+    assert done.finish_reason == FINISH_REASON and done.loop is not None
+    assert done.loop.text == "reasoning" and 0 < done.completion_tokens <= 0.25 * budget
+    wait_for(target, lambda m: m["num_running_reqs"] == 0, 30)
+    freed = time.monotonic() - returned
+    settled = metrics(target)
+    time.sleep(2.0)
+    later = metrics(target)
+    generated = settled["generation_tokens_total"] - before.get("generation_tokens_total", 0.0)
+    print(
+        f"\n[{target.kind}] worker's client: loop seen at {done.completion_tokens} of {budget} tokens "
+        f"after {returned - started:.2f} s (period {done.loop.period_chars} chars, from token "
+        f"{done.loop.start_token}); slot freed {freed:.2f} s after chat() returned; "
+        f"{generated:.0f} tokens generated in all"
+    )
+    assert freed < 5.0, f"still running {freed:.1f} s after the client closed its stream"
+    assert settled["num_aborted_requests_total"] - before.get("num_aborted_requests_total", 0.0) == 1
+    assert done.completion_tokens <= generated < budget  # stopped, not run to max_tokens
     assert later["generation_tokens_total"] == settled["generation_tokens_total"]  # generation stopped
     assert later["num_running_reqs"] == 0
 
