@@ -13,7 +13,8 @@ plain (the better of two phases each), the client's CPU milliseconds per complet
 process) and, with simulators started here, theirs (``server_cpu_ms_per_completion``: a streamed
 answer costs the server too, and here both share the machine's cores).
 ``--set slots=N``, ``--set servers=S``, ``--set prompts_per_server=N``, ``--set time_scale=X``,
-``--set loop_share=X``; ``--quick``: fewer prompts.
+``--set loop_share=X``, ``--set model=NAME`` (the model the requests name; a real server's served
+name); ``--quick``: fewer prompts.
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ def phase(
     watch: RepetitionSettings | None,
     tag: str,
     servers: list[int],
+    model: str = MODEL,
 ) -> Figures:
     """Send every sample once, ``slots`` at a time per server; completions/s and client CPU."""
-    spec = GenerationSpec(model=MODEL)
+    spec = GenerationSpec(model=model)
     todo = collections.deque(samples)
     failures, tokens = [0], [0]
     lock = threading.Lock()
@@ -115,6 +117,7 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
     per_server = int(opts.get("prompts_per_server", 600 if opts.quick else PROMPTS_PER_SERVER))
     scale = opts.get("time_scale", TIME_SCALE)
     endpoint = opts.params.get("endpoint", "")
+    model = opts.params.get("model", MODEL)
     total = servers * per_server
     details: dict[str, Any] = {"slots": slots, "servers": servers, "prompts": total, "time_scale": scale}
     with workspace("stream", opts) as work, stack(work) as (_, procs):
@@ -140,7 +143,7 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
         for round_ in range(2):
             for name, watch in (("plain", None), ("stream", RepetitionSettings())):
                 say(f"{name} #{round_ + 1}: {total:,} prompts, {servers} x {slots} in flight ...")
-                fig = phase(urls, samples, slots, watch, f"{name}{round_}", pids)
+                fig = phase(urls, samples, slots, watch, f"{name}{round_}", pids, model)
                 say(f"{name} #{round_ + 1}: {fig['completions_per_s']:.1f} completions/s")
                 runs[name].append(fig)
     figures: Figures = {}
