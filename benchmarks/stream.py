@@ -43,6 +43,7 @@ from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.repetition import RepetitionSettings
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.producer.mix import read_input
+from workers.node.launch import STREAM_INTERVAL
 from workers.sglang_client import ChatRequest, SGLangClient
 
 SLOTS = 48
@@ -131,7 +132,7 @@ def run(opts: Options) -> tuple[Figures, dict[str, Any]]:
                 "--max-running-requests",
                 str(slots),
                 "--stream-interval",
-                "8",
+                str(int(opts.get("stream_interval", STREAM_INTERVAL))),
             )
             flags += ("--loop-share", str(opts.get("loop_share", 0.0)))
             started = [start_simulator(procs, f"sim{i}", *flags) for i in range(servers)]
