@@ -167,6 +167,7 @@ def measure(opts: Options, server: Server, work: Path, procs: Processes) -> tupl
     jobs: dict[str, list[dict[str, Any]]] = {"fixed": [], "best": [], "tuned": []}
     procs.env["DFLASH_TUNE_WINDOW_SECONDS"] = str(server.window_seconds)
     procs.env["DFLASH_TUNE_SAMPLE_SECONDS"] = str(server.sample_seconds)
+    procs.env["DFLASH_LOG_LEVEL"] = "DEBUG"  # the tuner's window lines
     repeats = int(opts.get("repeats", server.repeats))
     order = [("fixed", str(server.baseline))] + [("best", str(best)), ("tuned", "auto")] * repeats
     for label, inflight in order:

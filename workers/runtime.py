@@ -20,9 +20,10 @@ from dflash_tasks.monitoring.metrics import PrometheusListener
 from workers.delivery import DeliveryHandler, HeldChunks
 from workers.flow.consumer_switch import ConsumerSwitch
 from workers.flow.health import HealthGate
-from workers.flow.inflight_tuner import InflightTuner, TunerConfig
+from workers.flow.inflight_tuner import InflightTuner
 from workers.flow.prefetch import PrefetchController
 from workers.flow.request_pool import RequestPool
+from workers.flow.tuner_inputs import TunerConfig
 from workers.flow.tuner_loop import TunerLoop
 from workers.generate.identity import ServerModel
 from workers.generation import RetryPolicy, WorkerIdentity

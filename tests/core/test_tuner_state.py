@@ -7,7 +7,8 @@ import json
 import pytest
 
 from dflash_tasks.core.tuner_state import TunerPoint, TunerState
-from workers.flow.inflight_tuner import InflightTuner, TunerConfig, Window
+from workers.flow.inflight_tuner import InflightTuner
+from workers.flow.tuner_inputs import TunerConfig, Window
 
 STATE = TunerState(
     target=72,

@@ -10,7 +10,8 @@ from collections.abc import Callable
 import pytest
 
 from dflash_tasks.sim.batch import CURVES, BatchCurve
-from workers.flow.inflight_tuner import InflightTuner, Phase, Reason, TunerConfig, Window
+from workers.flow.inflight_tuner import InflightTuner, Phase, Reason
+from workers.flow.tuner_inputs import TunerConfig, Window
 
 
 def drive(
@@ -321,9 +322,10 @@ def test_the_first_window_after_a_refill_is_not_judged_on_its_queue_but_on_retra
 
 def test_above_the_start_a_persistent_queue_with_the_cache_in_use_does_not_cut_once_settled() -> None:
     # the simulated kvbound curve: about 73 fit; settled at 108, the queue keeps the server full
-    # (a cut on it to 78 made that job 0.943 of the best fixed target)
+    # (a cut on it to 78 made that job 0.943 of the best fixed target). The simulator's server sees
+    # the whole target (running plus queued): at 108 a queue inside the band.
     tuner = InflightTuner(TunerConfig(server_running_cap=256, recheck_windows=100))
-    for target, running, queued, tps in ((48, 47, 0, 1.9e5), (72, 67, 4, 2.6e5), (108, 73, 8, 2.8e5)):
+    for target, running, queued, tps in ((48, 47, 0, 1.9e5), (72, 67, 4, 2.6e5), (108, 73, 16, 2.8e5)):
         tuner.observe(_window(target, tps, running, queued, 0.88))
     tuner.observe(_window(162, 2.8e5, 74.0, 84.0, 0.87))
     assert (tuner.phase, tuner.target) == (Phase.SETTLED, 108)
@@ -375,3 +377,69 @@ def test_a_curve_that_gains_four_percent_a_step_climbs() -> None:
     tuner = InflightTuner(TunerConfig())
     tried = drive(tuner, steady_gain(0.04), 8)
     assert tried[:4] == [48, 72, 108, 162], tried  # past the climb's 3% threshold at every step
+
+
+def short(target: int, tps: float, running: float, **extra: float | bool) -> Window:
+    """A window in which the server saw ``running`` (and ``queued``, 0 unless given) of ``target``."""
+    return Window(target=target, seconds=6, tokens_per_s=tps, running=running, **extra)  # type: ignore[arg-type]
+
+
+def test_a_window_the_server_saw_well_short_of_the_target_does_not_climb() -> None:
+    # The real CPU engine's ramp: 24 running of 48, then 36, tokens/s rising with the ramp, not the
+    # target. The old rule climbed on the first window and read the ramp as a rising curve.
+    tuner = InflightTuner(TunerConfig())
+    assert tuner.observe(short(48, 2000.0, 24.0)) == 48
+    assert tuner.observe(short(48, 2600.0, 36.0)) == 48
+    assert (tuner.phase, tuner.curve, tuner.held) == (Phase.CLIMB, {}, True)
+    assert tuner.observe(short(48, 3000.0, 46.0)) == 72  # seen whole: judged
+    assert tuner.best_tps == 3000.0
+
+
+def test_ramp_windows_are_not_the_baseline_of_the_next_step() -> None:
+    # A flat curve: a ramp window read low at the start must not make 72 look like a gain (the old
+    # rule took it as the baseline, climbed 48 -> 72 -> 108 and settled on 72).
+    tuner = InflightTuner(TunerConfig())
+    tried = [tuner.observe(short(48, 2000.0, 24.0))]
+    tried += drive(tuner, lambda t: 3000.0, 8)[1:]
+    assert (tuner.phase, tuner.target, tuner.reason) == (Phase.SETTLED, 48, Reason.FLAT), tried
+    assert max(tried) == 72, tried
+
+
+def test_short_windows_while_settled_are_not_among_the_settled_windows() -> None:
+    tuner = InflightTuner(TunerConfig(recheck_windows=4))
+    drive(tuner, lambda t: 4000.0, 6)
+    assert (tuner.phase, tuner.target) == (Phase.SETTLED, 48)
+    for i in range(6):  # refills between settled windows: 3 seen whole, 3 short reading low
+        running, tps = (24.0, 1500.0) if i % 2 else (48.0, 4000.0)
+        assert tuner.observe(short(48, tps, running)) == 48, i
+    # the fourth window seen whole starts the recheck, against the mean of the windows seen whole
+    assert tuner.observe(short(48, 4000.0, 48.0)) == 52
+    assert (tuner.phase, tuner.best_tps) == (Phase.PROBE_UP, 4000.0)
+
+
+@pytest.mark.parametrize(
+    ("trouble", "reason"), [({"retractions": 1}, Reason.RETRACTIONS), ({"token_usage": 0.96}, Reason.KV)]
+)
+def test_a_short_window_still_cuts_on_the_servers_hard_evidence(
+    trouble: dict[str, float], reason: Reason
+) -> None:
+    tuner = settled_on_48()
+    assert tuner.observe(short(48, 4000.0, 24.0, **trouble)) == 44
+    assert (tuner.reason, tuner.limit) == (reason, 48)
+
+
+def test_a_shortfall_that_stands_is_judged_after_two_windows() -> None:
+    # a front end that never passes the whole target to the scheduler must not freeze the tuner
+    tuner = InflightTuner(TunerConfig())
+    assert [tuner.observe(short(48, 3000.0, 30.0)) for _ in range(3)] == [48, 48, 72]
+    assert [tuner.observe(short(72, 3500.0, 45.0)) for _ in range(3)] == [72, 72, 108]
+    assert tuner.observe(short(108, 3000.0, 70.0, fresh=True)) == 108  # a refill: a ramp again
+
+
+def test_a_fresh_window_held_passes_its_freshness_to_the_next_one_judged() -> None:
+    tuner = InflightTuner(TunerConfig())
+    assert tuner.observe(short(48, 3000.0, 48.0)) == 72
+    # a refill while climbing: the server sees 40 of 72, then 50 with 20 queued (past the band)
+    assert tuner.observe(short(72, 3000.0, 30.0, queued=10.0, fresh=True)) == 72
+    assert tuner.observe(short(72, 3500.0, 50.0, queued=20.0)) == 108
+    assert tuner.reason is Reason.RISING  # its queue was the refill's, not judged

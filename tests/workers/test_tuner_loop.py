@@ -11,8 +11,9 @@ import pytest
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.spec_stats import SampleCounts, sample_counts
 from dflash_tasks.core.tuner_state import TunerState
-from workers.flow.inflight_tuner import InflightTuner, Phase, TunerConfig, Window
+from workers.flow.inflight_tuner import InflightTuner, Phase
 from workers.flow.request_pool import RequestPool
+from workers.flow.tuner_inputs import TunerConfig, Window
 from workers.flow.tuner_loop import TunerLoop
 from workers.sglang_client import ServerLoad
 
@@ -191,3 +192,16 @@ def test_a_window_carries_the_retractions_of_its_samples_and_of_the_server(pool:
         release.set()
     assert window is not None and reads >= 3
     assert window.retractions == 3 + 2
+
+
+def test_a_short_window_moves_nothing_and_its_debug_line_says_so(
+    pool: RequestPool, caplog: pytest.LogCaptureFixture
+) -> None:
+    changes: list[TunerState] = []
+    loop = TunerLoop(InflightTuner(TunerConfig()), pool, ServerLoad, on_change=changes.append)
+    caplog.set_level(logging.DEBUG, logger="workers.flow.tuner_loop")
+    # the server saw 24 of the 48 the worker holds: the requests are still reaching it
+    assert loop.apply(Window(target=48, seconds=6, tokens_per_s=2000, running=24)) == 48
+    assert pool.max_inflight == 48 and changes == []
+    line = caplog.records[-1].getMessage()
+    assert line.endswith("queued 0.0, KV 0.00 (short: the server saw under the target; not judged)")

@@ -31,16 +31,25 @@ neighbours now and then, because the best concurrency drifts over a job:
   prefill lags (new requests wait their turn while the batch decodes) shows one at every target,
   and cutting on it would walk the target down to the floor whatever the throughput (seen on the
   real CPU engine); below, tokens/s decide.
+* **short windows**: a window whose server saw (running plus queued) under ``seen_share`` of the
+  target is held: neither a move nor a baseline for the next comparison, as if it had not been
+  measured, except that a retraction or KV use past the threshold still counts. The pool's requests
+  were still reaching the server (a job's start, a refill), so its tokens/s rise with that ramp, not
+  with the target: on the real CPU engine windows of 24 running of 48 read as a rising curve and the
+  climb went up on them, then down hard. A fresh window held passes its freshness to the next one
+  judged. After ``short_windows`` held in a row at one target the next is judged anyway: a
+  shortfall that stands is what the server does at that target, not a ramp.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from dflash_tasks.core.tuner_state import TunerPoint, TunerState
+from workers.flow.tuner_inputs import TunerConfig, Window
 
 
 class Phase(StrEnum):
@@ -65,59 +74,6 @@ class Reason(StrEnum):
     PROBING = "re-checking a neighbour"
     HELD = "no better neighbour"
     MOVED = "a neighbour was better"
-
-
-@dataclass(frozen=True, slots=True)
-class TunerConfig:
-    floor: int = 8
-    ceiling: int = 256
-    start: int = 48
-    grow: float = 1.5
-    fine_grow: float = 1.2
-    gain: float = 0.03
-    #: A climbing step that reads less than ``gain`` better than the best, but no more than this
-    #: share worse, is within one window's noise: it is measured again before the climb stops.
-    noise: float = 0.10
-    queue_band: float = 0.25
-    kv_threshold: float = 0.95
-    recheck_windows: int = 20
-    probe_step: float = 0.08
-    #: Standard errors a settled neighbour must beat the settled target by (besides ``gain``).
-    noise_z: float = 2.5
-    #: KV use from which a persistent queue says the cache binds (SGLang stops admitting well
-    #: before the cache is full: it reserves room for the running requests' remaining tokens).
-    kv_full: float = 0.5
-    #: The server's ``max_running_requests`` (from ``/server_info``); 0: not known.
-    server_running_cap: int = 0
-    #: Targets a climbing step must not jump over: the server's decode graph ceiling, above
-    #: which a batch leaves the fast path (the best target is often exactly there).
-    breakpoints: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.floor <= self.ceiling:
-            raise ValueError(f"in-flight floor {self.floor} must be in 1..ceiling ({self.ceiling})")
-        if self.grow <= 1 or self.fine_grow <= 1:
-            raise ValueError("grow and fine_grow must be > 1")
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """What the server did over one window at one target."""
-
-    target: int
-    seconds: float
-    tokens_per_s: float
-    running: float = 0.0  # mean running requests (sglang:num_running_reqs)
-    queued: float = 0.0  # mean queued requests (sglang:num_queue_reqs)
-    token_usage: float = 0.0  # highest KV use seen (sglang:token_usage)
-    retractions: int = 0  # requests retracted in the window
-    accept_length: float = 0.0
-    #: The worker's own completed tokens per second (``tokens_per_s`` is this where it is the
-    #: better measure: see :data:`workers.flow.tuner_loop.MANY_COMPLETIONS`).
-    completed_tokens_per_s: float = 0.0
-    #: The first window after the start or after the worker refilled its pool (a job or chunk
-    #: boundary): the server admits the burst a few requests per step, so its queue is not judged.
-    fresh: bool = False
 
 
 @dataclass(slots=True)
@@ -162,6 +118,12 @@ class InflightTuner:
     _probe_reads: list[float] = field(default_factory=list)
     #: The running count of each window in a row whose queue was past the band (not fresh).
     _queued_running: list[tuple[int, float]] = field(default_factory=list)
+    #: The target of the last window and how many short windows in a row it had.
+    _short: tuple[int, int] = (0, 0)
+    #: A fresh window was held: the next one judged is fresh in its place.
+    _fresh_due: bool = False
+    #: The last window was held (short): it moved nothing and set no baseline.
+    held: bool = False
 
     def __post_init__(self) -> None:
         self.limit = self.config.ceiling + 1
@@ -178,12 +140,29 @@ class InflightTuner:
     def _clamp(self, n: float) -> int:
         return max(self.config.floor, min(self.config.ceiling, self.limit - 1, round(n)))
 
-    def _guard(self, w: Window) -> Reason | None:
-        cfg = self.config
+    def _out_of_room(self, w: Window) -> Reason | None:
+        """The server's hard evidence that it is full: retractions, KV use past the threshold."""
         if w.retractions > 0:
             return Reason.RETRACTIONS
-        if w.token_usage > cfg.kv_threshold:
-            return Reason.KV
+        return Reason.KV if w.token_usage > self.config.kv_threshold else None
+
+    def _is_held(self, w: Window) -> bool:
+        """Is ``w`` short (the server saw under ``seen_share`` of the target; a server that reports
+        neither gauge is judged on tokens/s alone) and within ``short_windows`` in a row?"""
+        seen = w.running + w.queued
+        if not 0 < seen < self.config.seen_share * w.target:
+            self._short = (w.target, 0)
+            return False
+        target, count = self._short
+        count = 1 if w.fresh or target != w.target else count + 1
+        self._short = (w.target, count)
+        return count <= self.config.short_windows
+
+    def _guard(self, w: Window) -> Reason | None:
+        cfg = self.config
+        hard = self._out_of_room(w)
+        if hard is not None:
+            return hard
         queued = not w.fresh and w.queued >= 2 and w.queued > cfg.queue_band * max(w.running, 1.0)
         same = self._queued_running and self._queued_running[-1][0] == w.target
         kept = self._queued_running[-1:] if same else []  # the last window is all _server_full reads
@@ -224,8 +203,19 @@ class InflightTuner:
 
     def observe(self, w: Window) -> int:
         """Take one window measured at ``w.target``; return the next target."""
+        self.held = False
         if w.target != self.target:  # a stale window (the target moved meanwhile): ignore it
             return self.target
+        self.held = self._is_held(w)
+        if self.held:
+            hard = self._out_of_room(w)
+            if hard is not None:
+                return self._on_guard(w, hard)
+            self._fresh_due = self._fresh_due or w.fresh
+            self._queued_running = []  # a queue persists only over windows the server saw whole
+            return self.target
+        if self._fresh_due:
+            w, self._fresh_due = replace(w, fresh=True), False
         self._record(w)
         guard = self._guard(w)
         if guard is not None:

@@ -26,8 +26,9 @@ from dflash_tasks.core.delivery_outcome import DeliveryOutcome
 from dflash_tasks.core.errors import DflashError
 from dflash_tasks.core.spec_stats import SampleCounts
 from dflash_tasks.core.tuner_state import TunerState
-from workers.flow.inflight_tuner import InflightTuner, Window
+from workers.flow.inflight_tuner import InflightTuner
 from workers.flow.request_pool import RequestPool
+from workers.flow.tuner_inputs import Window
 from workers.sglang_client import ServerLoad
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,7 @@ class TunerLoop:
     def apply(self, window: Window) -> int:
         """Feed one window to the tuner and move the pool to the target it answers."""
         before = self.tuner.target, self.tuner.phase, self.tuner.reason
+        answer = self.tuner.observe(window)
         log.debug(
             "in-flight tuner window: %d at %.0f tok/s (completed: %.0f) over %.1fs, running %.1f, "
             "queued %.1f, KV %.2f%s",
@@ -178,9 +180,9 @@ class TunerLoop:
             window.running,
             window.queued,
             window.token_usage,
-            " (fresh: queue not judged)" if window.fresh else "",
+            _window_note(window, self.tuner.held),
         )
-        target = self.pool.set_target(self.tuner.observe(window))
+        target = self.pool.set_target(answer)
         self.windows += 1
         if (self.tuner.target, self.tuner.phase, self.tuner.reason) != before:
             log.info(
@@ -252,3 +254,10 @@ class TunerLoop:
 
     def _window_length(self) -> float:
         return min(MAX_WINDOW_SECONDS, max(self.window_seconds, self._request_seconds))
+
+
+def _window_note(window: Window, held: bool) -> str:
+    """The debug line's note on how the tuner took the window."""
+    if held:
+        return " (short: the server saw under the target; not judged)"
+    return " (fresh: queue not judged)" if window.fresh else ""
