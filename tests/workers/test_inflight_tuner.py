@@ -428,11 +428,11 @@ def test_a_short_window_still_cuts_on_the_servers_hard_evidence(
     assert (tuner.reason, tuner.limit) == (reason, 48)
 
 
-def test_a_shortfall_that_stands_is_judged_after_two_windows() -> None:
+def test_a_shortfall_that_stands_is_judged_after_five_windows() -> None:
     # a front end that never passes the whole target to the scheduler must not freeze the tuner
     tuner = InflightTuner(TunerConfig())
-    assert [tuner.observe(short(48, 3000.0, 30.0)) for _ in range(3)] == [48, 48, 72]
-    assert [tuner.observe(short(72, 3500.0, 45.0)) for _ in range(3)] == [72, 72, 108]
+    assert [tuner.observe(short(48, 3000.0, 30.0)) for _ in range(6)] == [48] * 5 + [72]
+    assert [tuner.observe(short(72, 3500.0, 45.0)) for _ in range(6)] == [72] * 5 + [108]
     assert tuner.observe(short(108, 3000.0, 70.0, fresh=True)) == 108  # a refill: a ramp again
 
 

@@ -31,8 +31,9 @@ class TunerConfig:
     server_running_cap: int = 0
     #: A window whose server saw (running + queued) under this share of its target is short.
     seen_share: float = 0.8
-    #: Short windows held in a row at one target; the next one is judged.
-    short_windows: int = 2
+    #: Short windows held in a row at one target; the next one is judged. On the real CPU engine,
+    #: its two cores shared, a job's ramp lasted three windows and more (2 let one through).
+    short_windows: int = 5
     #: Targets a climbing step must not jump over: the server's decode graph ceiling, above
     #: which a batch leaves the fast path (the best target is often exactly there).
     breakpoints: tuple[int, ...] = ()
