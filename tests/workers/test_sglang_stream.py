@@ -251,6 +251,11 @@ FINISH = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n
 DONE = b"data: [DONE]\n\n"
 
 
+def usage_text(usage: bytes) -> bytes:
+    """A text event like :data:`TEXT` whose usage is ``{usage}``."""
+    return TEXT.replace(b'"prompt_tokens":5,"completion_tokens":2', usage)
+
+
 @pytest.mark.parametrize(
     ("events", "raised", "kind"),
     [
@@ -266,6 +271,27 @@ DONE = b"data: [DONE]\n\n"
         ([b'data: {"error": "odd"}\n\n', DONE], RetryableError, ErrorKind.OTHER),
         ([ROLE, TEXT[:-2] + b" {}\n\n", FINISH, DONE], RetryableError, ErrorKind.BAD_RESPONSE),
         ([ROLE, b"data: \n\n", DONE], RetryableError, ErrorKind.BAD_RESPONSE),
+        # a malformed usage: retried as a malformed plain answer is
+        (
+            [ROLE, usage_text(b'"prompt_tokens":"x","completion_tokens":2'), FINISH, DONE],
+            RetryableError,
+            ErrorKind.BAD_RESPONSE,
+        ),
+        (
+            [ROLE, usage_text(b'"completion_tokens":Infinity'), FINISH, DONE],
+            RetryableError,
+            ErrorKind.BAD_RESPONSE,
+        ),
+        (
+            [ROLE, usage_text(b'"completion_tokens":2,"reasoning_tokens":1e999'), FINISH, DONE],
+            RetryableError,
+            ErrorKind.BAD_RESPONSE,
+        ),
+        (
+            [ROLE, usage_text(b'"completion_tokens":2,"completion_tokens_details":[1]'), FINISH, DONE],
+            RetryableError,
+            ErrorKind.BAD_RESPONSE,
+        ),
     ],
 )
 def test_a_malformed_or_unfinished_stream_raises(events: list[bytes], raised: type, kind: ErrorKind) -> None:

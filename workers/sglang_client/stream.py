@@ -31,7 +31,7 @@ from workers.sglang_client.replies import Completion, MetaInfo, parse_meta_info
 _DATA = b"data: "
 _DONE = b"[DONE]"
 _EVENT_END = b"\n\n"
-_MALFORMED = (ValueError, KeyError, IndexError, TypeError, AttributeError)
+_MALFORMED = (ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError)
 #: ``(document, end)`` of the JSON text at the start of a string: ``json.loads`` without its
 #: per-call layers (encoding detection, whitespace matching), the bulk of an event's cost.
 _decode = json.JSONDecoder().raw_decode
@@ -165,8 +165,7 @@ class StreamReader:
         raw_content = "".join(self._content)
         reasoning = raw_reasoning.rstrip() if joins else raw_reasoning.strip()
         content = raw_content.strip()
-        usage = self.usage
-        details = usage.get("completion_tokens_details") or {}
+        prompt_tokens, reasoning_tokens = self._usage_counts()
         loop = self.loop
         if loop is not None:  # positions in the stored (stripped) text
             if loop.text == "content":
@@ -179,12 +178,24 @@ class StreamReader:
             reasoning=reasoning,
             content=content,
             finish_reason=FINISH_REASON if loop is not None else self.finish_reason,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            prompt_tokens=prompt_tokens,
             completion_tokens=self.tokens,
-            reasoning_tokens=int(usage.get("reasoning_tokens") or details.get("reasoning_tokens") or 0),
+            reasoning_tokens=reasoning_tokens,
             meta=self.meta,
             loop=loop,
         )
+
+    def _usage_counts(self) -> tuple[int, int]:
+        """``(prompt_tokens, reasoning_tokens)`` of the latest usage; a malformed one is retryable."""
+        usage = self.usage
+        try:
+            details = usage.get("completion_tokens_details") or {}
+            reasoning = usage.get("reasoning_tokens") or details.get("reasoning_tokens") or 0
+            return int(usage.get("prompt_tokens") or 0), int(reasoning)
+        except _MALFORMED as exc:
+            raise RetryableError(
+                f"invalid stream usage: {type(exc).__name__}", ErrorKind.BAD_RESPONSE
+            ) from None
 
 
 def read_stream(
