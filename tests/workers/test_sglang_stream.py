@@ -300,6 +300,16 @@ def test_a_malformed_or_unfinished_stream_raises(events: list[bytes], raised: ty
     assert type(caught.value) is raised and caught.value.kind is kind
 
 
+@pytest.mark.parametrize("event", [b'"error"', b'["error"]', b"7"])
+def test_an_event_that_is_not_an_object_is_malformed(event: bytes) -> None:
+    with (
+        Serving([ROLE, b"data: %s\n\n" % event, FINISH, DONE]) as url,
+        pytest.raises(RetryableError) as caught,
+    ):
+        SGLangClient(url).chat(ChatRequest(SPEC, QUESTION, "odd", watch=ON))
+    assert caught.value.kind is ErrorKind.BAD_RESPONSE and str(caught.value).endswith(": not a JSON object")
+
+
 def test_a_whole_stream_from_the_tests_server_reads() -> None:
     with Serving([ROLE, TEXT, FINISH, DONE]) as url:
         done = SGLangClient(url).chat(ChatRequest(SPEC, QUESTION, "ok", watch=ON))

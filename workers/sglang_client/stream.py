@@ -96,6 +96,10 @@ class StreamReader:
             doc, end = _decode(text)
             if end != len(text) and text[end:].strip():
                 raise ValueError("extra data after the event's JSON")
+            if not isinstance(doc, dict):
+                raise RetryableError(
+                    f"invalid stream event ({len(payload)} bytes): not a JSON object", ErrorKind.BAD_RESPONSE
+                )
             if "error" in doc:
                 raise stream_error(doc["error"])
             usage = doc.get("usage")
