@@ -310,6 +310,13 @@ def test_an_event_that_is_not_an_object_is_malformed(event: bytes) -> None:
     assert caught.value.kind is ErrorKind.BAD_RESPONSE and str(caught.value).endswith(": not a JSON object")
 
 
+def test_a_stream_silent_past_the_timeout_is_a_timeout() -> None:
+    """The read timeout bounds the silence between two pieces; past it, a retryable timeout."""
+    with Serving([ROLE, TEXT], stall=True) as url, pytest.raises(RetryableError) as caught:
+        SGLangClient(url, timeout=0.5).chat(ChatRequest(SPEC, QUESTION, "slow", watch=ON))
+    assert caught.value.kind is ErrorKind.TIMEOUT and "timed out after" in str(caught.value)
+
+
 def test_a_whole_stream_from_the_tests_server_reads() -> None:
     with Serving([ROLE, TEXT, FINISH, DONE]) as url:
         done = SGLangClient(url).chat(ChatRequest(SPEC, QUESTION, "ok", watch=ON))
@@ -324,8 +331,10 @@ def test_a_whole_stream_from_the_tests_server_reads() -> None:
 class Serving:
     """A server that answers every chat with ``events`` as one chunked ``text/event-stream`` body."""
 
-    def __init__(self, events: list[bytes]) -> None:
-        body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    def __init__(self, events: list[bytes], stall: bool = False) -> None:
+        body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)
+        end = b"0\r\n\r\n"
+        self.released = released = threading.Event()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -337,6 +346,10 @@ class Serving:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 self.wfile.write(body)
+                if stall:  # silent until the test is done
+                    self.wfile.flush()
+                    released.wait(60)
+                self.wfile.write(end)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -349,6 +362,7 @@ class Serving:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def __exit__(self, *exc: object) -> None:
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
 

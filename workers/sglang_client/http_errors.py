@@ -3,7 +3,8 @@
 =====================================================  =================================================
 what happened                                          raised
 =====================================================  =================================================
-connection refused or reset, a timeout                 :class:`RetryableError` (``CONNECTION``, ``TIMEOUT``)
+connection refused or reset, a timeout (a streamed      :class:`RetryableError` (``CONNECTION``, ``TIMEOUT``)
+body's read included)
 a malformed endpoint URL, an API key that is not a     :class:`ConfigError`: retrying cannot help
 valid header value
 chat: HTTP 400 (a prompt past the context, a bad       :class:`SampleRejected`: this sample only
@@ -19,6 +20,7 @@ a body that is not what the route answers              :class:`RetryableError` (
 from __future__ import annotations
 
 import requests
+import urllib3
 
 from dflash_tasks.core.errors import ConfigError, DflashError, RetryableError, SampleRejected
 from dflash_tasks.core.states import ErrorKind
@@ -45,7 +47,7 @@ def transport_error(exc: requests.RequestException, where: str, timeout: float) 
         )
     if isinstance(exc, _BAD_URL):
         return ConfigError(f"{prefix}not a usable URL: {_short(exc)}")
-    if isinstance(exc, requests.Timeout):
+    if isinstance(exc, requests.Timeout) or _read_timeout(exc):
         return RetryableError(f"{prefix}request timed out after {timeout:.0f}s", ErrorKind.TIMEOUT)
     return RetryableError(f"{prefix}connection error: {_short(exc)}", ErrorKind.CONNECTION)
 
@@ -95,6 +97,14 @@ def error_message(resp: requests.Response) -> str:
         if err:
             return str(err)
     return str(body)[:500]
+
+
+def _read_timeout(exc: requests.RequestException) -> bool:
+    """Whether ``exc`` is a read that timed out while a streamed body was read: ``iter_content``
+    raises urllib3's read timeout as a ``requests.ConnectionError``."""
+    return isinstance(exc, requests.ConnectionError) and any(
+        isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args
+    )
 
 
 def _short(exc: Exception) -> str:
