@@ -19,7 +19,7 @@ import requests
 from dflash_tasks.core.errors import RetryableError, SampleRejected
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.record import Turn
-from dflash_tasks.core.repetition import FINISH_REASON, RepetitionSettings
+from dflash_tasks.core.repetition import CHARS_PER_TOKEN, FINISH_REASON, RepetitionSettings
 from dflash_tasks.core.states import ErrorKind
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
 from dflash_tasks.sim.config import FaultSpec
@@ -202,6 +202,52 @@ def test_a_loop_completed_by_the_last_delta_is_recorded() -> None:
     assert done.finish_reason == FINISH_REASON and done.loop is not None
     assert done.loop.start_char == len(natural) and done.loop.period_chars == 10
     assert done.reasoning == "".join(texts).strip() and done.completion_tokens == 30
+
+
+SMALL = RepetitionSettings(min_chars=100, min_repeats=2, max_period=50)
+NATURAL = "".join(f"step {i}: {i * i} and {i**3}; " for i in range(12))
+
+
+def thought_events(usage: bool) -> list[bytes]:
+    """A thought that loops (:data:`SMALL`) three tokens a delta, with a continuous usage that
+    leaves ``reasoning_tokens`` out (``usage``), or with none; it would go on after the loop."""
+    texts = [NATURAL[at : at + 20] for at in range(0, len(NATURAL), 20)] + ["abcdefghij"] * 30
+    return [ROLE] + [
+        b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"%s"},"finish_reason":null}]%s}\n\n'
+        % (
+            text.encode(),
+            b',"usage":{"prompt_tokens":5,"completion_tokens":%d}' % (3 * (i + 1)) if usage else b"",
+        )
+        for i, text in enumerate(texts)
+    ]
+
+
+def test_a_stopped_stream_counts_its_thoughts_tokens() -> None:
+    """Stopped at its loop, a stream gets no final usage: its thought's tokens are those its deltas
+    brought (here the usage never says)."""
+    with Serving(thought_events(usage=True)) as url:
+        done = SGLangClient(url).chat(ChatRequest(SPEC, QUESTION, "count", watch=SMALL))
+    assert done.finish_reason == FINISH_REASON and done.loop is not None
+    assert done.completion_tokens == done.reasoning_tokens == done.loop.detected_token > 0
+
+
+def test_a_stream_without_usage_estimates_its_tokens() -> None:
+    """A server that ignores ``stream_options``: the counts are estimated from the texts."""
+    with Serving(thought_events(usage=False)) as url:
+        done = SGLangClient(url).chat(ChatRequest(SPEC, QUESTION, "guess", watch=SMALL))
+    assert done.finish_reason == FINISH_REASON and done.loop is not None
+    assert done.completion_tokens == done.reasoning_tokens == done.loop.detected_token
+    assert abs(done.completion_tokens - len(done.reasoning) / CHARS_PER_TOKEN) < 0.1 * len(done.reasoning)
+    with Serving(
+        [ROLE, TEXT.replace(b',"usage":{"prompt_tokens":5,"completion_tokens":2}', b""), FINISH, DONE]
+    ) as url:
+        whole = SGLangClient(url).chat(ChatRequest(SPEC, QUESTION, "whole", watch=ON))
+    assert (whole.reasoning, whole.finish_reason, whole.completion_tokens, whole.reasoning_tokens) == (
+        "Hm.",
+        "stop",
+        1,
+        1,
+    )
 
 
 def test_without_detection_the_loop_runs_to_max_tokens(sims: list[RunningSimulator]) -> None:

@@ -12,7 +12,11 @@ the reader is done: the caller closes the response, which makes SGLang abort the
 What the stream cannot say is left out: ``meta_info`` (SGLang refuses ``return_meta_info`` with
 streaming) holds only the speculative-decoding numbers of the ``sglext`` chunk
 (``return_spec_tokens_details``), None when there is none (no speculative decoding, or a stream
-stopped before its end).
+stopped before its end). A stream stopped at a loop never gets the final usage: its thought's
+tokens are the most of the last usage's and those of the thought's deltas; a stream without any
+usage (a server that ignores ``stream_options``) gets its counts estimated from its deltas' texts
+(:data:`~dflash_tasks.core.repetition.CHARS_PER_TOKEN`, at least a token a delta), the loop's
+positions too.
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ from dataclasses import replace
 from typing import Any
 
 from dflash_tasks.core.errors import DflashError, RetryableError
-from dflash_tasks.core.repetition import FINISH_REASON, Loop, RepetitionDetector, RepetitionSettings
+from dflash_tasks.core.repetition import (
+    CHARS_PER_TOKEN,
+    FINISH_REASON,
+    Loop,
+    RepetitionDetector,
+    RepetitionSettings,
+)
 from dflash_tasks.core.states import ErrorKind
 from workers.sglang_client.http_errors import stream_error
 from workers.sglang_client.replies import Completion, MetaInfo, parse_meta_info
@@ -45,6 +55,8 @@ class StreamReader:
         "_content",
         "_content_watch",
         "_events",
+        "_fed",
+        "_fed_reasoning",
         "_reasoning",
         "_reasoning_watch",
         "_rest",
@@ -64,6 +76,8 @@ class StreamReader:
         self._content_watch = RepetitionDetector(settings, "content")
         self._rest = b""
         self._events = 0
+        self._fed = 0  # tokens fed to the detectors (the steps of the texts read)
+        self._fed_reasoning = 0  # ... to the thought's
         self.done = False  # [DONE] seen
         self.finish_reason = ""
         self.loop: Loop | None = None
@@ -103,7 +117,7 @@ class StreamReader:
             if "error" in doc:
                 raise stream_error(doc["error"])
             usage = doc.get("usage")
-            step = 1
+            step: int | None = 1 if self.usage else None  # None: no usage yet, estimated
             if usage:
                 self.usage = usage
                 count = int(usage["completion_tokens"])
@@ -129,16 +143,23 @@ class StreamReader:
             return True
         return False
 
-    def _text(self, reasoning: Any, content: Any, tokens: int) -> Loop | None:
-        """Join the delta's texts and watch them (a step's tokens go with its first text)."""
+    def _text(self, reasoning: Any, content: Any, tokens: int | None) -> Loop | None:
+        """Join the delta's texts and watch them (a step's tokens go with its first text; without
+        a usage, each text's are estimated)."""
         loop = None
         if reasoning:
             self._reasoning.append(reasoning)
-            loop = self._reasoning_watch.feed(reasoning, tokens)
-            tokens = 0
+            step = _estimate(reasoning) if tokens is None else tokens
+            self._fed_reasoning += step
+            self._fed += step
+            loop = self._reasoning_watch.feed(reasoning, step)
+            if tokens is not None:
+                tokens = 0
         if content and loop is None:
             self._content.append(content)
-            loop = self._content_watch.feed(content, tokens)
+            step = _estimate(content) if tokens is None else tokens
+            self._fed += step
+            loop = self._content_watch.feed(content, step)
         return loop
 
     def _extension(self, sglext: Any) -> None:
@@ -152,7 +173,8 @@ class StreamReader:
 
         ``joins`` as :func:`~workers.sglang_client.replies.parse_completion`. Retryable: a stream
         that ended before its finish and ``[DONE]``, and an abort (as the plain answer's)."""
-        if self.loop is None:
+        stopped = self.loop is not None
+        if not stopped:
             if not (self.done and self.finish_reason):
                 raise RetryableError(
                     f"the stream ended before its end ({self._events} events, no "
@@ -170,6 +192,11 @@ class StreamReader:
         reasoning = raw_reasoning.rstrip() if joins else raw_reasoning.strip()
         content = raw_content.strip()
         prompt_tokens, reasoning_tokens = self._usage_counts()
+        completion_tokens = self.tokens
+        if not self.usage:  # a server that ignored stream_options: the estimates fed
+            completion_tokens, reasoning_tokens = self._fed, self._fed_reasoning
+        elif stopped:  # no final usage: the continuous one may leave the thought's tokens out
+            reasoning_tokens = min(completion_tokens, max(reasoning_tokens, self._fed_reasoning))
         loop = self.loop
         if loop is not None:  # positions in the stored (stripped) text
             if loop.text == "content":
@@ -183,7 +210,7 @@ class StreamReader:
             content=content,
             finish_reason=FINISH_REASON if loop is not None else self.finish_reason,
             prompt_tokens=prompt_tokens,
-            completion_tokens=self.tokens,
+            completion_tokens=completion_tokens,
             reasoning_tokens=reasoning_tokens,
             meta=self.meta,
             loop=loop,
@@ -214,6 +241,11 @@ def read_stream(
         if reader.feed(piece):
             break
     return reader.completion(joins)
+
+
+def _estimate(text: str) -> int:
+    """The tokens of a delta whose count the stream does not give: at least one."""
+    return max(1, round(len(text) / CHARS_PER_TOKEN))
 
 
 def _leading_cut(raw: str, kept: str) -> int:
