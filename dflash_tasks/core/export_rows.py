@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_tasks.core.loss_tokens import LossTokenCounter, RowTokens, row_messages
-from dflash_tasks.core.on_loop import OnLoop, loop_tokens, prefix_tokens
+from dflash_tasks.core.on_loop import OnLoop, loop_tokens, tokens_before_loop
 from dflash_tasks.core.quality import QualitySettings, check_record
 from dflash_tasks.core.record import Record, Turn
 from dflash_tasks.core.trainer_rules import row_problem
@@ -159,7 +159,7 @@ def _loop_reasons(turn: Turn, on_loop: OnLoop) -> list[tuple[str, str]]:
     loop = turn.loop
     if loop is None:
         return []
-    cut = ("truncated", f"cut where its {loop.text} loops, {prefix_tokens(turn):,} tokens in")
+    cut = ("truncated", f"cut where its {loop.text} loops, {tokens_before_loop(turn):,} tokens in")
     if on_loop.keeps_prefix(turn):
         return [cut]
     why = f"stopped in a loop of its {loop.text} at token {loop.start_token:,} (--on-loop {on_loop.policy})"

@@ -30,7 +30,7 @@ POLICIES = (REGENERATE, PREFIX, DROP)
 DEFAULT_MIN_PREFIX_TOKENS = 1024
 
 #: ``--on-loop`` / ``DFLASH_ON_LOOP``.
-SPEC_HELP = (
+ON_LOOP_HELP = (
     "what happens to a sample stopped in a loop: regenerate (default: repair rounds send it again "
     "with another seed), prefix[=N] (keep the text before the loop when it holds at least N tokens, "
     f"default {DEFAULT_MIN_PREFIX_TOKENS}; shorter ones are regenerated), drop (left out). The "
@@ -54,7 +54,7 @@ class OnLoop:
 
     def keeps_prefix(self, turn: Turn) -> bool:
         """Whether a looped ``turn`` is kept cut where its loop starts (``prefix``, long enough)."""
-        return self.policy == PREFIX and turn.looped and prefix_tokens(turn) >= self.min_prefix_tokens
+        return self.policy == PREFIX and turn.looped and tokens_before_loop(turn) >= self.min_prefix_tokens
 
     def regenerates(self, record: Record) -> bool:
         """Whether a repair round sends this looped record again."""
@@ -93,7 +93,7 @@ class OnLoop:
         return cls(policy=PREFIX, min_prefix_tokens=minimum)
 
 
-def prefix_tokens(turn: Turn) -> int:
+def tokens_before_loop(turn: Turn) -> int:
     """The tokens a looped turn wrote before its loop (its thought's too, when the answer looped)."""
     loop = turn.loop
     if loop is None:
@@ -107,7 +107,7 @@ def loop_tokens(turn: Turn) -> int:
     """The tokens a looped turn generated from its loop's start on (0 for a turn without a loop)."""
     if turn.loop is None:
         return 0
-    return max(0, turn.usage.completion_tokens - prefix_tokens(turn))
+    return max(0, turn.usage.completion_tokens - tokens_before_loop(turn))
 
 
 def tokens_saved(record: Record) -> int:

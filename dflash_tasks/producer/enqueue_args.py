@@ -13,8 +13,7 @@ from dflash_tasks.core.budget import FIXED, HORIZON
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.job import HISTORY_REASONING, TURNS_MODES, GenerationSpec
 from dflash_tasks.core.model_name import check_model_name
-from dflash_tasks.core.on_loop import SPEC_HELP as ON_LOOP_HELP
-from dflash_tasks.core.on_loop import OnLoop
+from dflash_tasks.core.on_loop import ON_LOOP_HELP, OnLoop
 from dflash_tasks.core.quality import GATES, QualitySettings
 from dflash_tasks.core.repetition import SPEC_HELP, RepetitionSettings
 from dflash_tasks.core.settings import ProducerSettings

@@ -15,7 +15,7 @@ from dflash_tasks.core.on_loop import (
     loop_counters,
     loop_figures,
     loop_tokens,
-    prefix_tokens,
+    tokens_before_loop,
     tokens_saved,
 )
 from dflash_tasks.core.quality import (
@@ -122,7 +122,7 @@ def test_which_looped_samples_a_repair_round_regenerates_under_each_policy() -> 
 
 def test_an_answer_that_loops_keeps_its_thought_in_the_prefix() -> None:
     answer_loop = looped_turn(start_token=100, completion=600, text="content")
-    assert prefix_tokens(answer_loop) == 50 + 100 and loop_tokens(answer_loop) == 450
+    assert tokens_before_loop(answer_loop) == 50 + 100 and loop_tokens(answer_loop) == 450
     assert answer_loop.before_loop() == ("thought", PREFIX)
 
 
