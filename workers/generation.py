@@ -16,7 +16,7 @@ from dflash_tasks.core.repetition import RepetitionSettings
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.core.states import FailureKind, RecordStatus
 from workers.monitor.listener import NO_LISTENER, WorkerListener
-from workers.sglang_client import ChatRequest, Completion, ServerIdentity, SGLangClient, shift_loop
+from workers.sglang_client import ChatRequest, Completion, ServerIdentity, SGLangClient
 
 _EMPTY = Completion("", "", "", 0, 0, 0)
 
@@ -118,11 +118,11 @@ def continue_turn(
     if c.loop is None:
         return turn
     if c.loop.text == "content":
-        loop = shift_loop(c.loop, len(cut.content))
+        loop = c.loop.shifted(len(cut.content))
     elif c.loop.start_char >= 0:  # the cut turn's tokens were all thought
-        loop = shift_loop(c.loop, len(cut.reasoning), cut.usage.completion_tokens)
+        loop = c.loop.shifted(len(cut.reasoning), cut.usage.completion_tokens)
     else:  # it began in the cut thought: its start token pro rata of the cut's characters
-        loop = shift_loop(c.loop, len(cut.reasoning), cut.usage.completion_tokens)
+        loop = c.loop.shifted(len(cut.reasoning), cut.usage.completion_tokens)
         start = len(cut.reasoning) + c.loop.start_char
         tokens = cut.usage.completion_tokens * start // max(1, len(cut.reasoning))
         loop = dataclasses.replace(loop, start_token=tokens)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 #: Characters fed between two checks of the tail (about 15 tokens of English).
@@ -138,6 +138,17 @@ class Loop:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def shifted(self, chars: int, tokens: int = 0) -> Loop:
+        """This loop with its character positions moved by ``chars`` and its token counts by
+        ``tokens`` (not below 0): where it lies in a text that holds more (or less) before it."""
+        return replace(
+            self,
+            start_char=max(0, self.start_char + chars),
+            detected_char=max(0, self.detected_char + chars),
+            start_token=max(0, self.start_token + tokens),
+            detected_token=max(0, self.detected_token + tokens),
+        )
 
     @classmethod
     def from_dict(cls, doc: Any) -> Loop:

@@ -8,6 +8,7 @@ import pytest
 from dflash_tasks.core.quality import QualitySettings
 from dflash_tasks.core.repetition import (
     CHECK_CHARS,
+    Loop,
     RepetitionDetector,
     RepetitionSettings,
     first_loop,
@@ -124,6 +125,28 @@ def test_first_loop_scans_a_whole_text() -> None:
 
 
 # --- settings ---------------------------------------------------------------------------------------
+
+
+def test_a_loop_shifts_into_a_longer_or_shorter_text() -> None:
+    loop = Loop(
+        start_char=100, start_token=25, period_chars=10, copies=3.0, detected_char=160, detected_token=40
+    )
+    later = loop.shifted(50, 12)
+    assert (later.start_char, later.detected_char, later.start_token, later.detected_token) == (
+        150,
+        210,
+        37,
+        52,
+    )
+    assert (later.period_chars, later.copies, later.text) == (10, 3.0, "reasoning")
+    earlier = loop.shifted(-120, -30)  # never below 0
+    assert (earlier.start_char, earlier.detected_char, earlier.start_token, earlier.detected_token) == (
+        0,
+        40,
+        0,
+        10,
+    )
+    assert loop.shifted(0) == loop
 
 
 def test_settings_parse() -> None:

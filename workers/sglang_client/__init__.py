@@ -25,7 +25,7 @@ from workers.sglang_client.info import (
 from workers.sglang_client.load import ServerLoad, parse_metrics
 from workers.sglang_client.replies import Completion, MetaInfo, parse_completion, read_chat_reply
 from workers.sglang_client.request import ChatRequest
-from workers.sglang_client.stream import StreamReader, read_stream, shift_loop
+from workers.sglang_client.stream import StreamReader, read_stream
 
 __all__ = [
     "ChatRequest",
@@ -44,5 +44,4 @@ __all__ = [
     "parse_server_info",
     "read_chat_reply",
     "read_stream",
-    "shift_loop",
 ]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import Any
 
 from dflash_tasks.core.errors import DflashError, RetryableError
@@ -204,7 +203,7 @@ class StreamReader:
             else:  # a joining thought keeps its leading whitespace (and may loop from before 0)
                 cut = 0 if joins else _leading_cut(raw_reasoning, reasoning)
             if cut:
-                loop = shift_loop(loop, -cut)
+                loop = loop.shifted(-cut)
         return Completion(
             reasoning=reasoning,
             content=content,
@@ -251,15 +250,3 @@ def _estimate(text: str) -> int:
 def _leading_cut(raw: str, kept: str) -> int:
     """Characters stripping took off the start of ``raw`` to leave ``kept``."""
     return len(raw) - len(raw.lstrip()) if kept else len(raw)
-
-
-def shift_loop(loop: Loop, chars: int, tokens: int = 0) -> Loop:
-    """``loop`` with its character positions moved by ``chars`` and its token counts by ``tokens``
-    (not below 0): where it lies in a text that holds more (or less) before it."""
-    return replace(
-        loop,
-        start_char=max(0, loop.start_char + chars),
-        detected_char=max(0, loop.detected_char + chars),
-        start_token=max(0, loop.start_token + tokens),
-        detected_token=max(0, loop.detected_token + tokens),
-    )
