@@ -127,7 +127,7 @@ def per_turn_candidates(
         if problem is not None:
             c.reasons.append((problem.reason, problem.detail))
         out.append(c)
-        history.append({"role": "assistant", "content": turn.content, "reasoning_content": None})
+        history.append({"role": "assistant", "content": content, "reasoning_content": None})
     return out
 
 
@@ -136,12 +136,15 @@ def prefix_messages(
 ) -> list[dict[str, Any]]:
     """The messages of the row that will train the next turn, before its answer: each answered
     turn's input and answer (its reasoning too in the ``conversation`` layout; the ``per-turn``
-    layout drops earlier reasoning), then the next turn's input (``inputs[len(answered)]``)."""
+    layout drops earlier reasoning; a looped turn's texts up to its loop), then the next turn's input
+    (``inputs[len(answered)]``)."""
     messages: list[dict[str, Any]] = []
     for added, turn in zip(inputs, answered, strict=False):
         messages += [{"role": m["role"], "content": m["content"], "reasoning_content": None} for m in added]
-        reasoning = None if per_turn else turn.reasoning
-        messages.append({"role": "assistant", "content": turn.content, "reasoning_content": reasoning})
+        reasoning, content = turn.before_loop()
+        messages.append(
+            {"role": "assistant", "content": content, "reasoning_content": None if per_turn else reasoning}
+        )
     next_input = inputs[len(answered)]
     return messages + [
         {"role": m["role"], "content": m["content"], "reasoning_content": None} for m in next_input

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from dflash_tasks.core.exit_codes import ExitCode
+from dflash_tasks.core.export_rows import per_turn_candidates, prefix_messages
 from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefinition, Manifest, output_key
 from dflash_tasks.core.on_loop import OnLoop
 from dflash_tasks.core.quality import QualitySettings
+from dflash_tasks.core.record import Record
 from dflash_tasks.core.repetition import FINISH_REASON
 from dflash_tasks.core.row_planner import ExportOptions
 from dflash_tasks.output.export import export
@@ -135,3 +137,34 @@ def test_report_states_the_looping_share_and_the_tokens_saved(
     assert doc["loops"] == {"samples": 3, "share": 0.75, "tokens_saved": saved}
     assert doc["yield"]["where_the_rest_went"]["looping"] == 1000 + 220 + 220
     assert any("fall into a loop" in m for m in doc["gate_failures"])
+
+
+def answer_looped() -> dict[str, Any]:
+    """A finished thought whose answer looped after ``gamma delta``."""
+    t = turn(1, 10)
+    t["content"] = "gamma delta" + LOOP
+    t["finish_reason"] = FINISH_REASON
+    t["loop"] = {
+        "start_char": len("gamma delta"),
+        "start_token": 2,
+        "period_chars": len(" delta alpha"),
+        "copies": 100.0,
+        "detected_char": len(t["content"]),
+        "detected_token": 202,
+        "text": "content",
+    }
+    return t
+
+
+def test_the_history_after_a_looped_turn_holds_only_its_text_before_the_loop() -> None:
+    """A looped turn ends its conversation today; were one followed, the rows and prefixes after it
+    would still carry its answer only up to where it loops."""
+    first, second = answer_looped(), turn(2, 5)
+    record = Record.from_dict({"id": "s", "user_turns": 2, "turns": [first, second], "status": "ok"})
+    rows = [c.row for c in per_turn_candidates(record, True, frozenset())]
+    assert rows[1]["conversations"][1]["content"] == "gamma delta"
+    inputs = [first["input"], second["input"], [{"role": "user", "content": "alpha 3"}]]
+    for per_turn in (True, False):
+        messages = prefix_messages(inputs, record.turns[:1], per_turn)
+        assert messages[1]["content"] == "gamma delta"
+    assert "delta alpha" not in json.dumps(rows) + json.dumps(prefix_messages(inputs, record.turns, False))
