@@ -113,15 +113,14 @@ def loop_tokens(turn: Turn) -> int:
 def tokens_saved(record: Record) -> int:
     """The budget a looped record's stop left unspent: the request's ``max_tokens`` (the record's
     ``sampling.max_tokens``; under ``--max-tokens horizon`` the job's, an upper bound) less the tokens
-    its looped turn generated. 0 without a loop."""
+    its looped turn generated (a continued turn's, every request's). 0 without a loop."""
     last = record.turns[-1]
     if not last.looped:
         return 0
     budget = (record.sampling or {}).get("max_tokens")
     if not isinstance(budget, int) or isinstance(budget, bool):
         return 0
-    spent = last.parts[-1].usage.completion_tokens if last.parts else last.usage.completion_tokens
-    return max(0, budget - spent)
+    return max(0, budget - last.usage.completion_tokens)  # a continued turn's: all its parts'
 
 
 #: The job counters of loops: generations stopped in a loop (first passes and repair rounds), and

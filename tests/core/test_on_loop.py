@@ -26,6 +26,7 @@ from dflash_tasks.core.quality import (
     with_checks,
 )
 from dflash_tasks.core.record import Record, Turn, Usage, outcome_of
+from dflash_tasks.core.record_parts import Part
 from dflash_tasks.core.repair import Superseded, needs_repair, superseded_looping, superseded_tokens
 from dflash_tasks.core.repetition import FINISH_REASON, Loop
 from dflash_tasks.core.yields import YieldTally
@@ -132,6 +133,17 @@ def test_an_answer_that_loops_keeps_its_thought_in_the_prefix() -> None:
 def test_tokens_saved_is_the_budget_the_stop_left_unspent() -> None:
     assert tokens_saved(looped(max_tokens=4096)) == 4096 - 600
     assert tokens_saved(record()) == 0
+    # continued: a cut request of 1000 tokens, then one of 600 that looped; the turn's usage holds both
+    parts = (
+        Part(
+            reasoning_chars=len(PREFIX), content_chars=0, finish_reason="length", usage=Usage(5, 1000, 1000)
+        ),
+        Part(
+            reasoning_chars=len(LOOP), content_chars=0, finish_reason=FINISH_REASON, usage=Usage(5, 600, 600)
+        ),
+    )
+    continued = replace(looped_turn(completion=1600), parts=parts)
+    assert tokens_saved(looped(last=continued, max_tokens=4096)) == 4096 - 1600
     counters = loop_counters([looped(), record(), looped(max_tokens=1000)])
     assert counters == {LOOPED_COUNTER: 2.0, SAVED_COUNTER: float(3496 + 400)}
     assert loop_counters([record()]) == {}
