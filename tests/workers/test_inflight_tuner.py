@@ -56,7 +56,11 @@ def test_it_settles_near_each_curves_best_and_stays_within_ten_percent(
 
 def test_a_flat_curve_settles_on_the_lower_target() -> None:
     tuner = InflightTuner(TunerConfig())
-    tried = drive(tuner, lambda t: 4000.0 if t >= 32 else 125.0 * t, 6)
+    tried = drive(tuner, lambda t: 4000.0 if t >= 32 else 125.0 * t, 3)
+    assert tried == [48, 72, 72, 48]
+    tried += drive(tuner, lambda t: 4000.0 if t >= 32 else 125.0 * t, 1)[1:]
+    assert tuner.reason is Reason.FINER  # 72 was no better than 48: the finer 58 is tried
+    tried += drive(tuner, lambda t: 4000.0 if t >= 32 else 125.0 * t, 2)[1:]
     # 72 is measured twice, 48 again (it had one window), the finer 58 twice: none is better
     assert tried == [48, 72, 72, 48, 58, 58, 48]
     assert tuner.phase is Phase.SETTLED

@@ -64,6 +64,7 @@ class Reason(StrEnum):
 
     STARTING = "starting"
     RISING = "throughput rising"
+    FINER = "the step was no better: a finer one"
     CONFIRMING = "measuring a step again"
     RECHECKING = "measuring the best again"
     FLAT = "throughput stopped rising"
@@ -329,7 +330,7 @@ class InflightTuner:
             self._fine = True
             nxt = self._step(self.best, self.config.fine_grow)
             if self.best < nxt < step:
-                self.target, self.reason = nxt, Reason.RISING
+                self.target, self.reason = nxt, Reason.FINER
                 return nxt
         return self._settle(self.best, Reason.FLAT)
 
