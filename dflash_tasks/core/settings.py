@@ -241,7 +241,9 @@ class WorkerSettings(ProgressSettings):
     endpoint: str = ""
     #: Bearer token for SGLang servers started with ``--api-key`` (never logged).
     sglang_api_key: str = dataclasses.field(default="", repr=False)
-    #: Client timeout of one generation request (s). Thinking outputs are long: be generous.
+    #: Client timeout of one generation request (s). Thinking outputs are long: be generous. A
+    #: streamed request (loop detection on) bounds the silence between two pieces of its answer
+    #: instead ([sglang](sglang.md#streaming)).
     request_timeout: float = 1800.0
     #: Attempts per sample for retryable failures (connection errors, timeouts, 5xx, 503).
     request_attempts: int = 6
