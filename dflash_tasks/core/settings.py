@@ -15,7 +15,8 @@ with ``<Role>.load()`` and passes it down; a function takes the narrowest class 
             └── NodeSettings  python -m workers.node  (+ GPUs, model, ports, logs)
 
 A field is declared once, on the lowest class whose processes read it, so a setting shared by two
-roles has one definition and one default. Field ``x`` is read from ``DFLASH_X``; each class checks
+roles has one definition and one default (one exception, tested: the node launcher redeclares
+``tune_inflight`` to tune by default). Field ``x`` is read from ``DFLASH_X``; each class checks
 its own fields (:meth:`CommonSettings.validate` runs every class's checks, base first).
 """
 
@@ -348,6 +349,10 @@ class NodeSettings(WorkerSettings):
     log_dir: str = "logs"
     #: Extra SGLang flags, shell-quoted, appended to every server's command line (``--sglang-arg``).
     sglang_args: str = ""
+    # --- worker settings whose default differs here ---
+    #: The launcher tunes each GPU's in-flight target (``--max-inflight auto``) unless a number pins
+    #: it: the tune benchmark held on the simulated curves and on the real engine (docs/performance.md).
+    tune_inflight: bool = True
     #: Interpreter with sglang installed that runs the servers (``--sglang-python``); empty: the node's.
     sglang_python: str = ""
     #: An EAGLE3 draft model for every server, for a model without MTP layers (``--draft-model``).

@@ -335,20 +335,20 @@ def test_under_auto_a_users_running_request_cap_is_the_ceiling_and_print_command
     assert "# in flight: 48 fixed; servers capped at 48" in capsys.readouterr().out
 
 
-def test_the_launcher_pins_48_by_default_and_auto_or_the_environment_turns_the_tuner_on(
+def test_the_launcher_tunes_by_default_and_a_number_or_the_environment_pins_it(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = write_model(tmp_path, "Qwen3-8B", QWEN3_8B)
     argv = ["--gpus", "0", "--model", str(model), "--print-commands"]
     assert node_main(argv) == 0
-    assert "# in flight: 48 fixed; servers capped at 48" in capsys.readouterr().out
-    assert node_main([*argv, "--max-inflight", "auto"]) == 0
-    assert "--max-inflight auto --inflight-ceiling 256" in capsys.readouterr().out
-    monkeypatch.setenv("DFLASH_TUNE_INFLIGHT", "1")
-    assert node_main(argv) == 0
     out = capsys.readouterr().out
     assert "# in flight: tuned per GPU from 48, at most 256; servers capped at 256 running requests " in out
     assert "--max-inflight auto --inflight-ceiling 256" in out
+    assert node_main([*argv, "--max-inflight", "48"]) == 0
+    assert "# in flight: 48 fixed; servers capped at 48" in capsys.readouterr().out
+    monkeypatch.setenv("DFLASH_TUNE_INFLIGHT", "0")
+    assert node_main(argv) == 0
+    assert "# in flight: 48 fixed; servers capped at 48" in capsys.readouterr().out
 
 
 def test_a_bad_max_inflight_is_refused_with_the_values_it_takes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -68,9 +68,9 @@ def _add_gpu_flags(p: argparse.ArgumentParser) -> None:
         "--max-inflight",
         NodeSettings,
         "max_inflight",
-        f"N: a fixed N requests per GPU (default {DEFAULT_MAX_INFLIGHT}), and SGLang's caps at N; auto: "
-        "each worker tunes its own target, from DFLASH_MAX_INFLIGHT up to --inflight-ceiling, and the "
-        "servers are capped there [DFLASH_TUNE_INFLIGHT=1]",
+        "auto (the default): each worker tunes its own target, from DFLASH_MAX_INFLIGHT "
+        f"({DEFAULT_MAX_INFLIGHT}) up to --inflight-ceiling, and the servers are capped there "
+        "[DFLASH_TUNE_INFLIGHT]; N: a fixed N requests per GPU, and SGLang's caps at N",
         metavar="N|auto",
     )
     add_setting(
