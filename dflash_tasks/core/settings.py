@@ -350,8 +350,7 @@ class NodeSettings(WorkerSettings):
     #: Extra SGLang flags, shell-quoted, appended to every server's command line (``--sglang-arg``).
     sglang_args: str = ""
     # --- worker settings whose default differs here ---
-    #: The launcher tunes each GPU's in-flight target (``--max-inflight auto``) unless a number pins
-    #: it: the tune benchmark held on the simulated curves and on the real engine (docs/performance.md).
+    #: The launcher tunes each GPU's in-flight target unless a number pins it (docs/performance.md).
     tune_inflight: bool = True
     #: Interpreter with sglang installed that runs the servers (``--sglang-python``); empty: the node's.
     sglang_python: str = ""
