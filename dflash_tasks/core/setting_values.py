@@ -72,8 +72,9 @@ def parse_value(name: str, kind: Any, raw: str, *, named: bool = True) -> Any:
 
 
 def variables_of(settings: Iterable[Field[Any]], source: Mapping[str, str]) -> dict[str, Any]:
-    """The values ``source``'s ``DFLASH_*`` variables give these settings, empty ones left out;
-    ``DFLASH_MAX_INFLIGHT=auto`` turns the tuner on, as ``--max-inflight auto`` does."""
+    """The values ``source``'s ``DFLASH_*`` variables give these settings, empty ones left out.
+    ``DFLASH_MAX_INFLIGHT`` means what ``--max-inflight`` means: ``auto`` turns the tuner on, a
+    number pins the target unless ``DFLASH_TUNE_INFLIGHT`` is given too (then the tuner starts there)."""
     values: dict[str, Any] = {}
     for setting in settings:
         raw = source.get(ENV_PREFIX + setting.name.upper())
@@ -82,6 +83,8 @@ def variables_of(settings: Iterable[Field[Any]], source: Mapping[str, str]) -> d
     if values.get("max_inflight") == AUTO_INFLIGHT:
         del values["max_inflight"]
         values.update(inflight_overrides(AUTO_INFLIGHT))
+    elif "max_inflight" in values and "tune_inflight" not in values:
+        values.update(inflight_overrides(values["max_inflight"]))
     return values
 
 

@@ -266,9 +266,9 @@ class WorkerSettings(ProgressSettings):
     #: re-queues the chunk (s); the chunk's lease is kept meanwhile. 0: no retries.
     store_retry_seconds: float = 300.0
     # --- flow control ---
-    #: Requests this worker keeps in flight against its server (SGLang's spec-decoding cap is 48);
-    #: with ``tune_inflight``, where the tuner starts. ``auto``, as for ``--max-inflight``, turns
-    #: ``tune_inflight`` on and starts from the default.
+    #: Requests this worker keeps in flight against its server (SGLang's spec-decoding cap is 48).
+    #: As for ``--max-inflight``: ``auto`` turns ``tune_inflight`` on, a number pins the target,
+    #: unless ``DFLASH_TUNE_INFLIGHT`` is set too (then the tuner starts from it).
     max_inflight: int = DEFAULT_MAX_INFLIGHT
     #: Tune the in-flight target from the server's own numbers (``--max-inflight auto``), between
     #: ``inflight_floor`` and ``inflight_ceiling`` (docs/performance.md).

@@ -492,3 +492,13 @@ def test_a_bad_max_tokens_is_refused_by_the_variable_and_the_flag_alike(raw: str
         build_parser().parse_args(["--input", "x", "--output", "y", "--max-tokens", raw])
     with pytest.raises(ConfigError, match="max_tokens"):
         ProducerSettings(max_tokens="8192").validate()  # a number is an int, as the loader makes it
+
+
+def test_a_number_in_max_inflight_pins_the_node_as_the_flag_does_unless_tuning_is_asked_for() -> None:
+    assert NodeSettings.load({}).tune_inflight is True  # the launcher tunes by default
+    pinned = NodeSettings.load({"DFLASH_MAX_INFLIGHT": "64"})
+    assert (pinned.max_inflight, pinned.tune_inflight) == (64, False)
+    started = NodeSettings.load({"DFLASH_MAX_INFLIGHT": "64", "DFLASH_TUNE_INFLIGHT": "1"})
+    assert (started.max_inflight, started.tune_inflight) == (64, True)
+    assert NodeSettings.load({"DFLASH_MAX_INFLIGHT": "auto"}).tune_inflight is True
+    assert WorkerSettings.load({"DFLASH_MAX_INFLIGHT": "64"}).tune_inflight is False
