@@ -65,8 +65,32 @@ def read_chat_reply(resp: requests.Response, joins: bool = False) -> Completion:
     return parse_completion(resp.content, joins)
 
 
-#: What a malformed body raises while it is read.
-_MALFORMED = (ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError)
+#: What a malformed body (or stream event) raises while it is read.
+MALFORMED = (ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError)
+
+
+def aborted() -> RetryableError:
+    """The error of an answer whose ``finish_reason`` is ``abort`` (plain or streamed)."""
+    return RetryableError("the server aborted the request (finish_reason 'abort')", ErrorKind.ABORT)
+
+
+def usage_counts(usage: Any) -> tuple[int, int, int]:
+    """``(prompt, completion, reasoning)`` tokens of an answer's ``usage`` (SGLang sends
+    ``reasoning_tokens`` at its top or in ``completion_tokens_details``); raises one of
+    :data:`MALFORMED` when it is not a usage object."""
+    usage = _object(usage)
+    details = _object(usage.get("completion_tokens_details"))
+    return (
+        int(usage.get("prompt_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
+        int(usage.get("reasoning_tokens") or details.get("reasoning_tokens") or 0),
+    )
+
+
+def kept_texts(reasoning: str, content: str, joins: bool) -> tuple[str, str]:
+    """The texts as a record keeps them: stripped, except the leading whitespace of a thought
+    that ``joins`` a prefix (it continues the thought where the prefix stopped)."""
+    return (reasoning.rstrip() if joins else reasoning.strip()), content.strip()
 
 
 def parse_completion(body: bytes, joins: bool = False) -> Completion:
@@ -76,26 +100,27 @@ def parse_completion(body: bytes, joins: bool = False) -> Completion:
         doc = json.loads(body)
         choice = doc["choices"][0]
         finish = str(choice.get("finish_reason") or "")
-    except _MALFORMED as exc:
+    except MALFORMED as exc:
         raise _malformed(body, exc) from None
     if finish == "abort":
-        raise RetryableError("the server aborted the request (finish_reason 'abort')", ErrorKind.ABORT)
+        raise aborted()
     try:
         message = _object(choice.get("message"))
-        usage = _object(doc.get("usage"))
-        details = _object(usage.get("completion_tokens_details"))
-        reasoning = _text(message.get("reasoning_content"))
+        prompt, completion, thought = usage_counts(doc.get("usage"))
+        reasoning, content = kept_texts(
+            _text(message.get("reasoning_content")), _text(message.get("content")), joins
+        )
         meta = choice.get("meta_info")
         return Completion(
-            reasoning=reasoning.rstrip() if joins else reasoning.strip(),
-            content=_text(message.get("content")).strip(),
+            reasoning=reasoning,
+            content=content,
             finish_reason=finish,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            reasoning_tokens=int(usage.get("reasoning_tokens") or details.get("reasoning_tokens") or 0),
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            reasoning_tokens=thought,
             meta=parse_meta_info(meta) if isinstance(meta, dict) else None,
         )
-    except _MALFORMED as exc:
+    except MALFORMED as exc:
         raise _malformed(body, exc) from None
 
 

@@ -35,12 +35,19 @@ from dflash_tasks.core.repetition import (
 )
 from dflash_tasks.core.states import ErrorKind
 from workers.sglang_client.http_errors import stream_error
-from workers.sglang_client.replies import Completion, MetaInfo, parse_meta_info
+from workers.sglang_client.replies import (
+    MALFORMED,
+    Completion,
+    MetaInfo,
+    aborted,
+    kept_texts,
+    parse_meta_info,
+    usage_counts,
+)
 
 _DATA = b"data: "
 _DONE = b"[DONE]"
 _EVENT_END = b"\n\n"
-_MALFORMED = (ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError)
 #: ``(document, end)`` of the JSON text at the start of a string: ``json.loads`` without its
 #: per-call layers (encoding detection, whitespace matching), the bulk of an event's cost.
 _decode = json.JSONDecoder().raw_decode
@@ -133,7 +140,7 @@ class StreamReader:
                 self.finish_reason = str(finish)
         except DflashError:
             raise
-        except _MALFORMED as exc:
+        except MALFORMED as exc:
             raise RetryableError(
                 f"invalid stream event ({len(payload)} bytes): {type(exc).__name__}", ErrorKind.BAD_RESPONSE
             ) from None
@@ -181,15 +188,12 @@ class StreamReader:
                     ErrorKind.BAD_RESPONSE,
                 )
             if self.finish_reason == "abort":
-                raise RetryableError(
-                    "the server aborted the request (finish_reason 'abort')", ErrorKind.ABORT
-                )
+                raise aborted()
             # the text since each detector's last check: a loop it completes counts too
             self.loop = self._reasoning_watch.flush() or self._content_watch.flush()
         raw_reasoning = "".join(self._reasoning)
         raw_content = "".join(self._content)
-        reasoning = raw_reasoning.rstrip() if joins else raw_reasoning.strip()
-        content = raw_content.strip()
+        reasoning, content = kept_texts(raw_reasoning, raw_content, joins)
         prompt_tokens, reasoning_tokens = self._usage_counts()
         completion_tokens = self.tokens
         if not self.usage:  # a server that ignored stream_options: the estimates fed
@@ -217,12 +221,10 @@ class StreamReader:
 
     def _usage_counts(self) -> tuple[int, int]:
         """``(prompt_tokens, reasoning_tokens)`` of the latest usage; a malformed one is retryable."""
-        usage = self.usage
         try:
-            details = usage.get("completion_tokens_details") or {}
-            reasoning = usage.get("reasoning_tokens") or details.get("reasoning_tokens") or 0
-            return int(usage.get("prompt_tokens") or 0), int(reasoning)
-        except _MALFORMED as exc:
+            prompt, _, reasoning = usage_counts(self.usage)
+            return prompt, reasoning
+        except MALFORMED as exc:
             raise RetryableError(
                 f"invalid stream usage: {type(exc).__name__}", ErrorKind.BAD_RESPONSE
             ) from None
