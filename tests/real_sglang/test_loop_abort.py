@@ -76,26 +76,13 @@ def test_a_loop_is_seen_and_closing_the_stream_frees_the_server(looping_target: 
     assert metrics(target)["num_running_reqs"] == 1
     resp.close()
     conn.close()
-    closed = time.monotonic()
-    deadline = closed + 30
-    while metrics(target)["num_running_reqs"] > 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    freed = time.monotonic() - closed
-    settled = metrics(target)
-    time.sleep(2.0)
-    later = metrics(target)
-    generated = settled["generation_tokens_total"] - before.get("generation_tokens_total", 0.0)
+    freed, generated = assert_stopped_and_freed(target, before, time.monotonic(), seen_at, budget)
     print(
         f"\n[{target.kind}] loop seen at {seen_at} of {budget} tokens (period "
         f"{detector.loop.period_chars} chars, from token {detector.loop.start_token}); slot freed "
         f"{freed:.2f} s after the close; {generated:.0f} tokens generated in all"
     )
     assert seen_at <= 0.25 * budget
-    assert freed < 5.0, f"still running {freed:.1f} s after the client closed its stream"
-    assert settled["num_aborted_requests_total"] - before.get("num_aborted_requests_total", 0.0) == 1
-    assert seen_at <= generated < budget  # stopped, not run to max_tokens
-    assert later["generation_tokens_total"] == settled["generation_tokens_total"]  # generation stopped
-    assert later["num_running_reqs"] == 0
 
 
 def test_the_workers_client_stops_the_loop_and_the_server_frees_it(looping_target: Target) -> None:
@@ -109,23 +96,33 @@ def test_the_workers_client_stops_the_loop_and_the_server_frees_it(looping_targe
     returned = time.monotonic()
     assert done.finish_reason == FINISH_REASON and done.loop is not None
     assert done.loop.text == "reasoning" and 0 < done.completion_tokens <= 0.25 * budget
-    wait_for(target, lambda m: m["num_running_reqs"] == 0, 30)
-    freed = time.monotonic() - returned
-    settled = metrics(target)
-    time.sleep(2.0)
-    later = metrics(target)
-    generated = settled["generation_tokens_total"] - before.get("generation_tokens_total", 0.0)
+    freed, generated = assert_stopped_and_freed(target, before, returned, done.completion_tokens, budget)
     print(
         f"\n[{target.kind}] worker's client: loop seen at {done.completion_tokens} of {budget} tokens "
         f"after {returned - started:.2f} s (period {done.loop.period_chars} chars, from token "
         f"{done.loop.start_token}); slot freed {freed:.2f} s after chat() returned; "
         f"{generated:.0f} tokens generated in all"
     )
+
+
+def assert_stopped_and_freed(
+    target: Target, before: dict[str, float], closed: float, stopped_at: int, budget: int
+) -> tuple[float, float]:
+    """After a stream closed at ``closed`` (monotonic) with ``stopped_at`` tokens read: the slot is
+    freed within 5 s, counted as one abort, and generation stops short of ``budget`` and stays
+    stopped. Returns (seconds to free the slot, tokens generated since ``before``)."""
+    wait_for(target, lambda m: m["num_running_reqs"] == 0, 30)
+    freed = time.monotonic() - closed
+    settled = metrics(target)
+    time.sleep(2.0)
+    later = metrics(target)
+    generated = settled["generation_tokens_total"] - before.get("generation_tokens_total", 0.0)
     assert freed < 5.0, f"still running {freed:.1f} s after the client closed its stream"
     assert settled["num_aborted_requests_total"] - before.get("num_aborted_requests_total", 0.0) == 1
-    assert done.completion_tokens <= generated < budget  # stopped, not run to max_tokens
+    assert stopped_at <= generated < budget  # stopped, not run to max_tokens
     assert later["generation_tokens_total"] == settled["generation_tokens_total"]  # generation stopped
     assert later["num_running_reqs"] == 0
+    return freed, generated
 
 
 def test_a_waiting_stream_whose_client_goes_away_leaves_the_queue(looping_target: Target) -> None:
