@@ -105,7 +105,15 @@ def continue_turn(
     budget = dataclasses.replace(spec, max_tokens=continuation.budget)
 
     def request(rid: str) -> ChatRequest:
-        return ChatRequest(budget, prefixed, rid, continues=True, watch=repetition)
+        return ChatRequest(
+            budget,
+            prefixed,
+            rid,
+            continues=True,
+            watch=repetition,
+            primer=cut.reasoning,
+            primer_tokens=cut.usage.completion_tokens,
+        )
 
     answer = _send(client, request, policy, rid_prefix, sleep, listener)
     if isinstance(answer, _Failed):
@@ -114,19 +122,7 @@ def continue_turn(
     usage = Usage(c.prompt_tokens, c.completion_tokens, c.reasoning_tokens)
     meta = c.meta.as_record() if c.meta is not None else None
     latency = time.monotonic() - started
-    turn = joined(cut, c.reasoning, c.content, c.finish_reason, usage, meta, latency, attempts)
-    if c.loop is None:
-        return turn
-    if c.loop.text == "content":
-        loop = c.loop.shifted(len(cut.content))
-    elif c.loop.start_char >= 0:  # the cut turn's tokens were all thought
-        loop = c.loop.shifted(len(cut.reasoning), cut.usage.completion_tokens)
-    else:  # it began in the cut thought: its start token pro rata of the cut's characters
-        loop = c.loop.shifted(len(cut.reasoning), cut.usage.completion_tokens)
-        start = len(cut.reasoning) + c.loop.start_char
-        tokens = cut.usage.completion_tokens * start // max(1, len(cut.reasoning))
-        loop = dataclasses.replace(loop, start_token=tokens)
-    return dataclasses.replace(turn, loop=loop)
+    return joined(cut, c.reasoning, c.content, c.finish_reason, usage, meta, latency, attempts, c.loop)
 
 
 @dataclass(frozen=True, slots=True)

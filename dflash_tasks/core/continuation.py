@@ -26,6 +26,7 @@ from typing import Any
 
 from dflash_tasks.core.budget import HORIZON
 from dflash_tasks.core.record import Part, Record, Turn, Usage
+from dflash_tasks.core.repetition import Loop
 
 #: What the model writes before its thought when the template does not (Qwen3's output).
 THOUGHT_OPENER = "<think>\n"
@@ -92,11 +93,14 @@ def joined(
     meta_info: Mapping[str, Any] | None,
     latency: float,
     attempts: int,
+    loop: Loop | None = None,
 ) -> Turn:
     """``cut`` with a continuation's answer appended: one turn, its parts kept (checks to run again).
 
     ``reasoning`` keeps the whitespace it starts with (it joins the thought where it stopped);
-    ``usage`` is the continuation's own (its completion tokens are only the new ones).
+    ``usage`` is the continuation's own (its completion tokens are only the new ones); ``loop``,
+    where the continuation's answer looped (positions in its own texts, a thought's from before
+    the join negative), is placed in the joined turn's texts.
     """
     first = parts_of(cut)
     part = Part(
@@ -122,7 +126,16 @@ def joined(
         attempts=cut.attempts + attempts,
         parts=(*first, part),
         checks=None,
+        loop=None if loop is None else _joined_loop(cut, loop),
     )
+
+
+def _joined_loop(cut: Turn, loop: Loop) -> Loop:
+    """``loop`` placed in the joined turn: after the cut answer, or after the cut thought (whose
+    tokens are all the cut turn's: it stopped in its thought)."""
+    if loop.text == "content":
+        return loop.shifted(len(cut.content))
+    return loop.shifted(len(cut.reasoning), cut.usage.completion_tokens)
 
 
 def parts_of(turn: Turn) -> tuple[Part, ...]:

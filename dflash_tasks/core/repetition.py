@@ -226,17 +226,21 @@ class RepetitionDetector:
             return None
         return self._check()
 
-    def prime(self, text: str) -> None:
+    def prime(self, text: str, tokens: int | None = None) -> None:
         """Hold the tail of ``text`` (up to :attr:`RepetitionSettings.window` characters), the text
         this stream continues, as if it had been fed before position 0, without counting it as fed:
-        a loop that began in it is placed where it began, at a negative position (its tokens
-        estimated at :data:`CHARS_PER_TOKEN` characters a token). Call it before the first feed."""
+        a loop that began in it is placed where it began, at a negative position. ``tokens``:
+        ``text``'s token count (its tail's is taken pro rata), else estimated at
+        :data:`CHARS_PER_TOKEN` characters a token. Call it before the first feed."""
         if not self._watching or not text or self._chars or self._pending:
             return
         tail = text[-self.settings.window :]
+        tail_tokens = (
+            round(len(tail) / CHARS_PER_TOKEN) if tokens is None else tokens * len(tail) // len(text)
+        )
         self._buf = tail
         self._base = -len(tail)
-        self._marks = [(-len(tail), -round(len(tail) / CHARS_PER_TOKEN)), (0, 0)]
+        self._marks = [(-len(tail), -tail_tokens), (0, 0)]
 
     def flush(self) -> Loop | None:
         """Check what was fed since the last check (at the end of a stream)."""

@@ -19,6 +19,7 @@ from dflash_tasks.core.continuation import (
 from dflash_tasks.core.errors import BadRecord
 from dflash_tasks.core.record import Record, Usage, outcome_of
 from dflash_tasks.core.repair import needs_repair, to_continue
+from dflash_tasks.core.repetition import Loop
 from dflash_tasks.core.spec_stats import spec_counts
 from tests.core.test_record import STORED, record, turn
 
@@ -121,3 +122,23 @@ def test_a_thought_cut_under_the_horizon_budget_is_never_continued() -> None:
     assert continuation_budget(generated.turns[0], HORIZON) == 2996  # by the server's prompt tokens
     assert not needs_repair(generated, horizon=HORIZON) and to_continue(generated, None, HORIZON) == 0
     assert to_continue(replace(generated, sampling={"max_tokens": HORIZON}), None, HORIZON) == 2996
+
+
+def test_a_continued_loop_is_placed_in_the_joined_turn_and_never_before_its_start() -> None:
+    cut = turn(reasoning="x" * 117, content="", finish_reason="length", usage=Usage(5, 30, 30))
+    usage = Usage(5, 40, 40)
+    in_thought = Loop(
+        start_char=-20, start_token=-5, period_chars=9, copies=3.0, detected_char=60, detected_token=15
+    )
+    t = joined(cut, "y" * 60, "", "stop", usage, None, 0.1, 1, in_thought)
+    assert t.loop is not None and (t.loop.start_char, t.loop.start_token) == (97, 25)
+    # a run reaching back past the thought's first character (into the opener): clamped to 0
+    from_start = replace(in_thought, start_char=-118, start_token=-31)
+    t = joined(cut, "y" * 60, "", "stop", usage, None, 0.1, 1, from_start)
+    assert t.loop is not None and (t.loop.start_char, t.loop.start_token) == (0, 0)
+    record_turn = Record.from_json(json.dumps({"id": "a", "turns": [t.to_dict()]})).turns[0]
+    assert record_turn.loop == t.loop  # stored and read back
+    in_answer = replace(in_thought, start_char=3, start_token=1, text="content")
+    answered = replace(cut, content="ab")
+    t = joined(answered, "", "z" * 30, "stop", usage, None, 0.1, 1, in_answer)
+    assert t.loop is not None and t.loop.start_char == 5

@@ -28,7 +28,7 @@ from workers.sglang_client.info import (
 from workers.sglang_client.load import ServerLoad, parse_metrics
 from workers.sglang_client.replies import Completion, read_chat_reply
 from workers.sglang_client.request import CHAT_PATH, ChatRequest
-from workers.sglang_client.stream import read_stream
+from workers.sglang_client.stream import StreamReader, read_stream
 
 #: Seconds to wait for a connection (a server that is up accepts at once).
 CONNECT_TIMEOUT = 10.0
@@ -71,16 +71,16 @@ class SGLangClient:
         joins the thought where the prefix stopped. With loop detection on (``request.streams``)
         the answer is streamed, and a loop stops it: the connection is closed, which makes the
         server abort the request (:mod:`~workers.sglang_client.stream`); a continuation's
-        detector is primed with the thought it continues (the tail of its last message)."""
+        detector is primed with the thought it continues (``request.primer``)."""
         watch = request.watch
-        if watch is None or not request.streams:
+        if watch is None or not watch.enabled:
             return read_chat_reply(self._post_chat(request.body()), joins=request.continues)
         resp = self._post_chat(request.body(), stream=True)
         try:
             if resp.status_code != 200:
                 raise chat_status_error(resp)
-            primer = str(request.messages[-1].get("content") or "") if request.continues else ""
-            return read_stream(resp.iter_content(chunk_size=None), watch, request.continues, primer)
+            reader = StreamReader(watch, request.primer, request.primer_tokens)
+            return read_stream(resp.iter_content(chunk_size=None), reader, request.continues)
         except requests.RequestException as exc:  # the connection failed mid-stream
             raise transport_error(exc, "", self._timeout) from exc
         finally:

@@ -30,6 +30,9 @@ class ChatRequest:
     rid: str
     continues: bool = False
     watch: RepetitionSettings | None = None
+    #: The thought a continuation continues, and its tokens: it primes the thought's detector.
+    primer: str = ""
+    primer_tokens: int | None = None
 
     @property
     def streams(self) -> bool:

@@ -74,11 +74,16 @@ class StreamReader:
         "usage",
     )
 
-    def __init__(self, settings: RepetitionSettings, primer: str = "") -> None:
+    def __init__(
+        self, settings: RepetitionSettings, primer: str = "", primer_tokens: int | None = None
+    ) -> None:
+        """``primer``: the thought this answer continues (``primer_tokens`` tokens): a loop that
+        began in it is placed where it began, at a negative position
+        (:meth:`~dflash_tasks.core.repetition.RepetitionDetector.prime`)."""
         self._reasoning: list[str] = []
         self._content: list[str] = []
         self._reasoning_watch = RepetitionDetector(settings, "reasoning")
-        self._reasoning_watch.prime(primer)
+        self._reasoning_watch.prime(primer, primer_tokens)
         self._content_watch = RepetitionDetector(settings, "content")
         self._rest = b""
         self._events = 0
@@ -230,14 +235,9 @@ class StreamReader:
             ) from None
 
 
-def read_stream(
-    pieces: Iterable[bytes], settings: RepetitionSettings, joins: bool = False, primer: str = ""
-) -> Completion:
-    """The completion of a streamed body given as its pieces; stops reading at a loop (the caller
-    then closes the connection). ``joins``: the answer continues ``primer`` (the thought so far),
-    whose tail primes the thought's detector: a loop that began before the join starts at a
-    negative position (:meth:`~dflash_tasks.core.repetition.RepetitionDetector.prime`)."""
-    reader = StreamReader(settings, primer)
+def read_stream(pieces: Iterable[bytes], reader: StreamReader, joins: bool = False) -> Completion:
+    """The completion of a streamed body given as its pieces, read by ``reader``; stops reading at
+    a loop (the caller then closes the connection). ``joins``: the answer continues a thought."""
     for piece in pieces:
         if reader.feed(piece):
             break
