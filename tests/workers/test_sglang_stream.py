@@ -317,6 +317,12 @@ def usage_text(usage: bytes) -> bytes:
         ([b'data: {"error": "odd"}\n\n', DONE], RetryableError, ErrorKind.OTHER),
         ([ROLE, TEXT[:-2] + b" {}\n\n", FINISH, DONE], RetryableError, ErrorKind.BAD_RESPONSE),
         ([ROLE, b"data: \n\n", DONE], RetryableError, ErrorKind.BAD_RESPONSE),
+        # a delta whose text is not a string
+        (
+            [ROLE, b'data: {"choices":[{"delta":{"reasoning_content":["x"]}}]}\n\n', FINISH, DONE],
+            RetryableError,
+            ErrorKind.BAD_RESPONSE,
+        ),
         # a malformed usage: retried as a malformed plain answer is
         (
             [ROLE, usage_text(b'"prompt_tokens":"x","completion_tokens":2'), FINISH, DONE],

@@ -108,7 +108,7 @@ def parse_completion(body: bytes, joins: bool = False) -> Completion:
         message = _object(choice.get("message"))
         prompt, completion, thought = usage_counts(doc.get("usage"))
         reasoning, content = kept_texts(
-            _text(message.get("reasoning_content")), _text(message.get("content")), joins
+            text_of(message.get("reasoning_content")), text_of(message.get("content")), joins
         )
         meta = choice.get("meta_info")
         return Completion(
@@ -152,7 +152,7 @@ def _object(value: Any) -> Mapping[str, Any]:
     return value
 
 
-def _text(value: Any) -> str:
+def text_of(value: Any) -> str:
     """A JSON string, ``""`` for null (or another empty value); anything else is malformed."""
     if not value:
         return ""

@@ -42,6 +42,7 @@ from workers.sglang_client.replies import (
     aborted,
     kept_texts,
     parse_meta_info,
+    text_of,
     usage_counts,
 )
 
@@ -139,7 +140,7 @@ class StreamReader:
                 return False
             choice = choices[0]
             delta = choice["delta"]
-            loop = self._text(delta.get("reasoning_content"), delta.get("content"), step)
+            loop = self._text(text_of(delta.get("reasoning_content")), text_of(delta.get("content")), step)
             finish = choice.get("finish_reason")
             if finish:
                 self.finish_reason = str(finish)
@@ -154,7 +155,7 @@ class StreamReader:
             return True
         return False
 
-    def _text(self, reasoning: Any, content: Any, tokens: int | None) -> Loop | None:
+    def _text(self, reasoning: str, content: str, tokens: int | None) -> Loop | None:
         """Join the delta's texts and watch them (a step's tokens go with its first text; without
         a usage, each text's are estimated)."""
         loop = None
