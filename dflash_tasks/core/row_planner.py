@@ -79,7 +79,6 @@ class _LeftOut:
     reason: str
     detail: str
     generated: int
-    looping: int = 0
 
 
 _Planned = Candidate | _LeftOut | dict[str, Any]
@@ -222,7 +221,7 @@ class RowPlanner:
                 yield c
                 continue
             if isinstance(c, _LeftOut):
-                self._leave_out(c.row_id, c.reason, c.detail, c.generated, c.looping)
+                self._leave_out(c.row_id, c.reason, c.detail, c.generated)
                 continue
             row = self._decide(c)
             if row is not None:

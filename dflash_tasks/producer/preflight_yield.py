@@ -57,6 +57,14 @@ def what_would_raise(tally: YieldTally, layout: str) -> list[str]:
                 "tokens past the trainer's max_length: --max-tokens horizon stops paying for them",
             )
         )
+    if tally.looping:
+        losses.append(
+            (
+                tally.looping,
+                "thoughts or answers stopped in a loop: at --temperature 0 raise it; --on-loop prefix "
+                "keeps the text before a loop",
+            )
+        )
     other = {k: v for k, v in tally.dropped.items() if k != "truncated" and v}
     for reason, n in sorted(other.items(), key=lambda kv: -kv[1]):
         losses.append((n, f"rows left out as {reason}"))

@@ -68,3 +68,11 @@ def test_the_tally_as_counters_reads_back_and_a_round_moves_them_by_its_change()
     assert total.generated == 1000 + 350 and total.superseded == 100 and total.trainable == 1080
     assert total.dropped == Counter(empty_answer=20)  # the truncated rows were replaced
     assert total.to_dict()["where_the_rest_went"]["dropped_rows"] == {"empty_answer": 20}
+
+
+def test_the_preflights_advice_names_loops_when_they_cost_the_yield() -> None:
+    from dflash_tasks.producer.preflight_yield import what_would_raise
+
+    tally = YieldTally(generated=1000, trainable=700, written_generated=700, looping=300)
+    (advice,) = what_would_raise(tally, "per-turn")
+    assert advice.startswith("30.0% of generated tokens: thoughts or answers stopped in a loop")
