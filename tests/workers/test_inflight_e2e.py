@@ -58,7 +58,8 @@ def test_the_tuner_climbs_a_rising_curve_to_its_ceiling_and_shows_it(
     procs: Processes, tmp_path: Path
 ) -> None:
     inp, out = tmp_path / "prompts.jsonl", tmp_path / "out"
-    write_prompts(inp, 1800)
+    # long enough to settle even when the load holds a few ramp windows (short: not judged)
+    write_prompts(inp, 2700)
     # throughput grows with the batch all the way (no compute knee below 1000): the best is the ceiling
     sim = procs.simulator(
         *("--max-running-requests", "64", "--time-scale", "0.01", "--mean-output-tokens", "400"),
