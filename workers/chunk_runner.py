@@ -125,6 +125,7 @@ def _store_chunk(
         **loop_counters(records),
         **live_yield,
     }
+    ctx.leases.drop(job_id, chunk)  # completing gives the lease back: no renewal after it
     if retried(lambda: ctx.bookkeeping.complete(job_id, chunk, counters), "recording as done"):
         temperature = job.definition.spec.temperature
         record_chunk_and_judge(ctx.bookkeeping, job_id, len(gated), checks, quality, temperature)

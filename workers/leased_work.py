@@ -124,6 +124,7 @@ def run_leased(ctx: ChunkContext, work: LeasedWork, owner: str) -> DeliveryOutco
     try:
         outcome = _run_held(ctx, work, job, owner, started)
     except BaseException:
+        ctx.leases.drop(work.job_id, work.chunk)
         try:
             ctx.bookkeeping.release(work.job_id, work.chunk, owner)
         except Exception:  # the lease expires on its own; the reconciler re-queues the chunk
@@ -144,6 +145,7 @@ def _run_held(
     skip = work.needless(job) or _paused(ctx, work.job_id)
     futures = skip or work.start(ctx, job, f"{work.rid_stem}-{owner.rsplit('/', 1)[-1]}")
     if isinstance(futures, DeliveryOutcome):
+        ctx.leases.drop(work.job_id, work.chunk)
         ctx.bookkeeping.release(work.job_id, work.chunk, owner)
         return futures
     # Each conversation goes through the shared pool; the work is stored (and counted, exactly

@@ -211,6 +211,7 @@ def _store_round(
         **loop_counters(records),  # a looped last turn is one this round sent
         **live_yield,
     }
+    ctx.leases.drop(job_id, unit.chunk)  # completing gives the lease back: no renewal after it
     retry_transient(
         lambda: ctx.bookkeeping.complete_repair(job_id, unit.chunk, unit.round, counters) or True,
         f"recording {where} as done",

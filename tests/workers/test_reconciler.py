@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -318,3 +319,28 @@ def test_the_reconciler_thread_runs_passes_until_stopped(bk: Bookkeeping, tmp_pa
         wait_until(lambda: calls == [(JOB, 7)], 5, "the reconciler thread to re-queue chunk 7")
     finally:
         rec.stop()
+
+
+class _SlowRenewal:
+    """The bookkeeping, with each renewal taking ``delay`` seconds before it reaches Redis."""
+
+    def __init__(self, bk: Bookkeeping, delay: float) -> None:
+        self.bk, self.delay = bk, delay
+
+    def renew(self, leases: list[tuple[str, int, str]], lease_seconds: float) -> None:
+        time.sleep(self.delay)
+        self.bk.renew(leases, lease_seconds)
+
+
+def test_a_lease_given_back_is_not_recreated_by_a_renewal_in_flight(bk: Bookkeeping) -> None:
+
+    assert bk.acquire("j", 0, "w@h/t1", 30)
+    keeper = LeaseKeeper(_SlowRenewal(bk, 0.4), lease_seconds=30, heartbeat_seconds=60)  # type: ignore[arg-type]
+    keeper.hold("j", 0, "w@h/t1")
+    beat = threading.Thread(target=keeper.renew_now)
+    beat.start()
+    time.sleep(0.1)  # the renewal is under way
+    keeper.drop("j", 0)  # as a chunk does before completing: waits for the renewal in flight
+    bk.release("j", 0, "w@h/t1")
+    beat.join()
+    assert bk.owners("j") == {}  # the renewal did not bring the released lease back

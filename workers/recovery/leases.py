@@ -41,6 +41,8 @@ class LeaseKeeper:
             self._held[(job_id, chunk)] = owner
 
     def drop(self, job_id: str, chunk: int) -> None:
+        """Stop renewing a lease: call it before the lease is given back (released or completed).
+        It waits for a renewal in flight, so none can re-create the lease after it is gone."""
         with self._lock:
             self._held.pop((job_id, chunk), None)
 
@@ -49,9 +51,10 @@ class LeaseKeeper:
             return [(job, chunk, owner) for (job, chunk), owner in self._held.items()]
 
     def renew_now(self) -> None:
-        held = self.held()
-        if held:
-            self._bk.renew(held, self._lease)
+        with self._lock:  # a lease dropped meanwhile is not renewed (renewal re-creates lost ones)
+            held = [(job, chunk, owner) for (job, chunk), owner in self._held.items()]
+            if held:
+                self._bk.renew(held, self._lease)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="dflash-heartbeat", daemon=True)
