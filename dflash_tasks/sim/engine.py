@@ -26,6 +26,7 @@ from dflash_tasks.sim.protocol import (
     queue_full_error,
     verify_passes,
 )
+from dflash_tasks.sim.pump import StreamPump
 from dflash_tasks.sim.requestlog import RequestLog
 from dflash_tasks.sim.scheduler import QueueFull, SlotScheduler, Stopped
 from dflash_tasks.sim.streaming import GoneCheck, StreamJob, Write
@@ -82,6 +83,8 @@ class SimEngine:
         self.started_at = time.time()
         self._ready_at: float | None = None  # set once HTTP is up: then the warmup runs
         self._stopping = threading.Event()
+        #: sends every streamed request's chunks (one thread, as SGLang's one event loop)
+        self.pump = StreamPump(self._stopping)
         self._lock = threading.Lock()
         self._rids: set[str] = set()
         self._counters: Counter[str] = Counter()

@@ -24,6 +24,7 @@ from typing import Protocol
 from dflash_tasks.sim.batch import DecodeBatch, DecodeSeq
 from dflash_tasks.sim.config import FaultSpec, SimConfig
 from dflash_tasks.sim.protocol import ChatRequest, spec_details
+from dflash_tasks.sim.pump import StreamPump
 from dflash_tasks.sim.scheduler import Gone, QueueFull, SlotScheduler, Stopped
 from dflash_tasks.sim.sse import DONE, ChunkHead, ReasoningStream, error_event, usage
 from dflash_tasks.sim.textgen import IM_END_TOKEN_ID, Plan, prompt_rng, span_tokens
@@ -56,6 +57,7 @@ class StreamingEngine(Protocol):
     config: SimConfig
     scheduler: SlotScheduler
     batch: DecodeBatch | None
+    pump: StreamPump
 
     @property
     def stopping_event(self) -> threading.Event: ...
@@ -169,52 +171,11 @@ class StreamJob:
             engine.release_rid(self.request_id)
 
     def _generate(self, client: _Client) -> bool:
-        engine, req, cfg = self.engine, self.req, self.engine.config
-        full, plan, done, thinking = engine.plan(req, self.fault)
-        total = plan.completion_tokens
-        tokens = span_tokens(prompt_rng(cfg.seed + 1, req.plan_prompt), full, done, done + total)
-        parser = None
-        if cfg.has_reasoning_parser and req.separate_reasoning:
-            parser = ReasoningStream(thinking, req.prefix or "")
-        head = ChunkHead(self.request_id, int(time.time()), req.model)
-        pace: _FixedPace | _BatchPace
-        if engine.batch is not None and cfg.time_scale > 0 and total > 0:
-            pace = _BatchPace(engine.batch, total, req.prompt_tokens)
-        else:
-            rate = cfg.tokens_per_second / cfg.time_scale if cfg.time_scale > 0 else math.inf
-            pace = _FixedPace(total, rate)
-        points = emission_points(total, engine.accept_length(req, cfg.accept_length), cfg.stream_interval)
-        cut = len(points) // 2 if self.fault is not None and self.fault.kind == "bad_json" else None
-        sent = 0
-        for n, upto in enumerate(points):
-            if not self._wait(pace, upto, client):
-                generated = pace.cancel()
-                engine.account(req, plan, generated, cfg.accept_length, 0, True, client_gone=True)
-                return True
-            if n == cut:  # a stream cut short: half an event, then the connection drops
-                client.send(b'data: {"id":')
-                engine.account(req, plan, sent, cfg.accept_length, 0, False)
-                return True
-            text = "".join(tokens[sent:upto])
-            client.send(*self._chunks(head, parser, text, plan, upto, n == 0, upto == total))
-            sent = upto
-        retractions, accept = 0, cfg.accept_length
-        if isinstance(pace, _BatchPace):
-            run = engine.batch.outcome(pace.seq) if engine.batch is not None else None
-            retractions, accept = (run.retractions, run.accept_length) if run else (0, accept)
-        gone = client.gone_at is not None
-        _, verify = engine.account(req, plan, total, accept, retractions, plan.finish_reason == "abort", gone)
-        client.send(*self._tail(head, plan, total, verify))
-        return gone
-
-    def _wait(self, pace: _FixedPace | _BatchPace, tokens: int, client: _Client) -> bool:
-        """Wait until ``tokens`` are generated; False when the client went away first."""
-        stopping = self.engine.stopping_event
-        while client.gone_at is None and pace.generated() < tokens:
-            if stopping.wait(max(min(pace.seconds_until(tokens), GONE_POLL_SECONDS), 0.0005)):
-                raise Stopped
-            client.look()
-        return client.gone_at is None
+        """Hand the stream to the engine's pump and wait for its end; True: close the connection."""
+        run = _StreamRun(self, client)
+        if not self.engine.pump.serve(run):
+            raise Stopped
+        return run.close
 
     def _chunks(
         self,
@@ -258,3 +219,77 @@ class StreamJob:
             reasoning = plan.reasoning_tokens if cfg.has_reasoning_parser else 0
             out.append(head.tail(usage=usage(req.prompt_tokens, total, reasoning)))
         return [*out, DONE]
+
+
+class _StreamRun:
+    """One stream's progress, turned by the pump (:class:`~dflash_tasks.sim.pump.StreamPump`):
+    each turn sends every decode step generated since the last one, in one write."""
+
+    def __init__(self, job: StreamJob, client: _Client) -> None:
+        engine, req, cfg = job.engine, job.req, job.engine.config
+        self.job, self.client = job, client
+        self.full, self.plan, done, thinking = engine.plan(req, job.fault)
+        self.total = total = self.plan.completion_tokens
+        self.tokens = span_tokens(prompt_rng(cfg.seed + 1, req.plan_prompt), self.full, done, done + total)
+        self.parser = None
+        if cfg.has_reasoning_parser and req.separate_reasoning:
+            self.parser = ReasoningStream(thinking, req.prefix or "")
+        self.head = ChunkHead(job.request_id, int(time.time()), req.model)
+        self.pace: _FixedPace | _BatchPace
+        if engine.batch is not None and cfg.time_scale > 0 and total > 0:
+            self.pace = _BatchPace(engine.batch, total, req.prompt_tokens)
+        else:
+            rate = cfg.tokens_per_second / cfg.time_scale if cfg.time_scale > 0 else math.inf
+            self.pace = _FixedPace(total, rate)
+        accept = engine.accept_length(req, cfg.accept_length)
+        self.points = emission_points(total, accept, cfg.stream_interval)
+        bad_json = job.fault is not None and job.fault.kind == "bad_json"
+        self.cut = len(self.points) // 2 if bad_json else None
+        self.sent = self.next = 0  # tokens sent; the next emission point
+        self.close = False  # the connection must be closed afterwards
+        self.wake_at = time.monotonic()
+
+    def turn(self) -> bool:
+        """Send what was generated since the last turn; True once the stream is over."""
+        job, client, points = self.job, self.client, self.points
+        engine, cfg = job.engine, job.engine.config
+        client.look()
+        if client.gone_at is not None:
+            generated = self.pace.cancel()
+            engine.account(job.req, self.plan, generated, cfg.accept_length, 0, True, client_gone=True)
+            self.close = True
+            return True
+        due, pieces = self.pace.generated(), []
+        while self.next < len(points) and points[self.next] <= due and self.next != self.cut:
+            upto = points[self.next]
+            text = "".join(self.tokens[self.sent : upto])
+            first, last = self.next == 0, upto == self.total
+            pieces += job._chunks(self.head, self.parser, text, self.plan, upto, first, last)
+            self.sent, self.next = upto, self.next + 1
+        if self.next == self.cut and points[self.next] <= due:  # half an event, then it drops
+            client.send(b"".join(pieces) + b'data: {"id":')
+            engine.account(job.req, self.plan, self.sent, cfg.accept_length, 0, False)
+            self.close = True
+            return True
+        if self.next == len(points):
+            self._finish(pieces)
+            return True
+        if pieces:
+            client.send(b"".join(pieces))
+        wait = self.pace.seconds_until(points[self.next])
+        self.wake_at = time.monotonic() + max(min(wait, GONE_POLL_SECONDS), 0.0)
+        return False
+
+    def _finish(self, pieces: list[bytes]) -> None:
+        """Account for the whole request and send the last steps with the tail."""
+        job, engine, cfg, plan = self.job, self.job.engine, self.job.engine.config, self.plan
+        retractions, accept = 0, cfg.accept_length
+        if isinstance(self.pace, _BatchPace):
+            run = engine.batch.outcome(self.pace.seq) if engine.batch is not None else None
+            retractions, accept = (run.retractions, run.accept_length) if run else (0, accept)
+        gone = self.client.gone_at is not None
+        _, verify = engine.account(
+            job.req, plan, self.total, accept, retractions, plan.finish_reason == "abort", gone
+        )
+        self.client.send(b"".join(pieces + job._tail(self.head, plan, self.total, verify)))
+        self.close = self.client.gone_at is not None

@@ -29,6 +29,7 @@ from workers.sglang_client.load import ServerLoad, parse_metrics
 from workers.sglang_client.replies import Completion, read_chat_reply
 from workers.sglang_client.request import CHAT_PATH, ChatRequest
 from workers.sglang_client.stream import StreamReader, read_stream
+from workers.sglang_client.stream_hub import shared_hub
 
 #: Seconds to wait for a connection (a server that is up accepts at once).
 CONNECT_TIMEOUT = 10.0
@@ -71,7 +72,9 @@ class SGLangClient:
         joins the thought where the prefix stopped. With loop detection on (``request.streams``)
         the answer is streamed, and a loop stops it: the connection is closed, which makes the
         server abort the request (:mod:`~workers.sglang_client.stream`); a continuation's
-        detector is primed with the thought it continues (``request.primer``)."""
+        detector is primed with the thought it continues (``request.primer``). The process's
+        :class:`~workers.sglang_client.stream_hub.StreamHub` reads the stream while this thread
+        waits (requests' own reading when the hub cannot take the body)."""
         watch = request.watch
         if watch is None or not watch.enabled:
             return read_chat_reply(self._post_chat(request.body()), joins=request.continues)
@@ -80,7 +83,9 @@ class SGLangClient:
             if resp.status_code != 200:
                 raise chat_status_error(resp)
             reader = StreamReader(watch, request.primer, request.primer_tokens)
-            return read_stream(resp.iter_content(chunk_size=None), reader, request.continues)
+            if shared_hub().read(resp, reader, self._timeout) is None:
+                return read_stream(resp.iter_content(chunk_size=None), reader, request.continues)
+            return reader.completion(request.continues)
         except requests.RequestException as exc:  # the connection failed mid-stream
             raise transport_error(exc, "", self._timeout) from exc
         finally:
