@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -207,6 +209,64 @@ def test_a_client_that_goes_away_frees_its_slot_at_once(sims: list[RunningSimula
     assert metric(sim, "generation_tokens_total") == after["generation_tokens"]
     time.sleep(0.3)
     assert stats(sim)["generation_tokens"] == after["generation_tokens"]
+
+
+def test_one_pump_thread_sends_every_stream(sims: list[RunningSimulator]) -> None:
+    """Concurrent streams are sent by the one pump thread (the handler threads only wait), each
+    with its own answer."""
+    sim = start(sims, time_scale=0.05, tokens_per_second=40.0)  # 800 tokens a second each
+    questions = [[{"role": "user", "content": f"Question {n}: what is 6*7?"}] for n in range(16)]
+    pumps: list[int] = []
+
+    def count_pumps() -> None:
+        while len(pumps) < 20:
+            pumps.append(sum(t.name == "sim-stream-pump" for t in threading.enumerate()))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=count_pumps)
+    watcher.start()
+    with ThreadPoolExecutor(16) as pool:
+        streamed = list(pool.map(lambda q: stream(sim.url, messages=q, max_tokens=300), questions))
+    watcher.join()
+    assert max(pumps) == 1
+    for question, chunks in zip(questions, streamed, strict=True):
+        plain = requests.post(
+            f"{sim.url}/v1/chat/completions", json=body(question, max_tokens=300), timeout=30
+        )
+        message = plain.json()["choices"][0]["message"]
+        assert joined(chunks, "reasoning_content") == message["reasoning_content"]
+        assert joined(chunks, "content") == message["content"]
+
+
+def test_the_steps_due_at_once_go_in_one_write(sims: list[RunningSimulator]) -> None:
+    """Without a pace every step is due at once: one HTTP chunk holds them all, and the tail."""
+    sim = start(sims)
+    conn = open_stream(sim, max_tokens=300)
+    raw = b""
+    while not raw.endswith(b"0\r\n\r\n"):
+        piece = conn.recv(65536)
+        assert piece, "the connection closed before the body's end"
+        raw += piece
+    conn.close()
+    body_bytes = raw.split(b"\r\n\r\n", 1)[1]
+    size_line, _, rest = body_bytes.partition(b"\r\n")
+    assert rest[int(size_line, 16) :] == b"\r\n0\r\n\r\n"  # one chunk, then the end
+    assert rest.count(b"data: ") > 10 and b"data: [DONE]" in rest
+
+
+def test_stopping_the_simulator_ends_its_streams(sims: list[RunningSimulator]) -> None:
+    sim = start(sims, time_scale=0.5)  # 80 tokens a second
+    conn = open_stream(sim, max_tokens=2000)
+    assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+    stopped = time.monotonic()
+    sim.stop()
+    conn.settimeout(5)
+    while conn.recv(65536):
+        pass
+    assert time.monotonic() - stopped < 2.0
+    conn.close()
+    pumps = lambda: [t for t in threading.enumerate() if t.name == "sim-stream-pump"]  # noqa: E731
+    wait_until(lambda: not pumps(), 5, "the pump thread ended")
 
 
 def test_a_waiting_client_that_goes_away_leaves_the_queue(sims: list[RunningSimulator]) -> None:

@@ -1,0 +1,209 @@
+"""The stream hub: one thread of the process reads every streamed answer; the caller gets the same
+record, the connection goes back to its pool when the body was read to its end, bodies it cannot
+take are read the usual way, and a forked child gets a hub of its own. Over real HTTP, against the
+simulator and small servers of the test's own."""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from dflash_tasks.core.errors import RetryableError
+from dflash_tasks.core.job import GenerationSpec
+from dflash_tasks.core.repetition import RepetitionSettings
+from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
+from workers.sglang_client import ChatRequest, Completion, SGLangClient, stream_hub
+from workers.sglang_client.stream import StreamReader
+
+ON = RepetitionSettings()
+SPEC = GenerationSpec(model="m", max_tokens=600)
+EVENTS = (
+    b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"Hm."},"finish_reason":null}],'
+    b'"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
+    b"data: [DONE]\n\n",
+)
+
+
+@pytest.fixture
+def sim() -> Iterator[RunningSimulator]:
+    with start_simulator(SimConfig(port=0, time_scale=0.0, mean_output_tokens=300, stream_interval=4)) as s:
+        yield s
+
+
+def ask(
+    client: SGLangClient, rid: str, watch: RepetitionSettings | None = ON, question: int = 0
+) -> Completion:
+    messages = [{"role": "user", "content": f"Question {question}: what is 6*7? Explain."}]
+    return client.chat(ChatRequest(SPEC, messages, rid, watch=watch))
+
+
+class Counting:
+    """A server answering every chat with :data:`EVENTS`, chunked (``chunked=False``: one sized
+    body) and counting the connections it accepted."""
+
+    def __init__(self, chunked: bool = True) -> None:
+        self.connections = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                outer.connections += 1
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                if chunked:
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for event in EVENTS:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    self.wfile.write(b"0\r\n\r\n")
+                else:
+                    body = b"".join(EVENTS)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class ThreadNoting(StreamReader):
+    """A reader that notes the threads it was fed on."""
+
+    threads: set[str] = set()
+
+    def feed(self, data: bytes) -> bool:
+        ThreadNoting.threads.add(threading.current_thread().name)
+        return super().feed(data)
+
+
+def test_the_hub_thread_reads_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What arrived with the headers is read by the caller, the rest by the hub's thread."""
+    monkeypatch.setattr("workers.sglang_client.client.StreamReader", ThreadNoting)
+    ThreadNoting.threads = set()
+    paced = SimConfig(port=0, time_scale=0.05, mean_output_tokens=300, stream_interval=4)
+    with start_simulator(paced) as sim:
+        streamed = ask(SGLangClient(sim.url), "hub")
+        plain = ask(SGLangClient(sim.url), "hub", watch=None)
+    assert "sglang-streams" in ThreadNoting.threads
+    assert (streamed.reasoning, streamed.content, streamed.completion_tokens) == (
+        plain.reasoning,
+        plain.content,
+        plain.completion_tokens,
+    )
+
+
+def test_a_stream_read_to_its_end_leaves_its_connection_for_the_next_request() -> None:
+    server = Counting()
+    try:
+        client = SGLangClient(server.url)
+        for n in range(3):
+            done = ask(client, f"r{n}")
+            assert (done.reasoning, done.finish_reason) == ("Hm.", "stop")
+        assert server.connections == 1
+    finally:
+        server.close()
+
+
+def test_a_body_the_hub_cannot_take_is_read_the_usual_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("workers.sglang_client.client.StreamReader", ThreadNoting)
+    ThreadNoting.threads = set()
+    server = Counting(chunked=False)
+    try:
+        done = ask(SGLangClient(server.url), "sized")
+    finally:
+        server.close()
+    assert (done.reasoning, done.completion_tokens) == ("Hm.", 2)
+    assert ThreadNoting.threads == {threading.current_thread().name}
+
+
+def test_many_streams_at_once_each_get_their_own_answer(sim: RunningSimulator) -> None:
+    client = SGLangClient(sim.url)
+    with ThreadPoolExecutor(48) as pool:
+        streamed = list(pool.map(lambda n: ask(client, f"s{n}", question=n % 12), range(96)))
+    plain = {n: ask(client, f"p{n}", watch=None, question=n) for n in range(12)}
+    assert len({p.reasoning for p in plain.values()}) == 12
+    for n, done in enumerate(streamed):
+        assert (done.reasoning, done.content) == (plain[n % 12].reasoning, plain[n % 12].content)
+
+
+def test_a_reader_that_fails_fails_its_request_only(
+    monkeypatch: pytest.MonkeyPatch, sim: RunningSimulator
+) -> None:
+    class Broken(StreamReader):
+        def feed(self, data: bytes) -> bool:
+            raise KeyError("odd")
+
+    client = SGLangClient(sim.url)
+    monkeypatch.setattr("workers.sglang_client.client.StreamReader", Broken)
+    with pytest.raises(RetryableError, match="reading the stream failed: KeyError"):
+        ask(client, "broken")
+    monkeypatch.undo()
+    assert ask(client, "after").finish_reason in ("stop", "length")
+
+
+def _child(url: str, out: Any) -> None:
+    done = ask(SGLangClient(url), "child")
+    out.send((done.finish_reason, stream_hub.shared_hub()._thread.is_alive()))
+
+
+def test_a_forked_child_reads_its_streams_with_a_hub_of_its_own(sim: RunningSimulator) -> None:
+    ask(SGLangClient(sim.url), "parent")  # the parent's hub runs
+    parent_hub = stream_hub.shared_hub()
+    here, there = multiprocessing.get_context("fork").Pipe()
+    child = multiprocessing.get_context("fork").Process(target=_child, args=(sim.url, there))
+    child.start()
+    try:
+        assert here.poll(30), "the child's streamed request never ended"
+        finish, alive = here.recv()
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    assert finish in ("stop", "length") and alive
+    assert stream_hub.shared_hub() is parent_hub
+
+
+def test_the_hub_gives_no_connection_back_when_the_server_cuts_the_body() -> None:
+    """A body cut mid-chunk: retryable, as a cut connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        conn.sendall(head + b"%x\r\n%s\r\n" % (len(EVENTS[0]), EVENTS[0]) + b"40\r\ndata: {")
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(RetryableError, match="closed the stream before its end"):
+            ask(SGLangClient(f"http://127.0.0.1:{port}"), "cut")
+    finally:
+        thread.join(5)
+        listener.close()
