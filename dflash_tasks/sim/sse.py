@@ -14,7 +14,8 @@ streams one ``data: {"error": {...}}`` event and ``[DONE]``, with HTTP status 20
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -33,6 +34,12 @@ class ChunkHead:
     id: str
     created: int
     model: str
+    #: the bytes of a text chunk up to its delta (a chunk per decode step: built once)
+    _start: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        start = self.chunk({"reasoning_content": None}).split(b'"delta":', 1)[0] + b'"delta":'
+        object.__setattr__(self, "_start", start)
 
     def chunk(
         self,
@@ -63,11 +70,18 @@ class ChunkHead:
     def role(self) -> bytes:
         return self.chunk({"reasoning_content": None, "role": "assistant", "content": ""})
 
-    def reasoning(self, text: str, usage: dict[str, Any] | None = None) -> bytes:
-        return self.chunk({"reasoning_content": text}, usage=usage)
+    def reasoning(self, text: str, usage: bytes = b"") -> bytes:
+        """A thought's delta; ``usage``: the running usage's JSON (:func:`usage_json`), if any."""
+        return self._text(b'{"reasoning_content":', text, usage)
 
-    def content(self, text: str, usage: dict[str, Any] | None = None) -> bytes:
-        return self.chunk({"reasoning_content": None, "content": text}, usage=usage)
+    def content(self, text: str, usage: bytes = b"") -> bytes:
+        """An answer's delta, as :meth:`reasoning`."""
+        return self._text(b'{"reasoning_content":null,"content":', text, usage)
+
+    def _text(self, delta: bytes, text: str, usage: bytes) -> bytes:
+        """What :meth:`chunk` writes for a text delta, built from bytes (the same bytes)."""
+        tail = _TEXT_TAIL + b',"usage":' + usage + b"}\n\n" if usage else _TEXT_TAIL + b"}\n\n"
+        return b"".join((self._start, delta, encode_basestring_ascii(text).encode(), tail))
 
     def finish(self, reason: str, matched_stop: int | None) -> bytes:
         return self.chunk({"reasoning_content": None}, reason, matched_stop)
@@ -84,6 +98,19 @@ class ChunkHead:
                 **fields,
             }
         )
+
+
+_TEXT_TAIL = b'},"logprobs":null,"finish_reason":null,"matched_stop":null}]'
+
+
+def usage_json(prompt: int, completion: int, reasoning: int) -> bytes:
+    """:func:`usage` as compact JSON (a running usage goes with every chunk)."""
+    details = b'{"reasoning_tokens":%d}' % reasoning if reasoning else b"null"
+    return (
+        b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":null,'
+        b'"reasoning_tokens":%d,"completion_tokens_details":%s}'
+        % (prompt, prompt + completion, completion, reasoning, details)
+    )
 
 
 def usage(prompt: int, completion: int, reasoning: int) -> dict[str, Any]:
@@ -119,6 +146,8 @@ class ReasoningStream:
             self._in_reasoning = False
 
     def feed(self, delta: str) -> tuple[str, str]:
+        if not self._buffer and "<" not in delta:  # no tag in sight: the usual delta
+            return (delta, "") if self._in_reasoning else ("", delta)
         text = self._buffer + delta
         self._buffer = text
         if any(tag.startswith(text) and tag != text for tag in (THINK_OPEN, THINK_CLOSE)):

@@ -26,7 +26,7 @@ from dflash_tasks.sim.config import FaultSpec, SimConfig
 from dflash_tasks.sim.protocol import ChatRequest, spec_details
 from dflash_tasks.sim.pump import StreamPump
 from dflash_tasks.sim.scheduler import Gone, QueueFull, SlotScheduler, Stopped
-from dflash_tasks.sim.sse import DONE, ChunkHead, ReasoningStream, error_event, usage
+from dflash_tasks.sim.sse import DONE, ChunkHead, ReasoningStream, error_event, usage, usage_json
 from dflash_tasks.sim.textgen import IM_END_TOKEN_ID, Plan, prompt_rng, span_tokens
 
 #: Writes one piece of a streamed body; raises ``OSError`` when the client is gone.
@@ -195,12 +195,12 @@ class StreamJob:
         if parser is not None and last and plan.finish_reason != "abort":
             more_reasoning, more_content = parser.finish()
             reasoning, content = reasoning + more_reasoning, content + more_content
-        running = None
+        running = b""
         if req.continuous_usage:
             reasoning_tokens = (
                 min(upto, plan.reasoning_tokens) if self.engine.config.has_reasoning_parser else 0
             )
-            running = usage(req.prompt_tokens, upto, reasoning_tokens)
+            running = usage_json(req.prompt_tokens, upto, reasoning_tokens)
         if reasoning:
             out.append(head.reasoning(reasoning, running))
         if content:

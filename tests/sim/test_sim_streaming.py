@@ -17,7 +17,7 @@ import requests
 from dflash_tasks.core.repetition import RepetitionDetector, first_loop
 from dflash_tasks.sim import RunningSimulator, start_simulator
 from dflash_tasks.sim.__main__ import config_from_args
-from dflash_tasks.sim.sse import ReasoningStream
+from dflash_tasks.sim.sse import ChunkHead, ReasoningStream, usage, usage_json
 from dflash_tasks.sim.streaming import emission_points
 from tests.helpers import wait_until
 
@@ -151,6 +151,18 @@ def test_emission_points() -> None:
     assert emission_points(10, 2.5, 1) == [2, 5, 7, 10]  # one chunk per verify pass
     assert emission_points(10, 1.0, 4) == [1, 5, 9, 10]  # the first at once, then every 4 unsent
     assert emission_points(0, 3.0, 1) == []
+
+
+@pytest.mark.parametrize("text", ["plain", ' "quoted" \\ back', "tab\tnl\n\u0001", "é ü 中文 🙂", "", "<"])
+@pytest.mark.parametrize("running", [None, (12, 40, 30), (12, 40, 0)])
+def test_text_chunks_are_the_json_a_generic_encoder_writes(
+    text: str, running: tuple[int, int, int] | None
+) -> None:
+    head = ChunkHead('id-"1"', 1700000000, "Qwen/Qwen3-8B")
+    fields = usage(*running) if running else None
+    fast = usage_json(*running) if running else b""
+    assert head.reasoning(text, fast) == head.chunk({"reasoning_content": text}, usage=fields)
+    assert head.content(text, fast) == head.chunk({"reasoning_content": None, "content": text}, usage=fields)
 
 
 def test_the_reasoning_parser_holds_back_a_split_tag() -> None:
