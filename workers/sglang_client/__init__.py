@@ -7,6 +7,8 @@ only, never a body of the server's:
 * :mod:`~workers.sglang_client.client`: :class:`SGLangClient`, the HTTP calls
 * :mod:`~workers.sglang_client.replies`: :class:`Completion` and its :class:`MetaInfo`
 * :mod:`~workers.sglang_client.stream`: a streamed answer read, and stopped when its text loops
+* :mod:`~workers.sglang_client.stream_hub`: the one thread that reads every streamed body
+* :mod:`~workers.sglang_client.chunked`: the chunked transfer coding, decoded as bytes arrive
 * :mod:`~workers.sglang_client.info`: :class:`ServerInfo`, :class:`ModelInfo`, :class:`ServerIdentity`
 * :mod:`~workers.sglang_client.load`: :class:`ServerLoad`, from ``/metrics``
 * :mod:`~workers.sglang_client.http_errors`: every failure as the exception tree of
