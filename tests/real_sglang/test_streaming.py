@@ -1,20 +1,24 @@
 """Streamed chat completions (``stream: true``), held against the pinned release and the simulator
 with the same assertions: the chunks' kinds, order and keys (docs/sglang.md, "Streaming").
 
-A plain HTTP client here (``requests``): the worker's streaming client is wired in later (issue
-33, stage 2). What a closed stream does to the server: ``test_loop_abort.py``.
+A plain HTTP client here (``requests``), and the worker's own (``SGLangClient``), whose stream hub
+reads the release's chunked body. What a closed stream does to the server: ``test_loop_abort.py``.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from typing import Any
 
 import pytest
 import requests
 
+from dflash_tasks.core.job import GenerationSpec
+from dflash_tasks.core.repetition import RepetitionSettings
 from tests.real_sglang.conftest import SETUP_TIMEOUT, Target
+from workers.sglang_client import ChatRequest, SGLangClient, StreamReader
 
 pytestmark = pytest.mark.timeout(SETUP_TIMEOUT)
 
@@ -118,6 +122,27 @@ def test_a_streamed_answer_is_the_plain_answer_in_chunks(target: Target) -> None
     finish = chunks[-3]["choices"][0]
     assert (finish["finish_reason"], finish["matched_stop"]) == ("stop", plain["choices"][0]["matched_stop"])
     assert chunks[-2]["usage"] == plain["usage"]
+
+
+def test_the_workers_client_reads_the_stream_on_its_hub(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's client hands the release's body to its stream hub (a chunked body it can take)
+    and gets the plain answer's texts."""
+    threads: set[str] = set()
+
+    class Noting(StreamReader):
+        def feed(self, data: bytes) -> bool:
+            threads.add(threading.current_thread().name)
+            return super().feed(data)
+
+    monkeypatch.setattr("workers.sglang_client.client.StreamReader", Noting)
+    plain = post(target, payload(target)).json()["choices"][0]["message"]
+    client = SGLangClient(target.url, timeout=120, api_key=target.api_key)
+    spec = GenerationSpec(model=target.served_name, max_tokens=512)
+    done = client.chat(ChatRequest(spec, QUESTION, f"hub-{uuid.uuid4().hex[:8]}", watch=RepetitionSettings()))
+    assert "sglang-streams" in threads
+    assert (done.reasoning, done.content) == (plain["reasoning_content"].strip(), plain["content"].strip())
 
 
 def test_without_include_usage_no_usage_chunk(target: Target) -> None:
