@@ -6,7 +6,7 @@ from one shared list) sends the prompts plain, then streamed (``SGLangClient`` w
 default repetition settings: ``stream: true``, continuous usage, each delta fed to the detector),
 then plain and streamed again; each phase is timed from its first request to its last answer.
 The servers: S simulators started here (default 1, ``--max-running-requests`` = slots, the
-simulator's output lengths capped by ``max_tokens`` 4096, ``--stream-interval 8`` as the node
+simulator's output lengths capped by ``max_tokens`` 4096, ``--stream-interval 16`` as the node
 launches SGLang, ``--time-scale 0.025``), or a running server (``--set endpoint=URL``, e.g. real
 SGLang: ``benchmarks/gpu_check.sh stream``). The figure: streamed completions per second over
 plain (the better of two phases each), the client's CPU milliseconds per completion (this

@@ -85,7 +85,7 @@ def test_sglang_command_has_mtp_reasoning_and_metrics() -> None:
     assert flag(argv, "--reasoning-parser") == "qwen3"
     assert flag(argv, "--speculative-algorithm") == "NEXTN"
     assert "--enable-metrics" in argv
-    assert flag(argv, "--stream-interval") == "8"  # the workers stream: a chunk every 8 tokens
+    assert flag(argv, "--stream-interval") == "16"  # the workers stream: a chunk every 16 tokens
 
 
 def test_nextn_triple_is_consistent() -> None:
@@ -265,7 +265,7 @@ def test_node_cli_print_commands_and_env_defaults(
     assert "--port 32001" in out and "--port 32003" in out
     assert "--speculative-algorithm NEXTN --speculative-num-steps 3" in out
     assert "--endpoint http://127.0.0.1:32003 --name gpu3" in out
-    assert "--enable-metrics --stream-interval 8 --context-length 40960 --mem-fraction-static 0.8" in out
+    assert "--enable-metrics --stream-interval 16 --context-length 40960 --mem-fraction-static 0.8" in out
     assert "CUDA_VISIBLE_DEVICES=3 DFLASH_METRICS_PORT=9903 " in out
 
 

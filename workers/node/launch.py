@@ -26,9 +26,10 @@ HOST = "127.0.0.1"
 HEALTH_PATH = "/health_generate"
 REASONING_PARSER = "qwen3"
 #: ``--stream-interval``: a streamed answer's chunk goes out once this many tokens are unsent (the
-#: release's default is 1, a chunk per decode step; fewer chunks cost the server less). The loop
-#: detector checks every 64 characters anyway, about 15 tokens.
-STREAM_INTERVAL = 8
+#: release's default is 1, a chunk per decode step; fewer chunks cost the server and the worker
+#: less: docs/performance.md, "Streaming"). The loop detector checks every 64 characters anyway,
+#: about 15 tokens.
+STREAM_INTERVAL = 16
 #: No speculative decoding (a dense model without a draft).
 NO_SPEC = Profile("none", "no speculative decoding")
 
