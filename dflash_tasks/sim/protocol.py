@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_tasks.sim.config import SPEC_NUM_DRAFT_TOKENS, SimConfig
+from dflash_tasks.sim.sse import usage
 from dflash_tasks.sim.textgen import IM_END_TOKEN_ID, Plan
 
 
@@ -293,16 +294,7 @@ def chat_response(req: ChatRequest, out: Outcome, config: SimConfig) -> dict[str
         "created": out.created,
         "model": req.model,
         "choices": [choice],
-        "usage": {
-            "prompt_tokens": req.prompt_tokens,
-            "total_tokens": req.prompt_tokens + completion,
-            "completion_tokens": completion,
-            "prompt_tokens_details": None,
-            "reasoning_tokens": out.reasoning_tokens,
-            "completion_tokens_details": (
-                {"reasoning_tokens": out.reasoning_tokens} if out.reasoning_tokens else None
-            ),
-        },
+        "usage": usage(req.prompt_tokens, completion, out.reasoning_tokens),
         "metadata": {"weight_version": "default"},
     }
     if req.return_spec_tokens_details:
