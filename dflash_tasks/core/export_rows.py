@@ -51,7 +51,7 @@ class Candidate:
     row: dict[str, Any]
     generated: int  # completion tokens of the turns this row trains (its own)
     reasons: list[tuple[str, str]] = field(default_factory=list)  # (reason, detail), most telling first
-    cut_at_max_tokens: bool = False  # its last turn hit max_tokens
+    cut_short: bool = False  # its last turn was cut short (Turn.cut_short): at max_tokens, or at its loop
     tokens: RowTokens | None = None  # the trainer's view, once counted
     source: str | None = None  # the record's input source (a job of several)
     turn: int | None = None  # the per-turn layout: the index of the turn it trains; None: every one
@@ -76,7 +76,7 @@ def conversation_candidate(
     last = record.turns[-1]
     looping = loop_tokens(last)
     generated = sum(t.usage.completion_tokens for t in record.turns) - looping
-    c = Candidate(record.id, row, generated, cut_at_max_tokens=_cut(last), looping=looping)
+    c = Candidate(record.id, row, generated, cut_short=last.cut_short, looping=looping)
     c.reasons += _loop_reasons(last, on_loop or OnLoop())
     checks = record_checks(record, thinking)
     c.reasons += [(check, "") for check in (*DEFAULT_DROPS, *sorted(drop_checks)) if check in checks]
@@ -116,7 +116,7 @@ def per_turn_candidates(
             record.id,
             row,
             turn.usage.completion_tokens - looping,
-            cut_at_max_tokens=_cut(turn),
+            cut_short=turn.cut_short,
             turn=index,
             looping=looping,
         )
@@ -149,11 +149,6 @@ def prefix_messages(
     return messages + [
         {"role": m["role"], "content": m["content"], "reasoning_content": None} for m in next_input
     ]
-
-
-def _cut(turn: Turn) -> bool:
-    """Whether the row ends in a turn cut short: at ``max_tokens``, or where its loop starts."""
-    return turn.finish_reason == "length" or turn.looped
 
 
 def _loop_reasons(turn: Turn, on_loop: OnLoop) -> list[tuple[str, str]]:
@@ -190,12 +185,13 @@ def _copied_answers(record: Record) -> frozenset[int]:
 
 
 def within_horizon(candidate: Candidate, thinking: bool, max_length: int, per_turn: bool) -> tuple[bool, str]:
-    """Whether a row cut at max_tokens may be written by the horizon rule, and why not.
+    """Whether a row cut short (at max_tokens, or where its loop starts) may be written by the horizon
+    rule, and why not.
 
     The row's only problems must be its cut (``truncated``, a blank answer), and the trainer's
     ``max_length`` must fall inside the last turn's generated text (``candidate.tokens`` counted).
     """
-    if not candidate.cut_at_max_tokens or candidate.tokens is None:
+    if not candidate.cut_short or candidate.tokens is None:
         return False, "no tokenizer to place the trainer's cut" if candidate.tokens is None else ""
     if any(reason not in _HORIZON_LIFTS for reason, _ in candidate.reasons):
         return False, ""

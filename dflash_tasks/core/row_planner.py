@@ -235,7 +235,7 @@ class RowPlanner:
             # the row is its looped turn cut where the loop starts: judged as a cut row from here on
             c.reasons = [(reason, detail) for reason, detail in c.reasons if reason != "looping"]
             kept.append("looping")
-        if self.options.mode == "trainer" and c.cut_at_max_tokens:
+        if self.options.mode == "trainer" and c.cut_short:
             horizon, why = within_horizon(c, self.thinking, self.view.max_length, self.per_turn)
             if not horizon and why and c.reasons and c.reasons[0][0] == "truncated":
                 c.reasons[0] = ("truncated", why)
