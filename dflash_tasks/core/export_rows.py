@@ -18,27 +18,36 @@ them). ``validator`` leaves out every truncated row, so SpecForge's validator ac
 
 No row carries a loop: a turn stopped in a loop is written cut where its loop starts, as a turn cut
 at ``max_tokens`` is (``truncated``, the horizon rule), when the job's ``--on-loop prefix`` keeps it
-(:mod:`dflash_tasks.core.on_loop`); otherwise its row is left out as ``looping`` (``--keep
-looping`` writes the cut row, still under the truncated rule).
+(:mod:`dflash_tasks.core.on_loop`); otherwise its row is left out by the ``looping`` check, one of
+the default drops (``--keep looping`` writes the cut row, still under the truncated rule).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_tasks.core.loss_tokens import LossTokenCounter, RowTokens, row_messages
 from dflash_tasks.core.on_loop import OnLoop, loop_tokens, tokens_before_loop
-from dflash_tasks.core.quality import QualitySettings, check_record
+from dflash_tasks.core.quality import QualitySettings, check_record, check_turn
 from dflash_tasks.core.record import Record, Turn
 from dflash_tasks.core.trainer_rules import row_problem
 
 LAYOUTS = ("auto", "conversation", "per-turn")
 MODES = ("trainer", "validator")
 
-#: Quality checks whose rows the trainer rejects (or should never see): left out by default.
-DEFAULT_DROPS = ("think_marker", "truncated", "empty_answer", "no_reasoning", "unexpected_reasoning")
+#: Quality checks whose rows the trainer rejects (or should never see): left out by default, the
+#: first a row fails naming why. ``looping`` spares a turn whose text before its loop the job's
+#: ``--on-loop prefix`` keeps: its row is that text, cut short (``truncated``).
+DEFAULT_DROPS = (
+    "looping",
+    "think_marker",
+    "truncated",
+    "empty_answer",
+    "no_reasoning",
+    "unexpected_reasoning",
+)
 #: Reasons the horizon rule can lift from a row whose last turn hit max_tokens.
 _HORIZON_LIFTS = frozenset(("truncated", "empty_answer", "empty_message"))
 
@@ -77,9 +86,7 @@ def conversation_candidate(
     looping = loop_tokens(last)
     generated = sum(t.usage.completion_tokens for t in record.turns) - looping
     c = Candidate(record.id, row, generated, cut_short=last.cut_short, looping=looping)
-    c.reasons += _loop_reasons(last, on_loop or OnLoop())
-    checks = record_checks(record, thinking)
-    c.reasons += [(check, "") for check in (*DEFAULT_DROPS, *sorted(drop_checks)) if check in checks]
+    c.reasons += drop_reasons(record_checks(record, thinking), last, drop_checks, on_loop or OnLoop())
     if thinking and copied:
         c.reasons.append(("source_answers", f"{len(copied)} assistant turns copied from the input"))
     exempt = copied if keep_sources else frozenset()
@@ -120,8 +127,7 @@ def per_turn_candidates(
             turn=index,
             looping=looping,
         )
-        c.reasons += _loop_reasons(turn, on_loop or OnLoop())
-        c.reasons += _turn_reasons(turn, thinking, drop_checks)
+        c.reasons += drop_reasons(turn_checks(turn, thinking), turn, drop_checks, on_loop or OnLoop())
         earlier = frozenset(i for i, m in enumerate(messages[:-1]) if m["role"] == "assistant")
         problem = row_problem(row, expect_reasoning=thinking, exempt=earlier)
         if problem is not None:
@@ -151,24 +157,39 @@ def prefix_messages(
     ]
 
 
-def _loop_reasons(turn: Turn, on_loop: OnLoop) -> list[tuple[str, str]]:
-    """A looped turn's reasons: ``looping`` unless the policy keeps its prefix, then ``truncated``
-    (its row ends where the loop starts, as a row cut at ``max_tokens`` does)."""
+def turn_checks(turn: Turn, thinking: bool) -> set[str]:
+    """The checks a turn fails: as stored, else as the quality checks find them."""
+    return set(turn.checks if turn.checks is not None else check_turn(turn, thinking, QualitySettings()))
+
+
+def drop_reasons(
+    checks: Collection[str], turn: Turn, drop_checks: frozenset[str], on_loop: OnLoop
+) -> list[tuple[str, str]]:
+    """Why a row ending in ``turn`` is left out: the checks it fails (``checks``: the turn's, or the
+    record's for a whole conversation) among the default drops, then ``drop_checks``, each once.
+    A turn cut short fails ``truncated`` (a looped one is cut where its loop starts); ``looping``
+    spares a turn whose text before its loop the job keeps (``on_loop``)."""
+    failed = {*checks, *(("truncated",) if turn.cut_short else ())}
+    spared = {"looping"} if on_loop.keeps_prefix(turn) else set()
+    return [
+        (check, _detail(check, turn, on_loop))
+        for check in dict.fromkeys((*DEFAULT_DROPS, *sorted(drop_checks)))
+        if check in failed - spared
+    ]
+
+
+def _detail(check: str, turn: Turn, on_loop: OnLoop) -> str:
+    """What a looped turn's ``looping`` or ``truncated`` reason says (nothing for other checks)."""
     loop = turn.loop
     if loop is None:
-        return []
-    cut = ("truncated", f"cut where its {loop.text} loops, {tokens_before_loop(turn):,} tokens in")
-    if on_loop.keeps_prefix(turn):
-        return [cut]
-    why = f"stopped in a loop of its {loop.text} at token {loop.start_token:,} (--on-loop {on_loop.policy})"
-    return [("looping", why), cut]
-
-
-def _turn_reasons(turn: Turn, thinking: bool, drop_checks: frozenset[str]) -> Iterator[tuple[str, str]]:
-    checks = set(turn.checks) if turn.checks is not None else set()
-    for check in (*DEFAULT_DROPS, *sorted(drop_checks)):
-        if check in checks:
-            yield check, ""
+        return ""
+    if check == "looping":
+        return (
+            f"stopped in a loop of its {loop.text} at token {loop.start_token:,} (--on-loop {on_loop.policy})"
+        )
+    if check == "truncated":
+        return f"cut where its {loop.text} loops, {tokens_before_loop(turn):,} tokens in"
+    return ""
 
 
 def _copied_answers(record: Record) -> frozenset[int]:
@@ -184,16 +205,19 @@ def _copied_answers(record: Record) -> frozenset[int]:
     return frozenset(copied)
 
 
-def within_horizon(candidate: Candidate, thinking: bool, max_length: int, per_turn: bool) -> tuple[bool, str]:
+def within_horizon(
+    candidate: Candidate, thinking: bool, max_length: int, per_turn: bool, kept: frozenset[str] = frozenset()
+) -> tuple[bool, str]:
     """Whether a row cut short (at max_tokens, or where its loop starts) may be written by the horizon
     rule, and why not.
 
-    The row's only problems must be its cut (``truncated``, a blank answer), and the trainer's
-    ``max_length`` must fall inside the last turn's generated text (``candidate.tokens`` counted).
+    The row's only problems must be its cut (``truncated``, a blank answer) and reasons the export
+    keeps (``kept``: ``--keep``), and the trainer's ``max_length`` must fall inside the last turn's
+    generated text (``candidate.tokens`` counted).
     """
     if not candidate.cut_short or candidate.tokens is None:
         return False, "no tokenizer to place the trainer's cut" if candidate.tokens is None else ""
-    if any(reason not in _HORIZON_LIFTS for reason, _ in candidate.reasons):
+    if any(reason not in _HORIZON_LIFTS | kept for reason, _ in candidate.reasons):
         return False, ""
     filled = _with_answer(candidate.row)  # whatever else the row breaks, apart from its blank answer
     earlier = frozenset(

@@ -231,18 +231,16 @@ class RowPlanner:
         """The row when the trainer gets it (counted), else None (left out, counted)."""
         horizon = False
         kept: list[str] = []
-        if "looping" in self.options.keep and any(reason == "looping" for reason, _ in c.reasons):
-            # the row is its looped turn cut where the loop starts: judged as a cut row from here on
-            c.reasons = [(reason, detail) for reason, detail in c.reasons if reason != "looping"]
-            kept.append("looping")
+        keep = self.options.keep
         if self.options.mode == "trainer" and c.cut_short:
-            horizon, why = within_horizon(c, self.thinking, self.view.max_length, self.per_turn)
-            if not horizon and why and c.reasons and c.reasons[0][0] == "truncated":
-                c.reasons[0] = ("truncated", why)
+            horizon, why = within_horizon(c, self.thinking, self.view.max_length, self.per_turn, keep)
+            deciding = next((i for i, (reason, _) in enumerate(c.reasons) if reason not in keep), None)
+            if not horizon and why and deciding is not None and c.reasons[deciding][0] == "truncated":
+                c.reasons[deciding] = ("truncated", why)
         for reason, detail in c.reasons:
             if horizon and reason in ("truncated", "empty_answer", "empty_message"):
                 continue
-            if reason not in self.options.keep:
+            if reason not in keep:
                 self._leave_out(c.row["id"], reason, detail, c.generated, c.looping)
                 return None
             kept.append(reason)
