@@ -48,7 +48,9 @@ DEFAULT_DROPS = (
     "no_reasoning",
     "unexpected_reasoning",
 )
-#: Reasons the horizon rule can lift from a row whose last turn hit max_tokens.
+#: Where a turn that hit ``max_tokens`` was cut (:func:`cut_where`).
+AT_MAX_TOKENS = "at max_tokens"
+#: Reasons the horizon rule can lift from a row whose last turn was cut short.
 _HORIZON_LIFTS = frozenset(("truncated", "empty_answer", "empty_message"))
 
 
@@ -60,11 +62,16 @@ class Candidate:
     row: dict[str, Any]
     generated: int  # completion tokens of the turns this row trains (its own)
     reasons: list[tuple[str, str]] = field(default_factory=list)  # (reason, detail), most telling first
-    cut_short: bool = False  # its last turn was cut short (Turn.cut_short): at max_tokens, or at its loop
+    cut: str = ""  # where its last turn was cut short (cut_where), "" when it was not
     tokens: RowTokens | None = None  # the trainer's view, once counted
     source: str | None = None  # the record's input source (a job of several)
     turn: int | None = None  # the per-turn layout: the index of the turn it trains; None: every one
     looping: int = 0  # completion tokens of its looped turn from the loop on (never in the row)
+
+    @property
+    def cut_short(self) -> bool:
+        """Whether its last turn was cut short (:attr:`Turn.cut_short`)."""
+        return bool(self.cut)
 
 
 def record_checks(record: Record, thinking: bool) -> set[str]:
@@ -85,7 +92,7 @@ def conversation_candidate(
     last = record.turns[-1]
     looping = loop_tokens(last)
     generated = sum(t.usage.completion_tokens for t in record.turns) - looping
-    c = Candidate(record.id, row, generated, cut_short=last.cut_short, looping=looping)
+    c = Candidate(record.id, row, generated, cut=cut_where(last), looping=looping)
     c.reasons += drop_reasons(record_checks(record, thinking), last, drop_checks, on_loop or OnLoop())
     if thinking and copied:
         c.reasons.append(("source_answers", f"{len(copied)} assistant turns copied from the input"))
@@ -123,7 +130,7 @@ def per_turn_candidates(
             record.id,
             row,
             turn.usage.completion_tokens - looping,
-            cut_short=turn.cut_short,
+            cut=cut_where(turn),
             turn=index,
             looping=looping,
         )
@@ -178,17 +185,24 @@ def drop_reasons(
     ]
 
 
-def _detail(check: str, turn: Turn, on_loop: OnLoop) -> str:
-    """What a looped turn's ``looping`` or ``truncated`` reason says (nothing for other checks)."""
+def cut_where(turn: Turn) -> str:
+    """Where a turn cut short stops ("" when it is not): at ``max_tokens``, or where its loop starts
+    (its row ends there)."""
     loop = turn.loop
-    if loop is None:
-        return ""
-    if check == "looping":
-        return (
-            f"stopped in a loop of its {loop.text} at token {loop.start_token:,} (--on-loop {on_loop.policy})"
-        )
-    if check == "truncated":
-        return f"cut where its {loop.text} loops, {tokens_before_loop(turn):,} tokens in"
+    if loop is not None:
+        kept = tokens_before_loop(turn)
+        return f"where its loop starts, token {loop.start_token:,} of its {loop.text} ({kept:,} tokens kept)"
+    return AT_MAX_TOKENS if turn.cut_short else ""
+
+
+def _detail(check: str, turn: Turn, on_loop: OnLoop) -> str:
+    """What a ``looping`` or ``truncated`` reason says (nothing for other checks)."""
+    loop = turn.loop
+    if check == "looping" and loop is not None:
+        where = f"its {loop.text} at token {loop.start_token:,}"
+        return f"stopped in a loop of {where} (--on-loop {on_loop.policy})"
+    if check == "truncated" and turn.cut_short:
+        return f"cut {cut_where(turn)}"
     return ""
 
 
@@ -227,9 +241,10 @@ def within_horizon(
     if problem is not None:
         return False, ""
     if candidate.tokens.generated_end < max_length:
+        then = "to continue or drop" if candidate.cut == AT_MAX_TOKENS else "a loop's prefix is not continued"
         return False, (
-            f"cut at max_tokens {candidate.tokens.generated_end:,} tokens into the row, short of the "
-            f"trainer's max_length {max_length:,}: to continue or drop"
+            f"cut {candidate.cut}, {candidate.tokens.generated_end:,} tokens into the row, short of the "
+            f"trainer's max_length {max_length:,}: {then}"
         )
     return True, ""
 

@@ -118,8 +118,23 @@ def test_a_kept_prefix_short_of_the_horizon_is_truncated_as_a_cut_thought_is(
     assert doc["dropped"] == {"truncated": 2}  # 20-token prefixes end short of max_length 200
     rest = doc["yield"]["where_the_rest_went"]
     assert rest["dropped_rows"] == {"truncated": 20 + 20} and rest["looping"] == 200 * 3
+    at_loop = "cut where its loop starts, token 20 of its reasoning (20 tokens kept), "
+    for detail in left_out_details(tmp_path).values():  # the cut is the loop's start, not max_tokens
+        assert detail.startswith(at_loop) and detail.endswith(
+            "short of the trainer's max_length 200: a loop's prefix is not continued"
+        ), detail
     _, validator = exported(tmp_path, model, OnLoop("prefix", 10), mode="validator")
     assert validator["dropped"] == {"truncated": 3}  # every cut row, the long prefix included
+    assert (
+        left_out_details(tmp_path)["long"]
+        == "cut where its loop starts, token 800 of its reasoning (800 tokens kept)"
+    )
+
+
+def left_out_details(tmp_path: Path) -> dict[str, str]:
+    """The detail of each row the last export left out, by row id."""
+    lines = (tmp_path / "train.jsonl.dropped.jsonl").read_text().splitlines()
+    return {doc["id"]: doc["detail"] for doc in map(json.loads, lines)}
 
 
 @pytest.mark.parametrize("layout", ["per-turn", "conversation"])
