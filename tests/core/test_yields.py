@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import replace
 
 from dflash_tasks.core.record import Record, Usage
-from dflash_tasks.core.repair import Superseded, superseded_tokens
+from dflash_tasks.core.repair import Superseded, superseded
 from dflash_tasks.core.states import RecordStatus
 from dflash_tasks.core.yields import YieldTally
 from tests.core.test_continuation import continued, cut
@@ -20,25 +20,25 @@ def two_turns(second_tokens: int = 40, **second: object) -> Record:
 def test_a_regenerated_turn_is_superseded_a_kept_one_is_not() -> None:
     old = two_turns(70, content="", finish_reason="length")
     again = two_turns(90, reasoning="another thought")  # turn 1 kept, turn 2 generated anew
-    assert superseded_tokens(old, again) == 70
-    assert superseded_tokens(old, record(turn(reasoning="x", latency_s=9.0))) == 40 + 70  # both anew
+    assert superseded(old, again)[0] == 70
+    assert superseded(old, record(turn(reasoning="x", latency_s=9.0)))[0] == 40 + 70  # both anew
 
 
 def test_a_turn_equal_but_for_its_checks_is_kept() -> None:
     old = two_turns()
     rechecked = replace(old, turns=tuple(replace(t, checks=("no_reasoning",)) for t in old.turns))
-    assert superseded_tokens(old, rechecked) == 0
+    assert superseded(old, rechecked)[0] == 0
 
 
 def test_a_continued_turn_carries_its_tokens_and_a_failed_continuation_too() -> None:
     old = cut(done=1000)
     once = continued(old, added=500)
-    assert superseded_tokens(old, once) == 0
-    assert superseded_tokens(once, continued(once, added=200)) == 0  # continued twice
-    assert superseded_tokens(old, old) == 0  # the continuation failed: the cut turn as it was
+    assert superseded(old, once)[0] == 0
+    assert superseded(once, continued(once, added=200))[0] == 0  # continued twice
+    assert superseded(old, old)[0] == 0  # the continuation failed: the cut turn as it was
     # the same text generated again from scratch (temperature 0) was paid for twice
     regenerated = record(replace(once.turns[0], parts=(), latency_s=7.0))
-    assert superseded_tokens(old, regenerated) == 1000
+    assert superseded(old, regenerated)[0] == 1000
 
 
 def test_a_failed_turn_generated_again_supersedes_what_it_had_generated() -> None:
