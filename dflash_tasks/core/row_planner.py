@@ -103,8 +103,8 @@ class RowPlanner:
         self._stored_key: str | None = None  # the view under which a worker's stored count applies
         self._resolved = False
         self._seen: set[str] = set()
-        #: When a dict (the preflight's small sample): each written row's loss tokens, by sample id
-        #: and turn index (None: a conversation row).
+        #: When a dict (the preflight's small sample): each written row's trainable tokens in the
+        #: yield (yields.written_share), by sample id and turn index (None: a conversation row).
         self.written_loss: dict[tuple[str, int | None], int] | None = None
 
     @property
@@ -251,14 +251,16 @@ class RowPlanner:
         self.counts.assistant_turns += 1 if self.per_turn else assistants
         self.counts.multi_turn += assistants > 1
         self.yields.horizon_rows += horizon
-        self.yields.written_generated += c.generated
         self.yields.looping += c.looping
-        if c.tokens is not None:
+        if c.tokens is None:
+            self.yields.add_written(c.generated)
+        else:
             self.summary.add(c.tokens)
-            self.yields.trainable += c.tokens.loss_tokens
-            self.yields.lost_to_max_length += c.tokens.lost_to_max_length
+            trainable = self.yields.add_written(
+                c.generated, c.tokens.loss_tokens, c.tokens.lost_to_max_length
+            )
             if self.written_loss is not None:
-                self.written_loss[(c.sample_id, c.turn)] = c.tokens.loss_tokens
+                self.written_loss[(c.sample_id, c.turn)] = trainable
         if self.options.keep_failed:
             c.row["error"] = None
         return c.row

@@ -193,7 +193,7 @@ def manifest_doc(
         "layout": planner.layout,
         "mode": options.mode,
         "mode_means": MODE_MEANS[options.mode],
-        "trainable_tokens": planner.yields.trainable if planner.counted else None,
+        "trainable_tokens": planner.summary.total if planner.counted else None,
         "trainable": planner.summary.to_dict() if planner.counted else None,
         "yield": planner.yields.to_dict(),
         "trainer": {**view.to_dict(), "note": planner.note},

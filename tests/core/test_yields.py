@@ -8,7 +8,7 @@ from dataclasses import replace
 from dflash_tasks.core.record import Record, Usage
 from dflash_tasks.core.repair import Superseded, superseded
 from dflash_tasks.core.states import RecordStatus
-from dflash_tasks.core.yields import YieldTally
+from dflash_tasks.core.yields import YieldTally, written_share
 from tests.core.test_continuation import continued, cut
 from tests.core.test_record import record, turn
 
@@ -76,3 +76,19 @@ def test_the_preflights_advice_names_loops_when_they_cost_the_yield() -> None:
     tally = YieldTally(generated=1000, trainable=700, written_generated=700, looping=300)
     (advice,) = what_would_raise(tally, "per-turn")
     assert advice.startswith("30.0% of generated tokens: thoughts or answers stopped in a loop")
+
+
+def test_a_written_row_counts_at_most_what_its_turns_generated_so_the_rest_is_never_negative() -> None:
+    # finished: the template's end of turn (and a marker the server counted as one token) are loss
+    assert written_share(generated=100, loss_tokens=104, lost=0) == (100, 0)
+    # cut past max_length (the horizon rule): the </think> and end of turn closing it lie past it too
+    assert written_share(generated=4096, loss_tokens=4000, lost=101) == (4000, 96)
+    # earlier turns the template leaves untrained: the loss tokens are the trainable ones
+    assert written_share(generated=300, loss_tokens=200, lost=10) == (200, 10)
+    tally = YieldTally(generated=4096 + 100 + 300)
+    for row in ((4096, 4000, 101), (100, 104, 0), (300, 200, 10)):
+        tally.add_written(*row)
+    assert (tally.trainable, tally.lost_to_max_length, tally.untrained) == (4300, 106, 90)
+    assert tally.ratio is not None and tally.ratio <= 1
+    tally.add_written(50)  # a row no tokenizer counted: generated, not trainable
+    assert (tally.written_generated, tally.trainable) == (4546, 4300)
