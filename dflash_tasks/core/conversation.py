@@ -78,4 +78,4 @@ def can_continue(turn: Turn) -> bool:
     A turn that failed, hit ``max_tokens`` (``finish_reason: length``), was stopped in a loop
     (``repetition``) or has no answer text ends its conversation.
     """
-    return turn.ok and turn.finish_reason != "length" and not turn.looped and bool(turn.content.strip())
+    return turn.ok and not turn.cut_short and bool(turn.content.strip())

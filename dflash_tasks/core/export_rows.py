@@ -18,28 +18,39 @@ them). ``validator`` leaves out every truncated row, so SpecForge's validator ac
 
 No row carries a loop: a turn stopped in a loop is written cut where its loop starts, as a turn cut
 at ``max_tokens`` is (``truncated``, the horizon rule), when the job's ``--on-loop prefix`` keeps it
-(:mod:`dflash_tasks.core.on_loop`); otherwise its row is left out as ``looping`` (``--keep
-looping`` writes the cut row, still under the truncated rule).
+(:mod:`dflash_tasks.core.on_loop`); otherwise its row is left out by the ``looping`` check, one of
+the default drops (``--keep looping`` writes the cut row, still under the truncated rule).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_tasks.core.loss_tokens import LossTokenCounter, RowTokens, row_messages
 from dflash_tasks.core.on_loop import OnLoop, loop_tokens, tokens_before_loop
-from dflash_tasks.core.quality import QualitySettings, check_record
+from dflash_tasks.core.quality import QualitySettings, check_record, check_turn
 from dflash_tasks.core.record import Record, Turn
 from dflash_tasks.core.trainer_rules import row_problem
 
 LAYOUTS = ("auto", "conversation", "per-turn")
 MODES = ("trainer", "validator")
 
-#: Quality checks whose rows the trainer rejects (or should never see): left out by default.
-DEFAULT_DROPS = ("think_marker", "truncated", "empty_answer", "no_reasoning", "unexpected_reasoning")
-#: Reasons the horizon rule can lift from a row whose last turn hit max_tokens.
+#: Quality checks whose rows the trainer rejects (or should never see): left out by default, the
+#: first a row fails naming why. ``looping`` spares a turn whose text before its loop the job's
+#: ``--on-loop prefix`` keeps: its row is that text, cut short (``truncated``).
+DEFAULT_DROPS = (
+    "looping",
+    "think_marker",
+    "truncated",
+    "empty_answer",
+    "no_reasoning",
+    "unexpected_reasoning",
+)
+#: Where a turn that hit ``max_tokens`` was cut (:func:`cut_where`).
+AT_MAX_TOKENS = "at max_tokens"
+#: Reasons the horizon rule can lift from a row whose last turn was cut short.
 _HORIZON_LIFTS = frozenset(("truncated", "empty_answer", "empty_message"))
 
 
@@ -51,11 +62,16 @@ class Candidate:
     row: dict[str, Any]
     generated: int  # completion tokens of the turns this row trains (its own)
     reasons: list[tuple[str, str]] = field(default_factory=list)  # (reason, detail), most telling first
-    cut_at_max_tokens: bool = False  # its last turn hit max_tokens
+    cut: str = ""  # where its last turn was cut short (cut_where), "" when it was not
     tokens: RowTokens | None = None  # the trainer's view, once counted
     source: str | None = None  # the record's input source (a job of several)
     turn: int | None = None  # the per-turn layout: the index of the turn it trains; None: every one
     looping: int = 0  # completion tokens of its looped turn from the loop on (never in the row)
+
+    @property
+    def cut_short(self) -> bool:
+        """Whether its last turn was cut short (:attr:`Turn.cut_short`)."""
+        return bool(self.cut)
 
 
 def record_checks(record: Record, thinking: bool) -> set[str]:
@@ -76,10 +92,8 @@ def conversation_candidate(
     last = record.turns[-1]
     looping = loop_tokens(last)
     generated = sum(t.usage.completion_tokens for t in record.turns) - looping
-    c = Candidate(record.id, row, generated, cut_at_max_tokens=_cut(last), looping=looping)
-    c.reasons += _loop_reasons(last, on_loop or OnLoop())
-    checks = record_checks(record, thinking)
-    c.reasons += [(check, "") for check in (*DEFAULT_DROPS, *sorted(drop_checks)) if check in checks]
+    c = Candidate(record.id, row, generated, cut=cut_where(last), looping=looping)
+    c.reasons += drop_reasons(record_checks(record, thinking), last, drop_checks, on_loop or OnLoop())
     if thinking and copied:
         c.reasons.append(("source_answers", f"{len(copied)} assistant turns copied from the input"))
     exempt = copied if keep_sources else frozenset()
@@ -116,12 +130,11 @@ def per_turn_candidates(
             record.id,
             row,
             turn.usage.completion_tokens - looping,
-            cut_at_max_tokens=_cut(turn),
+            cut=cut_where(turn),
             turn=index,
             looping=looping,
         )
-        c.reasons += _loop_reasons(turn, on_loop or OnLoop())
-        c.reasons += _turn_reasons(turn, thinking, drop_checks)
+        c.reasons += drop_reasons(turn_checks(turn, thinking), turn, drop_checks, on_loop or OnLoop())
         earlier = frozenset(i for i, m in enumerate(messages[:-1]) if m["role"] == "assistant")
         problem = row_problem(row, expect_reasoning=thinking, exempt=earlier)
         if problem is not None:
@@ -151,29 +164,46 @@ def prefix_messages(
     ]
 
 
-def _cut(turn: Turn) -> bool:
-    """Whether the row ends in a turn cut short: at ``max_tokens``, or where its loop starts."""
-    return turn.finish_reason == "length" or turn.looped
+def turn_checks(turn: Turn, thinking: bool) -> set[str]:
+    """The checks a turn fails: as stored, else as the quality checks find them."""
+    return set(turn.checks if turn.checks is not None else check_turn(turn, thinking, QualitySettings()))
 
 
-def _loop_reasons(turn: Turn, on_loop: OnLoop) -> list[tuple[str, str]]:
-    """A looped turn's reasons: ``looping`` unless the policy keeps its prefix, then ``truncated``
-    (its row ends where the loop starts, as a row cut at ``max_tokens`` does)."""
+def drop_reasons(
+    checks: Collection[str], turn: Turn, drop_checks: frozenset[str], on_loop: OnLoop
+) -> list[tuple[str, str]]:
+    """Why a row ending in ``turn`` is left out: the checks it fails (``checks``: the turn's, or the
+    record's for a whole conversation) among the default drops, then ``drop_checks``, each once.
+    A turn cut short fails ``truncated`` (a looped one is cut where its loop starts); ``looping``
+    spares a turn whose text before its loop the job keeps (``on_loop``)."""
+    failed = {*checks, *(("truncated",) if turn.cut_short else ())}
+    spared = {"looping"} if on_loop.keeps_prefix(turn) else set()
+    return [
+        (check, _detail(check, turn, on_loop))
+        for check in dict.fromkeys((*DEFAULT_DROPS, *sorted(drop_checks)))
+        if check in failed - spared
+    ]
+
+
+def cut_where(turn: Turn) -> str:
+    """Where a turn cut short stops ("" when it is not): at ``max_tokens``, or where its loop starts
+    (its row ends there)."""
     loop = turn.loop
-    if loop is None:
-        return []
-    cut = ("truncated", f"cut where its {loop.text} loops, {tokens_before_loop(turn):,} tokens in")
-    if on_loop.keeps_prefix(turn):
-        return [cut]
-    why = f"stopped in a loop of its {loop.text} at token {loop.start_token:,} (--on-loop {on_loop.policy})"
-    return [("looping", why), cut]
+    if loop is not None:
+        kept = tokens_before_loop(turn)
+        return f"where its loop starts, token {loop.start_token:,} of its {loop.text} ({kept:,} tokens kept)"
+    return AT_MAX_TOKENS if turn.cut_short else ""
 
 
-def _turn_reasons(turn: Turn, thinking: bool, drop_checks: frozenset[str]) -> Iterator[tuple[str, str]]:
-    checks = set(turn.checks) if turn.checks is not None else set()
-    for check in (*DEFAULT_DROPS, *sorted(drop_checks)):
-        if check in checks:
-            yield check, ""
+def _detail(check: str, turn: Turn, on_loop: OnLoop) -> str:
+    """What a ``looping`` or ``truncated`` reason says (nothing for other checks)."""
+    loop = turn.loop
+    if check == "looping" and loop is not None:
+        where = f"its {loop.text} at token {loop.start_token:,}"
+        return f"stopped in a loop of {where} (--on-loop {on_loop.policy})"
+    if check == "truncated" and turn.cut_short:
+        return f"cut {cut_where(turn)}"
+    return ""
 
 
 def _copied_answers(record: Record) -> frozenset[int]:
@@ -189,15 +219,19 @@ def _copied_answers(record: Record) -> frozenset[int]:
     return frozenset(copied)
 
 
-def within_horizon(candidate: Candidate, thinking: bool, max_length: int, per_turn: bool) -> tuple[bool, str]:
-    """Whether a row cut at max_tokens may be written by the horizon rule, and why not.
+def within_horizon(
+    candidate: Candidate, thinking: bool, max_length: int, per_turn: bool, kept: frozenset[str] = frozenset()
+) -> tuple[bool, str]:
+    """Whether a row cut short (at max_tokens, or where its loop starts) may be written by the horizon
+    rule, and why not.
 
-    The row's only problems must be its cut (``truncated``, a blank answer), and the trainer's
-    ``max_length`` must fall inside the last turn's generated text (``candidate.tokens`` counted).
+    The row's only problems must be its cut (``truncated``, a blank answer) and reasons the export
+    keeps (``kept``: ``--keep``), and the trainer's ``max_length`` must fall inside the last turn's
+    generated text (``candidate.tokens`` counted).
     """
-    if not candidate.cut_at_max_tokens or candidate.tokens is None:
+    if not candidate.cut_short or candidate.tokens is None:
         return False, "no tokenizer to place the trainer's cut" if candidate.tokens is None else ""
-    if any(reason not in _HORIZON_LIFTS for reason, _ in candidate.reasons):
+    if any(reason not in _HORIZON_LIFTS | kept for reason, _ in candidate.reasons):
         return False, ""
     filled = _with_answer(candidate.row)  # whatever else the row breaks, apart from its blank answer
     earlier = frozenset(
@@ -207,9 +241,10 @@ def within_horizon(candidate: Candidate, thinking: bool, max_length: int, per_tu
     if problem is not None:
         return False, ""
     if candidate.tokens.generated_end < max_length:
+        then = "to continue or drop" if candidate.cut == AT_MAX_TOKENS else "a loop's prefix is not continued"
         return False, (
-            f"cut at max_tokens {candidate.tokens.generated_end:,} tokens into the row, short of the "
-            f"trainer's max_length {max_length:,}: to continue or drop"
+            f"cut {candidate.cut}, {candidate.tokens.generated_end:,} tokens into the row, short of the "
+            f"trainer's max_length {max_length:,}: {then}"
         )
     return True, ""
 

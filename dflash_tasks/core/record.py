@@ -114,6 +114,12 @@ class Turn:
         """Whether its request was stopped because its text looped."""
         return self.loop is not None
 
+    @property
+    def cut_short(self) -> bool:
+        """Whether its text stops before the model ended it: at ``max_tokens`` (``finish_reason``
+        ``length``), or where it was stopped in a loop (``repetition``)."""
+        return self.finish_reason == "length" or self.looped
+
     def before_loop(self) -> tuple[str, str]:
         """``(reasoning, content)`` as written before the loop began (the whole texts without one)."""
         loop = self.loop
@@ -277,7 +283,7 @@ def outcome_of(turns: Sequence[Turn], user_turns: int) -> Outcome:
     last = turns[-1]
     if not last.ok:
         return Outcome.FAILED
-    if len(turns) < user_turns or last.finish_reason == "length" or last.looped or not last.content:
+    if len(turns) < user_turns or last.cut_short or not last.content:
         return Outcome.TRUNCATED
     return Outcome.COMPLETE
 

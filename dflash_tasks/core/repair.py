@@ -98,31 +98,24 @@ def to_repair(
     return [r for r in records if needs_repair(r, permanent, max_tokens, horizon, on_loop)]
 
 
-def superseded_tokens(old: Record, new: Record) -> int:
-    """The completion tokens of ``old`` that its repaired record ``new`` no longer holds: the turns
-    a round generated again (paid for twice). A kept turn, and a continued one (its first part is
+def superseded(old: Record, new: Record) -> tuple[int, int]:
+    """The completion tokens of ``old`` that its repaired record ``new`` no longer holds (the turns a
+    round generated again: paid for twice), and of those the looped turns' (a looped attempt
+    regenerated), in one pass over the turns. A kept turn, and a continued one (its first part is
     the old turn), carry theirs."""
     later = new.turns
-    return sum(
-        turn.usage.completion_tokens
-        for i, turn in enumerate(old.turns)
-        if i >= len(later) or not carries(later[i], turn)
-    )
-
-
-def superseded_looping(old: Record, new: Record) -> int:
-    """Of :func:`superseded_tokens`, those of looped turns (a looped attempt regenerated)."""
-    later = new.turns
-    return sum(
-        turn.usage.completion_tokens
-        for i, turn in enumerate(old.turns)
-        if turn.looped and (i >= len(later) or not carries(later[i], turn))
-    )
+    tokens = looping = 0
+    for i, turn in enumerate(old.turns):
+        if i < len(later) and carries(later[i], turn):
+            continue
+        tokens += turn.usage.completion_tokens
+        looping += turn.usage.completion_tokens if turn.looped else 0
+    return tokens, looping
 
 
 @dataclass(slots=True)
 class Superseded:
-    """Adds up :func:`superseded_tokens` as the store's reader replaces records (its ``on_replaced``)."""
+    """Adds up :func:`superseded` as the store's reader replaces records (its ``on_replaced``)."""
 
     tokens: int = 0
     records: int = 0  # records replaced
@@ -130,8 +123,8 @@ class Superseded:
     loop_tokens_saved: int = 0  # the budget the stops of those looped attempts left unspent
 
     def __call__(self, old: Record, new: Record) -> None:
-        self.tokens += superseded_tokens(old, new)
-        looping = superseded_looping(old, new)
+        tokens, looping = superseded(old, new)
+        self.tokens += tokens
         self.looping += looping
         self.loop_tokens_saved += tokens_saved(old) if looping else 0
         self.records += 1

@@ -103,8 +103,8 @@ class RowPlanner:
         self._stored_key: str | None = None  # the view under which a worker's stored count applies
         self._resolved = False
         self._seen: set[str] = set()
-        #: When a dict (the preflight's small sample): each written row's loss tokens, by sample id
-        #: and turn index (None: a conversation row).
+        #: When a dict (the preflight's small sample): each written row's trainable tokens in the
+        #: yield (yields.written_share), by sample id and turn index (None: a conversation row).
         self.written_loss: dict[tuple[str, int | None], int] | None = None
 
     @property
@@ -231,18 +231,16 @@ class RowPlanner:
         """The row when the trainer gets it (counted), else None (left out, counted)."""
         horizon = False
         kept: list[str] = []
-        if "looping" in self.options.keep and any(reason == "looping" for reason, _ in c.reasons):
-            # the row is its looped turn cut where the loop starts: judged as a cut row from here on
-            c.reasons = [(reason, detail) for reason, detail in c.reasons if reason != "looping"]
-            kept.append("looping")
-        if self.options.mode == "trainer" and c.cut_at_max_tokens:
-            horizon, why = within_horizon(c, self.thinking, self.view.max_length, self.per_turn)
-            if not horizon and why and c.reasons and c.reasons[0][0] == "truncated":
-                c.reasons[0] = ("truncated", why)
+        keep = self.options.keep
+        if self.options.mode == "trainer" and c.cut_short:
+            horizon, why = within_horizon(c, self.thinking, self.view.max_length, self.per_turn, keep)
+            deciding = next((i for i, (reason, _) in enumerate(c.reasons) if reason not in keep), None)
+            if not horizon and why and deciding is not None and c.reasons[deciding][0] == "truncated":
+                c.reasons[deciding] = ("truncated", why)
         for reason, detail in c.reasons:
             if horizon and reason in ("truncated", "empty_answer", "empty_message"):
                 continue
-            if reason not in self.options.keep:
+            if reason not in keep:
                 self._leave_out(c.row["id"], reason, detail, c.generated, c.looping)
                 return None
             kept.append(reason)
@@ -253,14 +251,16 @@ class RowPlanner:
         self.counts.assistant_turns += 1 if self.per_turn else assistants
         self.counts.multi_turn += assistants > 1
         self.yields.horizon_rows += horizon
-        self.yields.written_generated += c.generated
         self.yields.looping += c.looping
-        if c.tokens is not None:
+        if c.tokens is None:
+            self.yields.add_written(c.generated)
+        else:
             self.summary.add(c.tokens)
-            self.yields.trainable += c.tokens.loss_tokens
-            self.yields.lost_to_max_length += c.tokens.lost_to_max_length
+            trainable = self.yields.add_written(
+                c.generated, c.tokens.loss_tokens, c.tokens.lost_to_max_length
+            )
             if self.written_loss is not None:
-                self.written_loss[(c.sample_id, c.turn)] = c.tokens.loss_tokens
+                self.written_loss[(c.sample_id, c.turn)] = trainable
         if self.options.keep_failed:
             c.row["error"] = None
         return c.row

@@ -3,11 +3,13 @@
 Generated tokens are the completion tokens of every turn of every current record (ok, truncated and
 failed turns alike) and of every turn a repair round generated again (``superseded``: paid for,
 then replaced); trainable tokens are the loss tokens of the rows the export writes, under the
-trainer's template and ``max_length``. The rest is accounted for: the generated tokens of rows left
-out (by reason), of failed turns, of superseded turns, of loops (``looping``: the looped attempts
-a repair round regenerated, the rows left out for their loop, and the loop itself where a row
-keeps the text before it), the loss tokens ``max_length`` cuts, and what is left (turns the
-template leaves untrained, less the template's own tokens counted as loss).
+trainer's template and ``max_length``, each row counting at most the tokens its own turns generated
+(:func:`written_share`: the template's own loss tokens were never generated). The rest is accounted
+for: the generated tokens of rows left out (by reason), of failed turns, of superseded turns, of
+loops (``looping``: the looped attempts a repair round regenerated, the rows left out for their
+loop, and the loop itself where a row keeps the text before it), the generated tokens ``max_length``
+cuts, and what is left (turns the template leaves untrained), so that the parts add up to the
+generated tokens and none is negative.
 
 The workers add the same tally up live, chunk by chunk and round by round, in the job's counters
 (:meth:`YieldTally.counters`, read back by :meth:`YieldTally.from_counters`).
@@ -43,9 +45,9 @@ class YieldTally:
     """Adds up generated and trainable tokens as rows are planned (export, report)."""
 
     generated: int = 0  # completion tokens of every turn, superseded ones included
-    trainable: int = 0  # loss tokens of the rows written (within max_length)
+    trainable: int = 0  # loss tokens of the rows written (within max_length), generated ones (written_share)
     written_generated: int = 0  # completion tokens of the turns the written rows carry as their own
-    lost_to_max_length: int = 0  # loss tokens of written rows past max_length
+    lost_to_max_length: int = 0  # loss tokens of written rows past max_length, generated ones
     failed_turns: int = 0  # completion tokens of failed turns
     superseded: int = 0  # completion tokens of turns a repair round generated again (loops apart)
     looping: int = 0  # completion tokens of looped turns never trained (see the module docstring)
@@ -62,8 +64,21 @@ class YieldTally:
 
     @property
     def untrained(self) -> int:
-        """Generated tokens of written rows the trainer does not learn from, net of template tokens."""
+        """Generated tokens of written rows the trainer does not learn from (earlier turns the
+        template leaves untrained)."""
         return self.written_generated - self.trainable - self.lost_to_max_length
+
+    def add_written(self, generated: int, loss_tokens: int | None = None, lost: int = 0) -> int:
+        """A row written: ``generated`` tokens by its own turns, ``loss_tokens`` within ``max_length``
+        and ``lost`` past it as the trainer's view counts them (None: not counted). Returns the
+        trainable tokens it adds (:func:`written_share`)."""
+        self.written_generated += generated
+        if loss_tokens is None:
+            return 0
+        trainable, past = written_share(generated, loss_tokens, lost)
+        self.trainable += trainable
+        self.lost_to_max_length += past
+        return trainable
 
     def add_superseded(self, tokens: int, looping: int = 0) -> None:
         """Turns a repair round generated again: paid for, no longer in any record (``looping`` of
@@ -133,6 +148,17 @@ class YieldTally:
                 "  the rest          " + ", ".join(rest),
             ]
         )
+
+
+def written_share(generated: int, loss_tokens: int, lost: int) -> tuple[int, int]:
+    """A written row's ``(trainable, past max_length)`` tokens in the yield: of the ``generated``
+    tokens its own turns generated, those among its ``loss_tokens`` (within ``max_length``), then
+    those among the ``lost`` ones (past it). The loss tokens the template writes itself (its end of
+    turn, the ``</think>`` and end of turn closing a turn cut short, a marker the server counts as
+    fewer tokens than the tokenizer) were never generated: counted, they made a row's trainable
+    tokens exceed its generated ones, the yield exceed 1 and the untrained tokens negative."""
+    trainable = min(loss_tokens, generated)
+    return trainable, min(lost, generated - trainable)
 
 
 def cost_per_million_trainable(ratio: float | None, usd_per_million_generated: float | None) -> float | None:

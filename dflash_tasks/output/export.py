@@ -73,8 +73,8 @@ MODE_MEANS = {
 #: Every reason a row can be left out, with what it means (the manifest repeats the ones used).
 WHY: dict[str, str] = {
     "failed": "generation failed (the record's error says why); keep with --keep-failed",
-    "truncated": "a turn hit max_tokens (in trainer mode: short of the trainer's max_length, to continue "
-    "or drop)",
+    "truncated": "a turn hit max_tokens, or was cut where its loop starts (in trainer mode: short of the "
+    "trainer's max_length, to continue or drop)",
     "empty_answer": "a turn has no answer after its reasoning",
     "short": "a turn is shorter than min_completion_tokens (--drop-check short)",
     "source_answers": "assistant turns copied from the input (turns: last) carry no reasoning",
@@ -193,7 +193,7 @@ def manifest_doc(
         "layout": planner.layout,
         "mode": options.mode,
         "mode_means": MODE_MEANS[options.mode],
-        "trainable_tokens": planner.yields.trainable if planner.counted else None,
+        "trainable_tokens": planner.summary.total if planner.counted else None,
         "trainable": planner.summary.to_dict() if planner.counted else None,
         "yield": planner.yields.to_dict(),
         "trainer": {**view.to_dict(), "note": planner.note},

@@ -115,6 +115,8 @@ def _record(
 
 
 def _cut(turn: Turn) -> bool:
+    """Whether the turn hit its budget (not :attr:`Turn.cut_short`: a loop stops at the same place
+    under any budget)."""
     return turn.finish_reason == "length"
 
 

@@ -27,7 +27,7 @@ from dflash_tasks.core.quality import (
 )
 from dflash_tasks.core.record import Record, Turn, Usage, outcome_of
 from dflash_tasks.core.record_parts import Part
-from dflash_tasks.core.repair import Superseded, needs_repair, superseded_looping, superseded_tokens
+from dflash_tasks.core.repair import Superseded, needs_repair, superseded
 from dflash_tasks.core.repetition import FINISH_REASON, Loop
 from dflash_tasks.core.yields import YieldTally
 from tests.core.test_record import record, turn
@@ -159,9 +159,9 @@ def test_a_regenerated_loop_counts_as_generated_and_not_trained_under_looping() 
     first = turn()
     old = looped(first)
     new = record(first, turn())  # the round kept turn 1 and sent turn 2 again
-    assert superseded_tokens(old, new) == superseded_looping(old, new) == 600
+    assert superseded(old, new) == (600, 600)
     failed_before = record(replace(turn(), status=old.turns[0].status))
-    assert superseded_looping(failed_before, new) == 0
+    assert superseded(failed_before, new) == (0, 0)
     seen = Superseded()
     seen(old, new)
     assert (seen.tokens, seen.looping, seen.loop_tokens_saved) == (600, 600, 4096 - 600)
@@ -170,3 +170,21 @@ def test_a_regenerated_loop_counts_as_generated_and_not_trained_under_looping() 
     assert (tally.generated, tally.superseded, tally.looping) == (640, 40, 600)
     assert tally.to_dict()["where_the_rest_went"]["looping"] == 600
     assert YieldTally.from_counters(tally.counters()).looping == 600
+
+
+def test_a_replaced_records_superseded_and_looped_tokens_come_from_one_pass_over_its_turns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dflash_tasks.core.repair as repair
+    from dflash_tasks.core.continuation import carries
+
+    compared: list[int] = []
+
+    def counted(new: Turn, old: Turn) -> bool:
+        compared.append(1)
+        return carries(new, old)
+
+    monkeypatch.setattr(repair, "carries", counted)
+    old = looped(turn(), turn())
+    Superseded()(old, record(turn(), turn(), turn()))  # each old turn compared with the new once
+    assert len(compared) == len(old.turns) == 3

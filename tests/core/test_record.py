@@ -260,6 +260,16 @@ def test_a_looped_turn_keeps_where_its_loop_starts_and_reads_back() -> None:
     assert not can_continue(in_answer) and can_continue(turn())
 
 
+def test_a_turn_is_cut_short_at_max_tokens_or_at_its_loop_and_then_ends_its_conversation() -> None:
+    loop = Loop(start_char=2, start_token=1, period_chars=3, copies=4.0, detected_char=14, detected_token=4)
+    at_loop = turn(content="okxyzxyzxyzxyz", finish_reason=FINISH_REASON, loop=replace(loop, text="content"))
+    at_budget = turn(finish_reason="length")
+    assert at_loop.cut_short and at_budget.cut_short and not turn().cut_short
+    assert not turn(finish_reason=None, status=RecordStatus.FAILED).cut_short
+    for cut in (at_loop, at_budget):  # an answer, but cut: the sample is truncated there
+        assert outcome_of((cut,), 1) is Outcome.TRUNCATED and not can_continue(cut)
+
+
 @pytest.mark.parametrize(
     ("value", "cause"),
     [

@@ -6,9 +6,9 @@ from collections import Counter
 from dataclasses import replace
 
 from dflash_tasks.core.record import Record, Usage
-from dflash_tasks.core.repair import Superseded, superseded_tokens
+from dflash_tasks.core.repair import Superseded, superseded
 from dflash_tasks.core.states import RecordStatus
-from dflash_tasks.core.yields import YieldTally
+from dflash_tasks.core.yields import YieldTally, written_share
 from tests.core.test_continuation import continued, cut
 from tests.core.test_record import record, turn
 
@@ -20,25 +20,25 @@ def two_turns(second_tokens: int = 40, **second: object) -> Record:
 def test_a_regenerated_turn_is_superseded_a_kept_one_is_not() -> None:
     old = two_turns(70, content="", finish_reason="length")
     again = two_turns(90, reasoning="another thought")  # turn 1 kept, turn 2 generated anew
-    assert superseded_tokens(old, again) == 70
-    assert superseded_tokens(old, record(turn(reasoning="x", latency_s=9.0))) == 40 + 70  # both anew
+    assert superseded(old, again)[0] == 70
+    assert superseded(old, record(turn(reasoning="x", latency_s=9.0)))[0] == 40 + 70  # both anew
 
 
 def test_a_turn_equal_but_for_its_checks_is_kept() -> None:
     old = two_turns()
     rechecked = replace(old, turns=tuple(replace(t, checks=("no_reasoning",)) for t in old.turns))
-    assert superseded_tokens(old, rechecked) == 0
+    assert superseded(old, rechecked)[0] == 0
 
 
 def test_a_continued_turn_carries_its_tokens_and_a_failed_continuation_too() -> None:
     old = cut(done=1000)
     once = continued(old, added=500)
-    assert superseded_tokens(old, once) == 0
-    assert superseded_tokens(once, continued(once, added=200)) == 0  # continued twice
-    assert superseded_tokens(old, old) == 0  # the continuation failed: the cut turn as it was
+    assert superseded(old, once)[0] == 0
+    assert superseded(once, continued(once, added=200))[0] == 0  # continued twice
+    assert superseded(old, old)[0] == 0  # the continuation failed: the cut turn as it was
     # the same text generated again from scratch (temperature 0) was paid for twice
     regenerated = record(replace(once.turns[0], parts=(), latency_s=7.0))
-    assert superseded_tokens(old, regenerated) == 1000
+    assert superseded(old, regenerated)[0] == 1000
 
 
 def test_a_failed_turn_generated_again_supersedes_what_it_had_generated() -> None:
@@ -76,3 +76,19 @@ def test_the_preflights_advice_names_loops_when_they_cost_the_yield() -> None:
     tally = YieldTally(generated=1000, trainable=700, written_generated=700, looping=300)
     (advice,) = what_would_raise(tally, "per-turn")
     assert advice.startswith("30.0% of generated tokens: thoughts or answers stopped in a loop")
+
+
+def test_a_written_row_counts_at_most_what_its_turns_generated_so_the_rest_is_never_negative() -> None:
+    # finished: the template's end of turn (and a marker the server counted as one token) are loss
+    assert written_share(generated=100, loss_tokens=104, lost=0) == (100, 0)
+    # cut past max_length (the horizon rule): the </think> and end of turn closing it lie past it too
+    assert written_share(generated=4096, loss_tokens=4000, lost=101) == (4000, 96)
+    # earlier turns the template leaves untrained: the loss tokens are the trainable ones
+    assert written_share(generated=300, loss_tokens=200, lost=10) == (200, 10)
+    tally = YieldTally(generated=4096 + 100 + 300)
+    for row in ((4096, 4000, 101), (100, 104, 0), (300, 200, 10)):
+        tally.add_written(*row)
+    assert (tally.trainable, tally.lost_to_max_length, tally.untrained) == (4300, 106, 90)
+    assert tally.ratio is not None and tally.ratio <= 1
+    tally.add_written(50)  # a row no tokenizer counted: generated, not trainable
+    assert (tally.written_generated, tally.trainable) == (4546, 4300)

@@ -31,7 +31,7 @@ def test_demo_runs_a_small_job_end_to_end_and_leaves_nothing_running(
     # the workers counted loss tokens with the tokenizer the demo built: the yield and its cost
     progress = json.loads((tmp_path / "demo" / "completions" / "progress.json").read_text())
     live = progress["yield"]
-    assert live["counted_chunks"] == progress["chunks"]["total"] and 0.5 < live["yield"] <= 1.05, live
+    assert live["counted_chunks"] == progress["chunks"]["total"] and 0.5 < live["yield"] <= 1, live
     summary = f"demo: yield {live['yield']:.3f}: {live['trainable_tokens']:,} trainable of "
     assert summary + f"{live['generated_tokens']:,} generated tokens | $" in run.stderr
     assert "per million trainable" in run.stderr and "model" in {

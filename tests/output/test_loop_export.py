@@ -8,13 +8,19 @@ with the tests' tiny Qwen3-style tokenizer counting rows at a ``max_length`` of 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dflash_tasks.core.exit_codes import ExitCode
-from dflash_tasks.core.export_rows import per_turn_candidates, prefix_messages
+from dflash_tasks.core.export_rows import (
+    DEFAULT_DROPS,
+    conversation_candidate,
+    per_turn_candidates,
+    prefix_messages,
+)
 from dflash_tasks.core.job import JOB_KEY, MANIFEST_KEY, GenerationSpec, JobDefinition, Manifest, output_key
 from dflash_tasks.core.on_loop import OnLoop
 from dflash_tasks.core.quality import QualitySettings
@@ -112,8 +118,61 @@ def test_a_kept_prefix_short_of_the_horizon_is_truncated_as_a_cut_thought_is(
     assert doc["dropped"] == {"truncated": 2}  # 20-token prefixes end short of max_length 200
     rest = doc["yield"]["where_the_rest_went"]
     assert rest["dropped_rows"] == {"truncated": 20 + 20} and rest["looping"] == 200 * 3
+    at_loop = "cut where its loop starts, token 20 of its reasoning (20 tokens kept), "
+    for detail in left_out_details(tmp_path).values():  # the cut is the loop's start, not max_tokens
+        assert detail.startswith(at_loop) and detail.endswith(
+            "short of the trainer's max_length 200: a loop's prefix is not continued"
+        ), detail
     _, validator = exported(tmp_path, model, OnLoop("prefix", 10), mode="validator")
     assert validator["dropped"] == {"truncated": 3}  # every cut row, the long prefix included
+    assert (
+        left_out_details(tmp_path)["long"]
+        == "cut where its loop starts, token 800 of its reasoning (800 tokens kept)"
+    )
+
+
+def left_out_details(tmp_path: Path) -> dict[str, str]:
+    """The detail of each row the last export left out, by row id."""
+    lines = (tmp_path / "train.jsonl.dropped.jsonl").read_text().splitlines()
+    return {doc["id"]: doc["detail"] for doc in map(json.loads, lines)}
+
+
+@pytest.mark.parametrize("layout", ["per-turn", "conversation"])
+def test_looping_is_a_default_drop_check_applied_once_and_spared_where_the_prefix_is_kept(
+    layout: str,
+) -> None:
+    record = Record.from_dict(rec("long", [looped(1, 400)], "m"))
+    bare = Record.from_dict({**rec("long", [looped(1, 400)], "m"), "checks": None})  # checks not stored
+    bare = replace(bare, turns=tuple(replace(t, checks=None) for t in bare.turns))
+
+    def reasons(r: Record, drop_checks: frozenset[str], on_loop: OnLoop) -> list[str]:
+        if layout == "per-turn":
+            (c,) = per_turn_candidates(r, True, drop_checks, on_loop=on_loop)
+        else:
+            c = conversation_candidate(r, True, drop_checks, False, on_loop)
+        return [reason for reason, _ in c.reasons]
+
+    assert "looping" in DEFAULT_DROPS
+    for explicit in (frozenset(), frozenset({"looping"})):  # --drop-check looping: the same, once
+        for r in (record, bare):
+            assert reasons(r, explicit, OnLoop()) == ["looping", "truncated", "empty_answer", "empty_message"]
+            assert reasons(r, explicit, OnLoop("prefix", 100)) == [
+                "truncated",
+                "empty_answer",
+                "empty_message",
+            ]
+
+
+def test_drop_check_looping_given_explicitly_changes_nothing(tmp_path: Path, model: str) -> None:
+    for policy in (OnLoop(), OnLoop("prefix", 100)):
+        default = exported(tmp_path / policy.policy / "default", model, policy)
+        explicit = exported(
+            tmp_path / policy.policy / "explicit", model, policy, drop_checks=frozenset({"looping"})
+        )
+        assert explicit[0] == default[0]
+        for key in ("dropped", "kept_despite", "yield"):
+            assert explicit[1][key] == default[1][key]
+        assert explicit[1]["filters"]["drop_checks"].count("looping") == 1
 
 
 @pytest.mark.parametrize("layout", ["auto", "conversation"])  # auto: per-turn rows here

@@ -261,3 +261,33 @@ def test_turns_a_repair_round_generated_again_count_as_generated_in_export_and_r
     assert code == 1, code  # the few-loss-tokens gate fails on these hand-made rows; the yield stands
     reported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert reported["yield"] == doc
+
+
+def test_rows_of_the_simulators_text_never_train_more_than_was_generated(tmp_path: Path) -> None:
+    """The demo's case: the simulator counts ``<think>\\n`` and ``\\n</think>\\n\\n`` as one token each
+    and no end of turn, its tokenizer more; a row cut at max_tokens renders the template's closing
+    past max_length. Loss tokens then exceeded the generated ones (yield 1.0002, untrained -1,267 on
+    200 such samples)."""
+    from dflash_tasks.core.row_planner import RowPlanner
+    from dflash_tasks.sim.textgen import plan_output, prompt_rng, render_span, split_reasoning, truncate
+
+    model = str(build_model_dir(tmp_path, QWEN3_TEMPLATE))
+    records = []
+    for i in range(24):
+        prompt = f"Explain topic {i} step by step."
+        full = plan_output(prompt_rng(0, prompt), True, 2300, 0.6, 0.9)
+        plan = truncate(full, 4096, "length")
+        reasoning, content = split_reasoning(
+            render_span(prompt_rng(0, prompt), full, 0, plan.completion_tokens), True
+        )
+        usage = {"prompt_tokens": 20, "completion_tokens": plan.completion_tokens, "reasoning_tokens": 0}
+        done = {"input": [{"role": "user", "content": prompt}], "reasoning": reasoning, "content": content}
+        turn = {**done, "finish_reason": plan.finish_reason, "usage": usage, "status": "ok"}
+        records.append(Record.from_dict(rec(f"s{i}", [turn], model)))
+    job = JobDefinition.create("sha256:x", "in.jsonl", GenerationSpec("m", max_tokens=4096))
+    planner = RowPlanner(job, TrainerView(), ExportOptions())
+    assert len(list(planner.rows(records))) == 24
+    y = planner.yields
+    assert y.horizon_rows > 0 and y.written_generated == y.generated
+    assert y.ratio is not None and 0.99 < y.ratio <= 1 and y.untrained >= 0
+    assert planner.summary.total > y.trainable  # the trainer's loss tokens: the template's own too

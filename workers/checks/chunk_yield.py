@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.record import Record
-from dflash_tasks.core.repair import superseded_looping, superseded_tokens
+from dflash_tasks.core.repair import superseded
 from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
 from dflash_tasks.core.stored_counts import RecordCounter
 from dflash_tasks.core.yields import COUNTED_CHUNKS, YieldTally
@@ -67,7 +67,7 @@ def _counters(
     if old is None:
         return {}
     for before, after in zip(replaced, records, strict=True):
-        new.add_superseded(superseded_tokens(before, after), superseded_looping(before, after))
+        new.add_superseded(*superseded(before, after))
     return new.counters(minus=old)
 
 
