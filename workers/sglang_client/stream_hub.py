@@ -17,6 +17,7 @@ The hub belongs to the process that made it: a forked child (a Celery prefork wo
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import selectors
@@ -124,10 +125,8 @@ class StreamHub:
         return False
 
     def _wake(self) -> None:
-        try:
+        with contextlib.suppress(BlockingIOError):  # a wake-up is already pending
             self._wake_w.send(b"\0")
-        except BlockingIOError:
-            pass  # a wake-up is already pending
 
     def _run(self) -> None:
         try:
