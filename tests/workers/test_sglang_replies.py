@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import requests
 
-from dflash_tasks.core.errors import ConfigError, RetryableError, SampleRejected
+from dflash_tasks.core.errors import ConfigError, DflashError, RetryableError, SampleRejected
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.sample import Sample
 from dflash_tasks.core.states import ErrorKind
@@ -24,7 +24,7 @@ from workers.sglang_client import (
     parse_server_info,
     read_chat_reply,
 )
-from workers.sglang_client.http_errors import transport_error
+from workers.sglang_client.http_errors import KEY_HINT, stream_error, transport_error
 
 SPEC = GenerationSpec(model="Qwen/Qwen3-8B", max_tokens=2000)
 SAMPLE = Sample(id="q7", messages=[{"role": "user", "content": "What is 6*7? Explain."}], line=8)
@@ -257,6 +257,17 @@ def test_a_chat_reply_status_becomes_the_error_it_means() -> None:
         assert not isinstance(failed.value, SampleRejected) and failed.value.kind is kind
     with pytest.raises(RetryableError, match=r"^HTTP 401: Unauthorized \(.*DFLASH_SGLANG_API_KEY"):
         read_chat_reply(response(401, json.dumps({"error": "Unauthorized"})))
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 429, 500, 503])
+def test_a_streamed_error_event_is_the_status_its_code_names(status: int) -> None:
+    """A stream's ``{"error": {"code": ...}}`` is classified, and hinted, as that chat status is."""
+    with pytest.raises(DflashError) as plain:
+        read_chat_reply(response(status, json.dumps({"message": "no"})))
+    streamed = stream_error({"message": "no", "code": status})
+    assert type(streamed) is type(plain.value) and streamed.kind is plain.value.kind
+    assert str(streamed) == str(plain.value).replace(f"HTTP {status}:", f"HTTP {status} (stream):")
+    assert (KEY_HINT in str(streamed)) is (status in (401, 403))
 
 
 # -- the info endpoints' fields -----------------------------------------------------------------------

@@ -10,7 +10,7 @@ valid header value
 chat: HTTP 400 (a prompt past the context, a bad       :class:`SampleRejected`: this sample only
 sampling value)
 chat: any other status (5xx, 503 "queue full", 401)    :class:`RetryableError` (401/403 with the key hint)
-a streamed chat's ``data: {"error": ...}`` event        as the status its ``code`` names (a full queue: 503)
+a streamed chat's ``data: {"error": ...}`` event        as the chat status its ``code`` names (key hint too)
 info endpoints: HTTP 401/403 (a missing or wrong key)  :class:`ConfigError`
 info endpoints, ``/metrics``: any other status          :class:`RetryableError`
 a body that is not what the route answers              :class:`RetryableError` (``BAD_RESPONSE`` on chat)
@@ -54,12 +54,7 @@ def transport_error(exc: requests.RequestException, where: str, timeout: float) 
 
 def chat_status_error(resp: requests.Response) -> DflashError:
     """The error for a chat answer whose status is not 200."""
-    message = error_message(resp)
-    if resp.status_code == 400:
-        return SampleRejected(f"HTTP 400: {message}")
-    if resp.status_code in (401, 403):
-        message += f" ({KEY_HINT})"
-    return RetryableError(f"HTTP {resp.status_code}: {message}", ErrorKind.of_status(resp.status_code))
+    return status_error(resp.status_code, error_message(resp), streamed=False)
 
 
 def stream_error(error: object) -> DflashError:
@@ -70,9 +65,19 @@ def stream_error(error: object) -> DflashError:
     code = body.get("code")
     if not isinstance(code, int) or isinstance(code, bool) or not 400 <= code < 600:
         return RetryableError(f"stream error: {message}", ErrorKind.OTHER)
-    if code == 400:
-        return SampleRejected(f"HTTP 400 (stream): {message}")
-    return RetryableError(f"HTTP {code} (stream): {message}", ErrorKind.of_status(code))
+    return status_error(code, message, streamed=True)
+
+
+def status_error(status: int, message: str, streamed: bool) -> DflashError:
+    """The error for a chat that failed with HTTP ``status``, answered as such or named by a
+    stream's error event (``streamed``): 400 rejects the sample, any other is retried, 401/403
+    with the key hint."""
+    what = f"HTTP {status}" + (" (stream)" if streamed else "")
+    if status == 400:
+        return SampleRejected(f"{what}: {message}")
+    if status in (401, 403):
+        message += f" ({KEY_HINT})"
+    return RetryableError(f"{what}: {message}", ErrorKind.of_status(status))
 
 
 def info_status_error(resp: requests.Response, where: str) -> DflashError:
