@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from dflash_tasks.core.repetition import Loop
+from dflash_tasks.core.repetition import TEXTS, Loop
 from dflash_tasks.core.states import FailureKind, RecordStatus
 
 
@@ -112,11 +112,27 @@ def extra_of(doc: Mapping[str, Any], known: frozenset[str]) -> Mapping[str, Any]
     return {k: v for k, v in doc.items() if k not in known}
 
 
+def read_count(doc: Mapping[str, Any], key: str, path: str) -> int:
+    value = doc.get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise wrong(path + key, "a non-negative integer", value)
+
+
 def read_loop(doc: Mapping[str, Any], path: str) -> Loop | None:
-    value = doc.get("loop")
+    """A turn's stored ``loop``; an error names the bad field (``turns[0].loop.start_token``)."""
+    value = read_mapping(doc, "loop", path)
     if value is None:
         return None
-    try:
-        return Loop.from_dict(value)
-    except ValueError as exc:
-        raise InvalidField(path + "loop", f"{path}loop: {exc}") from None
+    where = path + "loop."
+    counts = {key: read_count(value, key, where) for key in _LOOP_COUNTS}
+    copies = value.get("copies")
+    if not isinstance(copies, (int, float)) or isinstance(copies, bool):
+        raise wrong(where + "copies", "a number", copies)
+    text = value.get("text", "reasoning")
+    if text not in TEXTS:
+        raise wrong(where + "text", " or ".join(map(repr, TEXTS)), text)
+    return Loop(**counts, copies=float(copies), text=text)
+
+
+_LOOP_COUNTS = ("start_char", "start_token", "period_chars", "detected_char", "detected_token")

@@ -150,24 +150,6 @@ class Loop:
             detected_token=max(0, self.detected_token + tokens),
         )
 
-    @classmethod
-    def from_dict(cls, doc: Any) -> Loop:
-        """A stored loop (a turn's ``loop``); raises ``ValueError`` naming the first wrong key."""
-        if not isinstance(doc, Mapping):
-            raise ValueError("expected an object")
-        ints = ("start_char", "start_token", "period_chars", "detected_char", "detected_token")
-        for key in ints:
-            value = doc.get(key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{key}: expected a non-negative integer, got {value!r}")
-        copies = doc.get("copies")
-        if not isinstance(copies, (int, float)) or isinstance(copies, bool):
-            raise ValueError(f"copies: expected a number, got {copies!r}")
-        text = doc.get("text", "reasoning")
-        if text not in TEXTS:
-            raise ValueError(f"text: expected one of {', '.join(TEXTS)}, got {text!r}")
-        return cls(**{key: doc[key] for key in ints}, copies=float(copies), text=text)
-
 
 class RepetitionDetector:
     """Watches one stream (a thought or an answer): :meth:`feed` its deltas, in order."""

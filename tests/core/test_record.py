@@ -270,19 +270,40 @@ def test_a_turn_is_cut_short_at_max_tokens_or_at_its_loop_and_then_ends_its_conv
         assert outcome_of((cut,), 1) is Outcome.TRUNCATED and not can_continue(cut)
 
 
+LOOP = (
+    '{"start_char": 1, "start_token": 1, "period_chars": 2, "detected_char": 3, "detected_token": 1, '
+    '"copies": 2}'
+)
+
+
 @pytest.mark.parametrize(
-    ("value", "cause"),
+    ("value", "field", "cause"),
     [
-        ('"x"', "turns[0].loop: expected an object"),
-        ('{"start_char": -1}', "turns[0].loop: start_char: expected a non-negative integer, got -1"),
+        ('"x"', "turns[0].loop", "turns[0].loop: expected an object or null, got 'x'"),
         (
-            '{"start_char": 1, "start_token": 1, "period_chars": 2, "detected_char": 3, "detected_token": 1, '
-            '"copies": 2, "text": "answer"}',
-            "turns[0].loop: text: expected one of reasoning, content, got 'answer'",
+            LOOP.replace('"start_token": 1', '"start_token": -1'),
+            "turns[0].loop.start_token",
+            "turns[0].loop.start_token: expected a non-negative integer, got -1",
+        ),
+        (
+            LOOP.replace('"period_chars": 2, ', ""),
+            "turns[0].loop.period_chars",
+            "turns[0].loop.period_chars: expected a non-negative integer, got null",
+        ),
+        (
+            LOOP.replace('"copies": 2', '"copies": "2"'),
+            "turns[0].loop.copies",
+            "turns[0].loop.copies: expected a number, got '2'",
+        ),
+        (
+            LOOP.replace("}", ', "text": "answer"}'),
+            "turns[0].loop.text",
+            "turns[0].loop.text: expected 'reasoning' or 'content', got 'answer'",
         ),
     ],
 )
-def test_a_malformed_loop_names_the_field(value: str, cause: str) -> None:
+def test_a_malformed_loop_names_the_field(value: str, field: str, cause: str) -> None:
     with pytest.raises(BadRecord) as caught:
         Record.from_json('{"id": "a", "turns": [{"status": "ok", "loop": ' + value + "}]}")
-    assert (caught.value.field, caught.value.cause) == ("turns[0].loop", cause)
+    assert (caught.value.field, caught.value.cause) == (field, cause)
+    assert Record.from_json('{"id": "a", "turns": [{"status": "ok", "loop": ' + LOOP + "}]}").turns[0].loop
