@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 
-from dflash_tasks.core.errors import RetryableError, SampleRejected
+from dflash_tasks.core.errors import DflashError, RetryableError, SampleRejected
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.record import Turn
 from dflash_tasks.core.repetition import CHARS_PER_TOKEN, FINISH_REASON, RepetitionSettings
@@ -28,11 +28,37 @@ from workers.generation import Continuation, RetryPolicy, continue_turn, generat
 from workers.sglang_client import ChatRequest, Completion, SGLangClient, StreamReader
 
 ON = RepetitionSettings()
+#: A detector small enough for the test server's hand-made thoughts.
+SMALL = RepetitionSettings(min_chars=100, min_repeats=2, max_period=50)
 SPEC = GenerationSpec(model="m", max_tokens=2000)
+#: Cut in its thought: ``length``.
+CUT = dataclasses.replace(SPEC, max_tokens=60)
+#: Room enough for a simulated loop to run long: a stopped one used a small share of it.
+LONG = 4096
+LONG_SPEC = dataclasses.replace(SPEC, max_tokens=LONG)
+OPENER = "<think>\n"
 QUESTION = [{"role": "user", "content": "What is 6*7? Explain."}]
 POLICY = RetryPolicy(attempts=3, backoff=0.001, backoff_max=0.002)
 #: The per-request numbers a stream carries (its ``sglext`` chunk); the rest are the plain answer's only.
 SPEC_KEYS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts")
+
+#: A thought with no loop in it, and the span a looping one repeats after it.
+NATURAL = "".join(f"step {i}: {i * i} and {i**3}; " for i in range(12))
+SPAN = "abcdefghij"
+
+#: The test server's events.
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+USAGE = b'"prompt_tokens":5,"completion_tokens":2'
+TEXT = (
+    b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"Hm."},"finish_reason":null}],'
+    b'"usage":{%s}}\n\n' % USAGE
+)
+FINISH = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def no_wait(_: float) -> None:
+    """A retry's sleep, skipped."""
 
 
 class RecordingClient(SGLangClient):
@@ -68,7 +94,7 @@ def stats(sim: RunningSimulator) -> dict[str, Any]:
 
 def turn(client: SGLangClient, rid: str, spec: GenerationSpec = SPEC, **kw: Any) -> Turn:
     messages = kw.pop("messages", QUESTION)
-    return generate_turn(client, spec, messages, messages, POLICY, rid, lambda _: None, **kw)
+    return generate_turn(client, spec, messages, messages, POLICY, rid, no_wait, **kw)
 
 
 def same_record(plain: Turn, streamed: Turn) -> None:
@@ -92,7 +118,7 @@ def test_a_streamed_turn_is_the_plain_turn(sims: list[RunningSimulator], interva
     history = [*QUESTION, {"role": "assistant", "content": "42."}, {"role": "user", "content": "Why?"}]
     cases = [
         (SPEC, QUESTION),
-        (dataclasses.replace(SPEC, max_tokens=60), QUESTION),  # cut in its thought: length
+        (CUT, QUESTION),
         (dataclasses.replace(SPEC, thinking=False), QUESTION),
         (SPEC, history),
     ]
@@ -104,7 +130,7 @@ def test_a_streamed_turn_is_the_plain_turn(sims: list[RunningSimulator], interva
         assert body["stream"] is True and "return_meta_info" not in body
         assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
         same_record(plain, streamed)
-    assert [turn(client, "x", cases[1][0]).finish_reason] == ["length"]
+    assert [turn(client, "x", CUT).finish_reason] == ["length"]
     off = turn(client, "off", repetition=RepetitionSettings(enabled=False))
     assert client.payloads[-1]["stream"] is False and off.meta_info is not None
 
@@ -112,11 +138,11 @@ def test_a_streamed_turn_is_the_plain_turn(sims: list[RunningSimulator], interva
 def test_a_continued_thought_streams_and_is_the_plain_continuation(sims: list[RunningSimulator]) -> None:
     sim = start(sims)
     client = RecordingClient(sim.url)
-    cut = turn(client, "cut", dataclasses.replace(SPEC, max_tokens=60))
+    cut = turn(client, "cut", CUT)
     assert cut.finish_reason == "length"
-    how = Continuation("<think>\n", 2000)
-    plain = continue_turn(client, SPEC, QUESTION, cut, how, POLICY, "pc", lambda _: None)
-    streamed = continue_turn(client, SPEC, QUESTION, cut, how, POLICY, "sc", lambda _: None, repetition=ON)
+    how = Continuation(OPENER, SPEC.max_tokens)
+    plain = continue_turn(client, SPEC, QUESTION, cut, how, POLICY, "pc", no_wait)
+    streamed = continue_turn(client, SPEC, QUESTION, cut, how, POLICY, "sc", no_wait, repetition=ON)
     assert client.payloads[-1]["stream"] is True and client.payloads[-1]["continue_final_message"] is True
     assert (streamed.reasoning, streamed.content) == (plain.reasoning, plain.content)
     assert streamed.finish_reason == plain.finish_reason == "stop"
@@ -146,10 +172,9 @@ def test_a_looping_thought_is_stopped_early_and_its_slot_freed(
 ) -> None:
     sim = start(sims, loop_share=1.0, time_scale=0.05, stream_interval=interval)  # 800 tokens a second
     client = SGLangClient(sim.url)
-    budget = dataclasses.replace(SPEC, max_tokens=4096)
-    looped = turn(client, "loop", budget, repetition=ON)
+    looped = turn(client, "loop", LONG_SPEC, repetition=ON)
     assert looped.ok and looped.finish_reason == FINISH_REASON and looped.loop is not None
-    assert 0 < looped.usage.completion_tokens <= 0.25 * 4096
+    assert 0 < looped.usage.completion_tokens <= 0.25 * LONG
     loop = looped.loop
     assert loop.text == "reasoning" and loop.start_char < len(looped.reasoning)
     span = looped.reasoning[loop.start_char : loop.start_char + loop.period_chars]
@@ -158,7 +183,7 @@ def test_a_looping_thought_is_stopped_early_and_its_slot_freed(
     wait_until(lambda: stats(sim)["running"] == 0, 10, "the slot freed", 0.02)
     after = stats(sim)
     assert (after["client_gone"], after["aborted"]) == (1, 1)
-    assert after["generation_tokens"] < 0.3 * 4096  # it stopped generating soon after the stop
+    assert after["generation_tokens"] < 0.3 * LONG  # it stopped generating soon after the stop
 
 
 @pytest.mark.parametrize("cut_at", ["before", "inside"])
@@ -169,28 +194,26 @@ def test_a_continued_thought_that_loops_is_stopped_where_the_joined_thought_loop
     on: the loop is placed where the uncut thought's is, the cut text priming the detector."""
     sim = start(sims, loop_share=1.0)
     client = SGLangClient(sim.url)
-    whole = turn(client, "whole", dataclasses.replace(SPEC, max_tokens=4096), repetition=ON).loop
+    whole = turn(client, "whole", LONG_SPEC, repetition=ON).loop
     assert whole is not None
     cut_tokens = max(1, whole.start_token // 2) if cut_at == "before" else whole.start_token + 100
     cut = turn(client, "cut", dataclasses.replace(SPEC, max_tokens=cut_tokens))
     assert cut.finish_reason == "length" and cut.loop is None
     assert (len(cut.reasoning) > whole.start_char) is (cut_at == "inside")
-    how = Continuation("<think>\n", 4096)
-    looped = continue_turn(client, SPEC, QUESTION, cut, how, POLICY, "c", lambda _: None, repetition=ON)
+    how = Continuation(OPENER, LONG)
+    looped = continue_turn(client, SPEC, QUESTION, cut, how, POLICY, "c", no_wait, repetition=ON)
     loop = looped.loop
     assert loop is not None and looped.finish_reason == FINISH_REASON and len(looped.parts) == 2
     assert (loop.start_char, loop.period_chars) == (whole.start_char, whole.period_chars)
     assert abs(loop.start_token - whole.start_token) <= 3
     assert looped.before_loop()[0] == looped.reasoning[: whole.start_char]
-    assert looped.usage.completion_tokens <= cut.usage.completion_tokens + 0.25 * 4096
+    assert looped.usage.completion_tokens <= cut.usage.completion_tokens + 0.25 * LONG
 
 
 def test_a_loop_completed_by_the_last_delta_is_recorded() -> None:
     """A stream that ends by itself (here: length) with a loop in its last few characters, fewer
     than a check's worth: the end of the stream checks them."""
-    watch = RepetitionSettings(min_chars=100, min_repeats=2, max_period=50)
-    natural = "".join(f"step {i}: {i * i} and {i**3}; " for i in range(12))
-    texts = [natural, "abcdefghij" * 9, "abcdefghij" * 2]  # the loop reaches 100 chars at the end
+    texts = [NATURAL, SPAN * 9, SPAN * 2]  # the loop reaches SMALL.min_chars at the end
     events = [ROLE] + [
         b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"%s"},"finish_reason":null}],'
         b'"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n' % (text.encode(), 10 * (i + 1))
@@ -198,20 +221,16 @@ def test_a_loop_completed_by_the_last_delta_is_recorded() -> None:
     ]
     length = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}\n\n'
     with Serving([*events, length, DONE]) as url:
-        done = SGLangClient(url).chat(ChatRequest(SPEC, QUESTION, "end", watch=watch))
+        done = SGLangClient(url).chat(ChatRequest(SPEC, QUESTION, "end", watch=SMALL))
     assert done.finish_reason == FINISH_REASON and done.loop is not None
-    assert done.loop.start_char == len(natural) and done.loop.period_chars == 10
+    assert done.loop.start_char == len(NATURAL) and done.loop.period_chars == len(SPAN)
     assert done.reasoning == "".join(texts).strip() and done.completion_tokens == 30
-
-
-SMALL = RepetitionSettings(min_chars=100, min_repeats=2, max_period=50)
-NATURAL = "".join(f"step {i}: {i * i} and {i**3}; " for i in range(12))
 
 
 def thought_events(usage: bool) -> list[bytes]:
     """A thought that loops (:data:`SMALL`) three tokens a delta, with a continuous usage that
     leaves ``reasoning_tokens`` out (``usage``), or with none; it would go on after the loop."""
-    texts = [NATURAL[at : at + 20] for at in range(0, len(NATURAL), 20)] + ["abcdefghij"] * 30
+    texts = [NATURAL[at : at + 20] for at in range(0, len(NATURAL), 20)] + [SPAN] * 30
     return [ROLE] + [
         b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"%s"},"finish_reason":null}]%s}\n\n'
         % (
@@ -238,9 +257,7 @@ def test_a_stream_without_usage_estimates_its_tokens() -> None:
     assert done.finish_reason == FINISH_REASON and done.loop is not None
     assert done.completion_tokens == done.reasoning_tokens == done.loop.detected_token
     assert abs(done.completion_tokens - len(done.reasoning) / CHARS_PER_TOKEN) < 0.1 * len(done.reasoning)
-    with Serving(
-        [ROLE, TEXT.replace(b',"usage":{"prompt_tokens":5,"completion_tokens":2}', b""), FINISH, DONE]
-    ) as url:
+    with Serving([ROLE, TEXT.replace(b',"usage":{%s}' % USAGE, b""), FINISH, DONE]) as url:
         whole = SGLangClient(url).chat(ChatRequest(SPEC, QUESTION, "whole", watch=ON))
     assert (whole.reasoning, whole.finish_reason, whole.completion_tokens, whole.reasoning_tokens) == (
         "Hm.",
@@ -252,9 +269,9 @@ def test_a_stream_without_usage_estimates_its_tokens() -> None:
 
 def test_without_detection_the_loop_runs_to_max_tokens(sims: list[RunningSimulator]) -> None:
     sim = start(sims, loop_share=1.0)
-    looped = turn(SGLangClient(sim.url), "loop", dataclasses.replace(SPEC, max_tokens=4096))
+    looped = turn(SGLangClient(sim.url), "loop", LONG_SPEC)
     assert looped.finish_reason == "length" and looped.loop is None
-    assert looped.usage.completion_tokens == 4096
+    assert looped.usage.completion_tokens == LONG
 
 
 # --- errors ------------------------------------------------------------------------------------------
@@ -288,18 +305,9 @@ def test_a_stream_cut_or_aborted_midway_is_retried(sims: list[RunningSimulator],
     assert again.ok and again.attempts == 1 and again.finish_reason == "stop"
 
 
-ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
-TEXT = (
-    b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"Hm."},"finish_reason":null}],'
-    b'"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'
-)
-FINISH = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
-DONE = b"data: [DONE]\n\n"
-
-
 def usage_text(usage: bytes) -> bytes:
     """A text event like :data:`TEXT` whose usage is ``{usage}``."""
-    return TEXT.replace(b'"prompt_tokens":5,"completion_tokens":2', usage)
+    return TEXT.replace(USAGE, usage)
 
 
 @pytest.mark.parametrize(
@@ -346,7 +354,9 @@ def usage_text(usage: bytes) -> bytes:
         ),
     ],
 )
-def test_a_malformed_or_unfinished_stream_raises(events: list[bytes], raised: type, kind: ErrorKind) -> None:
+def test_a_malformed_or_unfinished_stream_raises(
+    events: list[bytes], raised: type[DflashError], kind: ErrorKind
+) -> None:
     with Serving(events) as url, pytest.raises(raised) as caught:
         SGLangClient(url).chat(ChatRequest(SPEC, QUESTION, "odd", watch=ON))
     assert type(caught.value) is raised and caught.value.kind is kind
