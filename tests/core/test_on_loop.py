@@ -29,6 +29,7 @@ from dflash_tasks.core.record import Record, Turn, Usage, outcome_of
 from dflash_tasks.core.record_parts import Part
 from dflash_tasks.core.repair import Superseded, needs_repair, superseded
 from dflash_tasks.core.repetition import FINISH_REASON, Loop
+from dflash_tasks.core.states import RecordStatus
 from dflash_tasks.core.yields import YieldTally
 from tests.core.test_record import record, turn
 
@@ -160,8 +161,13 @@ def test_a_regenerated_loop_counts_as_generated_and_not_trained_under_looping() 
     old = looped(first)
     new = record(first, turn())  # the round kept turn 1 and sent turn 2 again
     assert superseded(old, new) == (600, 600)
-    failed_before = record(replace(turn(), status=old.turns[0].status))
-    assert superseded(failed_before, new) == (0, 0)
+    # the same turn, failed without looping, then sent again: superseded, none of it looping
+    unlooped = replace(old.turns[1], loop=None, finish_reason=None, status=RecordStatus.FAILED)
+    failed_before = record(first, unlooped)
+    assert superseded(failed_before, new) == (600, 0)
+    none_looped = Superseded()
+    none_looped(failed_before, new)
+    assert (none_looped.tokens, none_looped.looping, none_looped.loop_tokens_saved) == (600, 0, 0)
     seen = Superseded()
     seen(old, new)
     assert (seen.tokens, seen.looping, seen.loop_tokens_saved) == (600, 600, 4096 - 600)
