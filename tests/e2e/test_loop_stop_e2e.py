@@ -3,35 +3,47 @@ sample early and record it as ``repetition``, flag nothing else, and the export 
 with ``--on-loop regenerate`` (the default) repair rounds send the looped samples again.
 
 Real simulator (``--loop-share 0.2``), a real worker process, ``enqueue --wait``, ``export``.
-Which samples the simulator makes loop is its own plan, worked out here with its own functions (a
-sample loops by its prompt alone when the request has no seed, by seed and prompt on a repair
-round's request), so the records are checked against the truth, not against the detector.
+Which samples the simulator makes loop is its own plan (``SimEngine.plan``, asked here with the
+simulator's own flags for a first round's request, which has no seed), so the records are checked
+against the truth, not against the detector.
 """
 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Any
 
 import requests
 
 from dflash_tasks.core.repetition import FINISH_REASON
-from dflash_tasks.sim import SimConfig
-from dflash_tasks.sim.textgen import plan_loop, plan_output, prompt_rng
+from dflash_tasks.sim.__main__ import config_from_args
+from dflash_tasks.sim.engine import SimEngine
+from dflash_tasks.sim.protocol import parse_chat_request
 from tests.e2e.test_pipeline_e2e import enqueue_args, last_json
 from tests.helpers import Processes, read_records
 
 SAMPLES = 300
 SHARE = 0.2
 MAX_TOKENS = 4096
+SIM_FLAGS = ("--loop-share", str(SHARE), "--time-scale", "0.002", "--mean-output-tokens", "600")
 
 
-def loops(prompt: str, share: float = SHARE) -> bool:
-    """Whether the simulator (default seed) makes this one-message prompt loop."""
-    base = plan_output(random.Random(0), True, 300, 0.5, 0.9)
-    return plan_loop(prompt_rng(SimConfig().seed + 3, prompt), base, share, MAX_TOKENS).loop is not None
+def planned_loops(prompts: dict[str, str]) -> set[str]:
+    """The ids whose prompt the simulator (run with :data:`SIM_FLAGS`) plans to loop on a request
+    without a seed, as a first round sends it."""
+    engine = SimEngine(config_from_args(SIM_FLAGS))
+    try:
+        return {key for key, prompt in prompts.items() if loops(engine, prompt)}
+    finally:
+        engine.stop()
+
+
+def loops(engine: SimEngine, prompt: str) -> bool:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS}
+    request = parse_chat_request("application/json", json.dumps(body).encode(), engine.config)
+    full, _, _, _ = engine.plan(request, None)
+    return full.loop is not None
 
 
 def write_job(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
@@ -43,16 +55,7 @@ def write_job(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
 
 def run_job(procs: Processes, inp: Path, out: Path, *flags: str) -> str:
     """Run the job on a looping simulator with one worker; the simulator's URL."""
-    sim = procs.simulator(
-        "--loop-share",
-        str(SHARE),
-        "--time-scale",
-        "0.002",
-        "--mean-output-tokens",
-        "600",
-        "--stream-interval",
-        "8",
-    )
+    sim = procs.simulator(*SIM_FLAGS, "--stream-interval", "8")
     procs.worker(sim, "gpu0", "--max-inflight", "64")
     common = ("--max-tokens", str(MAX_TOKENS), "--chunk-size", "50", "--no-preflight", "--wait", "--json")
     # the looping share is the test's own: the gate would (rightly) stop the job at 10%
@@ -88,7 +91,7 @@ def exported_loops(procs: Processes, out: Path, to: Path, looped: list[dict[str,
 
 def test_looping_samples_are_stopped_and_recorded_and_no_other_is(procs: Processes, tmp_path: Path) -> None:
     inp, out, prompts = write_job(tmp_path)
-    looping = {k for k, p in prompts.items() if loops(p)}
+    looping = planned_loops(prompts)
     assert 0.12 * SAMPLES < len(looping) < 0.28 * SAMPLES
     sim = run_job(procs, inp, out, "--on-loop", "drop")
     records = {
@@ -122,7 +125,7 @@ def test_repair_rounds_regenerate_the_looped_samples_with_another_seed(
     procs: Processes, tmp_path: Path
 ) -> None:
     inp, out, prompts = write_job(tmp_path)
-    first = {k for k, p in prompts.items() if loops(p)}
+    first = planned_loops(prompts)
     run_job(procs, inp, out)  # --on-loop regenerate, the default
     current = {str(r["id"]): r for r in read_records(out)}
     assert len(current) == SAMPLES
