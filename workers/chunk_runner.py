@@ -100,7 +100,8 @@ def _store_chunk(
         checks.update(record.checks or ())
     where = f"chunk {chunk} of job {job_id}"
     # before the write: between a stored chunk and its completion nothing but retries may run
-    live_yield = yield_counters(ctx.loss_counts, job_id, job.definition, served_model_path(ctx), records)
+    model_path = served_model_path(ctx)
+    live_yield = yield_counters(ctx.loss_counts, job_id, job.definition, model_path, records, where=where)
     taken = write_once(ctx, job, output_key(chunk), records, where, started)
     if taken is not None:
         return taken

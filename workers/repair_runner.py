@@ -187,7 +187,9 @@ def _store_round(
     where = f"repair round {unit.round} of chunk {unit.chunk} of job {job_id}"
     # before the write: between a stored round and its completion nothing but retries may run
     model_path = served_model_path(ctx)
-    live_yield = yield_counters(ctx.loss_counts, job_id, job.definition, model_path, records, old)
+    live_yield = yield_counters(
+        ctx.loss_counts, job_id, job.definition, model_path, records, old, where=where
+    )
     taken = write_once(ctx, job, repair_key(unit.chunk, unit.round), records, where, started)
     if taken is not None:
         return taken

@@ -8,13 +8,14 @@ Real Redis, a real local store and the simulator over HTTP serving a tiny tokeni
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dflash_tasks.core.job import JobDefinition, output_key
+from dflash_tasks.core.job import GenerationSpec, JobDefinition, output_key
 from dflash_tasks.core.loss_tokens import LossTokenCounter
 from dflash_tasks.core.quality import with_checks
 from dflash_tasks.core.record import Record, decode_records, encode_records
@@ -30,6 +31,7 @@ from tests.helpers import RedisServer
 from tests.workers.chunk_support import Staged, staged_with
 from tests.workers.test_repair_runner import failed_at, stage_conversations
 from workers.checks.chunk_yield import yield_counters
+from workers.checks.loss_counting import LossCountCache
 from workers.chunk_runner import run_chunk
 from workers.repair_runner import run_repair
 
@@ -93,13 +95,34 @@ def test_the_live_yield_tokenizes_no_row(counted: Staged, monkeypatch: pytest.Mo
         raise AssertionError("a row was tokenized")
 
     monkeypatch.setattr(LossTokenCounter, "count_many", refuse)
-    got = yield_counters(counted.ctx.loss_counts, job_id, definition(counted, job_id), model_path, records)
+    job = definition(counted, job_id)
+    got = yield_counters(counted.ctx.loss_counts, job_id, job, model_path, records, where="chunk 0")
     assert got == live(counted, job_id)
     # a record the worker did not count: the chunk stays out of the ratio
     bare = [dataclasses.replace(records[0], loss_counts=None), *records[1:]]
-    assert (
-        yield_counters(counted.ctx.loss_counts, job_id, definition(counted, job_id), model_path, bare) == {}
-    )
+    assert yield_counters(counted.ctx.loss_counts, job_id, job, model_path, bare, where="chunk 0") == {}
+
+
+SECRET = "the sample's own answer: 42"
+
+
+class Unplannable(LossCountCache):
+    """Fails as a planner could on a record, repeating its text."""
+
+    def counter(self, job_id: str, job: JobDefinition, model_path: str | None) -> RecordCounter | None:
+        raise ValueError(f"cannot render the row {SECRET!r}")
+
+
+def test_a_yield_not_counted_logs_its_chunk_and_why_without_sample_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    job = JobDefinition.create("sha256:x", "in.jsonl", GenerationSpec(model="m"))
+    with caplog.at_level(logging.WARNING, logger="workers.checks.chunk_yield"):
+        counters = yield_counters(Unplannable(), job.job_id, job, "/m", [], where="chunk 7 of job j1")
+    assert counters == {}
+    (line,) = (r.getMessage() for r in caplog.records)
+    assert "chunk 7 of job j1" in line and "ValueError: cannot render the row <" in line
+    assert SECRET not in line and "42" not in line
 
 
 def test_a_repair_round_moves_the_yield_by_what_report_sees_change(counted: Staged, tmp_path: Path) -> None:

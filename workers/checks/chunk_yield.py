@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 
 from dflash_tasks.core.job import JobDefinition
+from dflash_tasks.core.log_text import exception_text
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.repair import superseded
 from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
@@ -32,6 +33,8 @@ def yield_counters(
     model_path: str | None,
     records: Sequence[Record],
     replaced: Sequence[Record] | None = None,
+    *,
+    where: str,
 ) -> dict[str, float]:
     """The ``yield_*`` counters of a stored chunk's ``records``; of a repair round with ``replaced``
     (the records its ``records`` replace, in the same order): the change, the tokens it sent (the
@@ -39,11 +42,12 @@ def yield_counters(
 
     Empty when a record was not counted by ``counts`` (no tokenizer here, another view), and when
     planning fails: the yield is an optional figure and never costs the chunk its other counters.
+    That failure is logged with ``where`` (the chunk or round) and its message, quoted text masked.
     """
     try:
         return _counters(counts, job_id, job, model_path, records, replaced)
     except Exception as exc:
-        log.warning("live yield not counted for a chunk of job %s: %s", job_id, type(exc).__name__)
+        log.warning("live yield not counted for %s: %s", where, exception_text(exc))
         return {}
 
 
