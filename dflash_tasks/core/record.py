@@ -215,6 +215,12 @@ class Record:
         return self.status is RecordStatus.OK
 
     @property
+    def generated_tokens(self) -> int:
+        """The completion tokens its turns generated: what it cost (the stored ``usage`` total may
+        be missing)."""
+        return sum(t.usage.completion_tokens for t in self.turns)
+
+    @property
     def transient(self) -> bool:
         """Failed by a cause that may pass (or by one an older writer did not name): repairable."""
         return not self.ok and self.failure is not FailureKind.PERMANENT

@@ -13,8 +13,9 @@ stopped in a loop is regenerated from its looped turn when the job's ``--on-loop
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dflash_tasks.core.continuation import carries, is_cut_thought, record_budget
 from dflash_tasks.core.on_loop import OnLoop, tokens_saved
@@ -115,16 +116,24 @@ def superseded(old: Record, new: Record) -> tuple[int, int]:
 
 @dataclass(slots=True)
 class Superseded:
-    """Adds up :func:`superseded` as the store's reader replaces records (its ``on_replaced``)."""
+    """Adds up :func:`superseded` as the store's reader replaces records (its ``on_replaced``),
+    in all and by input source."""
 
     tokens: int = 0
     records: int = 0  # records replaced
     looping: int = 0  # of the tokens: those of looped attempts
     loop_tokens_saved: int = 0  # the budget the stops of those looped attempts left unspent
+    #: Of ``tokens`` and ``loop_tokens_saved``: those of each source's records (a job of several).
+    source_tokens: Counter[str] = field(default_factory=Counter)
+    source_saved: Counter[str] = field(default_factory=Counter)
 
     def __call__(self, old: Record, new: Record) -> None:
         tokens, looping = superseded(old, new)
+        saved = tokens_saved(old) if looping else 0
         self.tokens += tokens
         self.looping += looping
-        self.loop_tokens_saved += tokens_saved(old) if looping else 0
+        self.loop_tokens_saved += saved
         self.records += 1
+        if old.source is not None:
+            self.source_tokens[old.source] += tokens
+            self.source_saved[old.source] += saved

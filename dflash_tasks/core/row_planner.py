@@ -26,6 +26,7 @@ from dflash_tasks.core.job import JobDefinition
 from dflash_tasks.core.loss_counts import view_key
 from dflash_tasks.core.loss_tokens import LossTokenCounter, row_messages
 from dflash_tasks.core.record import Record
+from dflash_tasks.core.repair import Superseded
 from dflash_tasks.core.source_quality import SourceTally
 from dflash_tasks.core.stored_counts import stored_tokens
 from dflash_tasks.core.trainable import (
@@ -179,7 +180,7 @@ class RowPlanner:
         yield from self._settle(batch)
 
     def _candidates(self, record: Record) -> list[_Planned]:
-        self.yields.generated += sum(t.usage.completion_tokens for t in record.turns)
+        self.yields.generated += record.generated_tokens
         self.yields.failed_turns += sum(t.usage.completion_tokens for t in record.turns if not t.ok)
         o = self.options
         failed: list[_Planned] = []
@@ -264,6 +265,12 @@ class RowPlanner:
         if self.options.keep_failed:
             c.row["error"] = None
         return c.row
+
+    def add_superseded(self, superseded: Superseded) -> None:
+        """The attempts repair rounds replaced (the reader's ``on_replaced``), once read: to the
+        yield's generated total and to each source's figures alike."""
+        self.yields.add_superseded(superseded.tokens, superseded.looping)
+        self.sources.add_superseded(superseded)
 
     def per_source(self) -> dict[str, Any] | None:
         """Per input source (a job of several): its records' figures, the rows planned, their loss

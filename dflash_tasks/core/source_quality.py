@@ -2,7 +2,9 @@
 checks, output and loss tokens, and each source's share of the GPU cost.
 
 A source's cost share is its share of the job's generated (output) tokens: the GPU time a sample
-takes follows the tokens it generates. ``report`` writes the figures to ``sources.json`` in the
+takes follows the tokens it generates. They are its records' turns' and those of the attempts
+repair rounds replaced (:meth:`SourceTally.add_superseded`), as the yield's generated total counts
+them, so that the sources' add up to it. ``report`` writes the figures to ``sources.json`` in the
 output root; ``status`` and ``progress.json`` show the latest one beside the staged counts.
 """
 
@@ -16,6 +18,7 @@ from typing import Any
 from dflash_tasks.core.on_loop import tokens_saved
 from dflash_tasks.core.quality import GateFailure, QualitySettings, evaluate_gates
 from dflash_tasks.core.record import Record
+from dflash_tasks.core.repair import Superseded
 from dflash_tasks.core.states import Outcome
 
 SOURCES_KEY = "sources.json"
@@ -40,7 +43,7 @@ class SourceQuality:
     def add(self, record: Record) -> None:
         self.samples += 1
         self.checks.update(record.checks or ())
-        self.output_tokens += record.usage.completion_tokens
+        self.output_tokens += record.generated_tokens
         self.loop_tokens_saved += tokens_saved(record)
         if record.outcome is Outcome.TRUNCATED:
             self.truncated += 1
@@ -83,6 +86,13 @@ class SourceTally:
         if record.source is None:
             return
         self.sources.setdefault(record.source, SourceQuality()).add(record)
+
+    def add_superseded(self, superseded: Superseded) -> None:
+        """The attempts repair rounds replaced, to the sources of their records: their tokens
+        count as output (paid for), their stops' savings as saved."""
+        for name, source in self.sources.items():
+            source.output_tokens += superseded.source_tokens[name]
+            source.loop_tokens_saved += superseded.source_saved[name]
 
     def add_row(self, name: str | None, loss_tokens: int | None, min_loss_tokens: int) -> None:
         """One row of the export's plan, to the source of its record, with its loss tokens when counted."""

@@ -150,7 +150,7 @@ def export(
     else:
         write_jsonl(rows, tmp)
     os.replace(tmp, to)
-    planner.yields.add_superseded(superseded.tokens, superseded.looping)
+    planner.add_superseded(superseded)
     dropped_path = to.with_name(to.name + ".dropped.jsonl")
     if counts.left_out:
         write_jsonl(counts.left_out, dropped_path)

@@ -141,9 +141,11 @@ def build_report(
             report.sources.add(record)
     failures = evaluate_gates(report.samples, report.checks, job.quality, job.spec.temperature)
     report.loop_tokens_saved += superseded.loop_tokens_saved if superseded is not None else 0
+    if superseded is not None and planner is not None:
+        planner.add_superseded(superseded)
+    elif superseded is not None:
+        report.sources.add_superseded(superseded)
     if planner is not None:
-        if superseded is not None:
-            planner.yields.add_superseded(superseded.tokens, superseded.looping)
         report.yields = planner.yields
         report.trainable = planner.summary if planner.counted else None
         report.trainer_note = planner.note

@@ -7,14 +7,27 @@ from typing import Any
 
 import pytest
 
-from dflash_tasks.core.job import GenerationSpec, JobDefinition
+from dflash_tasks.core.job import (
+    JOB_KEY,
+    MANIFEST_KEY,
+    GenerationSpec,
+    JobDefinition,
+    Manifest,
+    output_key,
+    repair_key,
+)
 from dflash_tasks.core.quality import QualitySettings
-from dflash_tasks.core.record import Record
+from dflash_tasks.core.record import Record, encode_records
+from dflash_tasks.core.repair import Superseded
 from dflash_tasks.core.row_planner import ExportOptions, RowPlanner
+from dflash_tasks.core.source_quality import SOURCES_KEY
 from dflash_tasks.core.source_quality import progress_sources as _sources
 from dflash_tasks.core.trainer_view import TrainerView
+from dflash_tasks.output.export import export
 from dflash_tasks.output.report import build_report, render_text
+from dflash_tasks.output.report import main as report_main
 from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
+from dflash_tasks.store import LocalStore
 
 JOB = JobDefinition.create("mix:sha256:x", "chat, code", GenerationSpec(model="m"), QualitySettings())
 
@@ -96,10 +109,7 @@ def test_progress_shows_the_staged_counts_and_the_reports_figures_with_their_cos
 
 
 def test_the_preflight_names_a_source_whose_samples_fail_a_gate(tmp_path: Any) -> None:
-    from dflash_tasks.core.job import output_key
-    from dflash_tasks.core.record import encode_records
     from dflash_tasks.producer.preflight import judge
-    from dflash_tasks.store import LocalStore
 
     store = LocalStore(tmp_path)
     store.write(output_key(0), encode_records(records()))
@@ -112,7 +122,8 @@ def test_the_preflight_names_a_source_whose_samples_fail_a_gate(tmp_path: Any) -
 
 def test_the_export_plan_counts_each_sources_rows_without_a_tokenizer() -> None:
     usage = {"prompt_tokens": 10, "completion_tokens": 500, "reasoning_tokens": 450}
-    turn = {"status": "ok", "reasoning": "think it through", "content": "the answer", "usage": usage}
+    turn: dict[str, Any] = {"status": "ok", "reasoning": "think it through", "content": "the answer"}
+    turn["usage"] = usage
     turn |= {"finish_reason": "stop", "input": [{"role": "user", "content": "q"}]}
     records = [
         Record.from_json(json.dumps({"id": f"{src}:{i}", "source": src, "status": "ok", "turns": [turn]}))
@@ -126,3 +137,38 @@ def test_the_export_plan_counts_each_sources_rows_without_a_tokenizer() -> None:
     assert doc is not None
     assert {name: f["rows_exported"] for name, f in doc.items()} == {"code": 3, "chat": 2}
     assert all(f["loss_tokens"] is None for f in doc.values())
+
+
+def test_the_export_manifests_per_source_tokens_add_up_to_its_generated_total(tmp_path: Any) -> None:
+    """Each source's output tokens are its records' turns' (a record without a stored total
+    included) and its replaced attempts' (a failed one a repair round generated again), as the
+    yield's generated total counts them: their sum is that total, for every figure derived."""
+    chunk = records()
+    lost = record(4, "code", ok=False, tokens=120)  # failed after generating 120 tokens
+    untallied = {**record(0, "chat").to_dict()}
+    untallied.pop("usage")  # its turns hold its tokens, the record no total
+    chunk = [Record.from_dict(untallied), *chunk[1:14], lost, *chunk[15:]]
+    store = LocalStore(tmp_path / "job")
+    store.write(JOB_KEY, JOB.to_json())
+    store.write(MANIFEST_KEY, Manifest(JOB.job_id, 20, 20, 0, 20, 1).to_json())
+    store.write(output_key(0), encode_records(chunk))
+    regenerated = record(4, "code", tokens=300)
+    store.write(repair_key(0, 1), encode_records([regenerated]))
+
+    doc = export(str(tmp_path / "job"), tmp_path / "train.jsonl", "jsonl", ExportOptions(), TrainerView())
+
+    generated = doc["yield"]["generated_tokens"]
+    assert generated == 3000 + 5100 + 300 + 120  # the current records, then the replaced attempt
+    sources = doc["sources"]
+    assert {name: s["output_tokens"] for name, s in sources.items()} == {"chat": 3000, "code": 5520}
+    assert sum(s["output_tokens"] for s in sources.values()) == generated
+    assert sum(s["cost_share"] for s in sources.values()) == pytest.approx(1.0, abs=1e-3)
+    # report's sources.json, and a report without a trainer view: the same figures
+    assert report_main(["--output", str(tmp_path / "job"), "--json", "--png", str(tmp_path / "r.png")]) == 0
+    reported = json.loads(store.read(SOURCES_KEY))
+    replaced = Superseded()
+    replaced(lost, regenerated)
+    current = [regenerated if r is lost else r for r in chunk]
+    plain = build_report(JOB, current, 1, 1, superseded=replaced).sources.to_dict()
+    for figures in (reported, plain):
+        assert {name: s["output_tokens"] for name, s in figures.items()} == {"chat": 3000, "code": 5520}
