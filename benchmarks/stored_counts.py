@@ -62,7 +62,8 @@ def _live_yield_ms(job: JobDefinition, model: str, counted: list[Record]) -> flo
     check(cache.counter("bench", job, model) is not None, "the worker cannot count here")
     started = time.monotonic()
     for at in range(0, len(counted), CHUNK):
-        check(bool(yield_counters(cache, "bench", job, model, counted[at : at + CHUNK])), "not counted")
+        chunk = counted[at : at + CHUNK]
+        check(bool(yield_counters(cache, "bench", job, model, chunk, where=f"records {at}+")), "not counted")
     return (time.monotonic() - started) * 1000 / len(counted)
 
 
