@@ -10,6 +10,7 @@ series, and the dashboard's numbers must agree with the job's progress.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -42,6 +43,8 @@ PRICE = 4.0
 SIM = "--time-scale 0.04 --mean-output-tokens 400 --context-length 8192"
 #: Grafana's $__rate_interval for a 1 s scrape (it is at least four scrape intervals).
 RATE_INTERVAL = "5s"
+#: How long GPU 1's server answers 503 and fails its health check, from the job's start (s).
+FAULT_SECONDS = 6
 
 
 @dataclass
@@ -110,8 +113,16 @@ def live(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) ->
                 *("--chunk-size", str(CHUNK), "--no-preflight", "--gpu-hour-usd", str(PRICE), "--json"),
             )
             assert res.returncode == 0, res.stderr
-            job_id = str(json.loads(res.stdout.strip().splitlines()[-1])["job_id"])
             sims = [f"http://127.0.0.1:{base + gpu}" for gpu in (0, 1)]
+            # as soon as the job runs (its chunks are queued): GPU 1's server answers 503 and fails
+            # its health check for FAULT_SECONDS, so its worker retries, gives up, re-queues its
+            # chunks and waits for the server to come back. Before anything else waits: on a busy
+            # machine the job may be nearly done by the time Prometheus shows its series.
+            for kind in ("http_503", "unhealthy"):
+                fault = {"kind": kind, "seconds": FAULT_SECONDS}
+                hit = requests.post(f"{sims[1]}/sim/faults", json=fault, timeout=5)
+                assert hit.status_code == 200, hit.text
+            job_id = str(json.loads(res.stdout.strip().splitlines()[-1])["job_id"])
             yield LiveJob(procs, prom, out, job_id, sims, node_log)
         finally:
             node.send_signal(signal.SIGTERM)
@@ -140,13 +151,7 @@ def test_every_panel_returns_series_during_the_job_and_agrees_with_progress_json
     found = {(t["labels"]["job"], t["labels"]["gpu"]) for t in targets}
     assert found == {(job, gpu) for job in ("dflash-workers", "sglang") for gpu in ("gpu0", "gpu1")}
 
-    # once the job runs: GPU 1's server answers 503 and fails its health check for 6 s, so its
-    # worker retries, gives up, re-queues its chunks and waits for the server to come back
     wait_until(lambda: live.prom.query(f'dflash_job_samples{{job="{live.job_id}"}}'), 30, "the job's series")
-    for kind in ("http_503", "unhealthy"):
-        res = requests.post(f"{live.sims[1]}/sim/faults", json={"kind": kind, "seconds": 6}, timeout=5)
-        assert res.status_code == 200, res.text
-
     values = {"job": live.job_id, "gpu": ".*", "__rate_interval": RATE_INTERVAL}
     pending = dict(queries(dashboard()))
     agreed: dict[str, str] = {}
@@ -164,9 +169,14 @@ def test_every_panel_returns_series_during_the_job_and_agrees_with_progress_json
     assert not pending, f"panels whose query returned no series during the job: {sorted(pending)}"
     assert set(agreed) == {"samples", "cost", "accept", "yield"}, agreed
 
-    # the re-queued chunks are there for the reason they were re-queued
-    reasons = live.prom.query("sum by (reason) (dflash_chunks_requeued_total)")
-    assert "server_unhealthy" in {r["metric"].get("reason") for r in reasons}, reasons
+    # the re-queued chunks are there for the reason they were re-queued (a scrape or two later)
+    def requeue_reasons() -> set[str]:
+        found = live.prom.query("sum by (reason) (dflash_chunks_requeued_total)")
+        return {str(r["metric"].get("reason")) for r in found}
+
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: "server_unhealthy" in requeue_reasons(), 10, "the unhealthy server's re-queues")
+    assert "server_unhealthy" in requeue_reasons(), requeue_reasons()
     errors = {r["metric"]["kind"] for r in live.prom.query("sum by (kind) (dflash_request_errors_total)")}
     assert {"http_503", "rejected"} <= errors, errors
 
@@ -181,7 +191,9 @@ def test_every_panel_returns_series_during_the_job_and_agrees_with_progress_json
     assert samples is not None and tokens is not None
     # per-worker counts include the samples of chunks given back and run again
     assert final["samples"]["done"] == SAMPLES <= samples <= SAMPLES * 1.15, (samples, final["samples"])
-    assert failed == final["samples"]["failed"] == 1
+    # the rejected prompt's chunk may be one of those run again: it fails once per run
+    requeued = live.prom.value("sum(dflash_chunks_requeued_total)") or 0
+    assert final["samples"]["failed"] == 1 <= (failed or 0) <= 1 + requeued, (failed, requeued)
     generated = final["tokens"]["generated"]
     assert generated <= tokens <= generated * 1.15, (tokens, generated)
     spec = live.prom.value(
