@@ -7,12 +7,13 @@ and the tests measure the trainable yield without a real model. A byte-level BPE
 few more: each word the simulator writes (with the space before it, capitalised or not, with a
 full stop after it or not) one token, ``<think>`` and ``</think>`` one token each and ``\n\n``
 one token, as in Qwen3's tokenizer; so the simulator's text tokenizes to exactly the
-``completion_tokens`` it reports, less the stop token (``<|im_end|>``, which the text leaves out).
-Saved as ``tokenizer.json`` plus a ``tokenizer_config.json``
-carrying a chat template: :data:`QWEN3_TEMPLATE` follows Qwen3's rules (think blocks only for
-assistant turns after the last user message unless ``preserve_thinking``, as Qwen3.6's, the empty
-think block with ``enable_thinking`` false); :data:`PLAIN_TEMPLATE` is a header-and-end template
-without reasoning. Other text (prompts) falls apart into short pieces, as rare words do.
+``completion_tokens`` it reports, less the stop token (``<|im_end|>``, which the text leaves out)
+and the tokens past :data:`~dflash_tasks.sim.textgen.MAX_TEXT_WORDS` words a section (empty text).
+Saved as ``tokenizer.json`` plus a ``tokenizer_config.json`` carrying a chat template:
+:data:`QWEN3_TEMPLATE` follows Qwen3's rules (think blocks only for assistant turns after the last
+user message unless ``preserve_thinking``, as Qwen3.6's, the empty think block with
+``enable_thinking`` false); :data:`PLAIN_TEMPLATE` is a header-and-end template without reasoning.
+Other text (prompts) falls apart into short pieces, as rare words do.
 """
 
 from __future__ import annotations
