@@ -1,11 +1,12 @@
 """A model directory whose tokenizer counts the simulator's output exactly as the simulator does.
 
-:mod:`dflash_tasks.sim.tokenizer` fits the simulator's words to within about 1% (its think markers
-and their newlines are a few tokens more); the budget tests check rows to the token, so they use
-this one: a word-level model over :data:`SIM_PIECES`, one token per simulator token (``<think>\\n``,
-``\\n</think>\\n\\n``, each word with the space or ``. `` before it, the last one with its full
-stop), every other stretch of text one token of its own. A row's tokens are then its prompt's plus
-exactly the completion tokens the simulator reported.
+:mod:`dflash_tasks.sim.tokenizer` counts the simulator's text exactly too, but other text (a
+prompt) in many short pieces; the budget tests check rows to the token, so they use this one: a
+word-level model over :data:`SIM_PIECES`, one token per simulator token (``<think>``,
+``</think>``, ``\\n``, ``\\n\\n``, each word with the space or ``. `` before it, the last one with
+its full stop), every other stretch of text one token of its own. The simulator's text then counts
+exactly the completion tokens it reported, less the stop token the text leaves out (a row has the
+template's ``<|im_end|>`` in its place).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
 from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, SPECIAL, WORD_PIECE, save_model_dir
 
-SIM_PIECES = r"<think>\n|\n</think>\n\n|" + WORD_PIECE
+SIM_PIECES = r"</?think>|\n\n|\n|" + WORD_PIECE
 
 
 def build_exact_model_dir(where: Path, template: str = QWEN3_TEMPLATE, name: str = "exact-qwen3") -> Path:

@@ -153,10 +153,12 @@ class YieldTally:
 def written_share(generated: int, loss_tokens: int, lost: int) -> tuple[int, int]:
     """A written row's ``(trainable, past max_length)`` tokens in the yield: of the ``generated``
     tokens its own turns generated, those among its ``loss_tokens`` (within ``max_length``), then
-    those among the ``lost`` ones (past it). The loss tokens the template writes itself (its end of
-    turn, the ``</think>`` and end of turn closing a turn cut short, a marker the server counts as
-    fewer tokens than the tokenizer) were never generated: counted, they made a row's trainable
-    tokens exceed its generated ones, the yield exceed 1 and the untrained tokens negative."""
+    those among the ``lost`` ones (past it). The loss tokens the template writes itself were never
+    generated: the newline of every end of turn (``<|im_end|>\\n``; the server generated only
+    ``<|im_end|>``), and after a turn cut at ``max_tokens`` the whole end of turn and, in its thought,
+    the ``\\n</think>\\n\\n`` closing it; a real tokenizer may also merge across the places the
+    texts were joined. Counted, they made a row's trainable tokens exceed its generated ones, the
+    yield exceed 1 and the untrained tokens negative."""
     trainable = min(loss_tokens, generated)
     return trainable, min(lost, generated - trainable)
 

@@ -1,8 +1,13 @@
 """Deterministic output plans and cheap filler text in the Qwen3 thinking format.
 
 A request's output length is drawn from a lognormal distribution seeded by ``(seed, prompt)``, so
-the same prompt always gets the same answer.  Text is filler words (about one word per token,
-capped at :data:`MAX_TEXT_WORDS` per section); tests should assert ``usage`` numbers, not text.
+the same prompt always gets the same answer.  Text is filler words (one word per token, capped at
+:data:`MAX_TEXT_WORDS` per section); tests should assert ``usage`` numbers, not text.
+
+Tokens are counted as SGLang counts a Qwen3 model's: every generated token, the think markers in
+Qwen3's tokens (``<think>`` and its newline, the newline and ``</think>`` closing the thought, the
+blank line before the answer) and the ``<|im_end|>`` a finished answer stops on (generated and
+counted, never in the text); the reasoning tokens are the thought's, ``</think>`` included.
 
 With ``--loop-share`` a share of the samples falls into a loop as real models do: early in the
 thought (or the answer, without thinking: 5-15% in, at most :data:`LOOP_START_MAX` tokens) one
@@ -15,13 +20,27 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import re
 from dataclasses import dataclass, replace
 
 IM_END_TOKEN_ID = 151645
 """``<|im_end|>``: the ``matched_stop`` of a request that finished normally."""
 
+#: Qwen3's tokens for ``<think>\n`` (the opener) and for ``\n</think>`` (the thought's end), and
+#: the blank line after ``</think>`` that starts the answer.
+THINK_OPEN_TOKENS = ("<think>", "\n")
+THINK_CLOSE_TOKENS = ("\n", "</think>")
+ANSWER_BREAK = "\n\n"
+#: ``<|im_end|>``: the stop token, a completion token without text (SGLang drops it from the text).
+STOP_TEXT = ""
+
 MAX_TEXT_WORDS = 4096
+#: A short answer's tokens, its stop token included.
 SHORT_ANSWER_TOKENS = (4, 8)
+#: The fewest tokens of a thought (its markers and one word) and of the answer after it (the blank
+#: line, one word and the stop token).
+MIN_REASONING_TOKENS = len(THINK_OPEN_TOKENS) + 1 + len(THINK_CLOSE_TOKENS)
+MIN_ANSWER_TOKENS = 3
 #: Where a looping sample falls into its loop: this share of its planned thought (or answer), and
 #: at most this many tokens in (early enough that a loop can be stopped within a quarter of 4,096).
 LOOP_START_SHARE = (0.05, 0.15)
@@ -42,6 +61,8 @@ def _vocab(text: str) -> list[str]:
 
 _REASONING_WORDS = _vocab(_REASONING_TEXT)
 _ANSWER_WORDS = _vocab(_ANSWER_TEXT)
+#: Every word the filler text is made of.
+FILLER_WORDS = tuple(dict.fromkeys(_REASONING_WORDS + _ANSWER_WORDS))
 
 
 @dataclass(frozen=True)
@@ -57,9 +78,10 @@ class LoopPlan:
 class Plan:
     """How many tokens a request produces, and how it ends.
 
-    ``reasoning_tokens`` counts the think block including ``</think>``; ``thinking`` says whether
-    the model opened one at all; ``finish_reason`` is ``stop``, ``length`` or ``abort``; ``loop``:
-    where the output falls into a loop, if it does.
+    ``reasoning_tokens`` counts the think block from ``<think>`` to ``</think>``, both included;
+    ``answer_tokens`` the rest (the blank line after ``</think>``, the answer and, when it stops,
+    its stop token); ``thinking`` says whether the model opened a thought at all; ``finish_reason``
+    is ``stop``, ``length`` or ``abort``; ``loop``: where the output falls into a loop, if it does.
     """
 
     thinking: bool
@@ -71,13 +93,8 @@ class Plan:
 
     @property
     def completion_tokens(self) -> int:
-        """Tokens generated in total (reasoning + answer)."""
+        """Tokens generated in total (reasoning + answer), as SGLang's ``completion_tokens``."""
         return self.reasoning_tokens + self.answer_tokens
-
-    @property
-    def reasoning_closed(self) -> bool:
-        """True when ``</think>`` was generated (reasoning not cut short)."""
-        return self.thinking and self.reasoning_tokens >= self.planned_reasoning
 
 
 def prompt_rng(seed: int, prompt: str) -> random.Random:
@@ -108,12 +125,13 @@ def draw_accept_length(rng: random.Random, mean: float, sd: float, cap: int) -> 
 def plan_output(
     rng: random.Random, thinking: bool, mean: int, sigma: float, reasoning_fraction: float
 ) -> Plan:
-    """The untruncated plan: ~``reasoning_fraction`` reasoning when thinking, else a short answer."""
+    """The untruncated plan: ~``reasoning_fraction`` reasoning when thinking, else a short answer
+    (the markers and the stop token counted in)."""
     if not thinking:
         answer = rng.randint(*SHORT_ANSWER_TOKENS)
         return Plan(False, 0, answer, 0, "stop")
-    total = draw_length(rng, mean, sigma)
-    reasoning = max(1, min(total - 1, round(total * reasoning_fraction))) if total > 1 else 1
+    total = max(MIN_REASONING_TOKENS + MIN_ANSWER_TOKENS, draw_length(rng, mean, sigma))
+    reasoning = min(total - MIN_ANSWER_TOKENS, max(MIN_REASONING_TOKENS, round(total * reasoning_fraction)))
     return Plan(True, reasoning, total - reasoning, reasoning, "stop")
 
 
@@ -124,7 +142,7 @@ def plan_loop(rng: random.Random, plan: Plan, share: float, endless: int) -> Pla
         return plan
     body = plan.reasoning_tokens if plan.thinking else plan.answer_tokens
     at = min(LOOP_START_MAX, max(1, round(body * rng.uniform(*LOOP_START_SHARE))))
-    at += int(plan.thinking)  # after <think>
+    at += len(THINK_OPEN_TOKENS) if plan.thinking else 0
     sentences = 1 if rng.random() < 0.5 else rng.randint(*LOOP_PARAGRAPH_SENTENCES)
     loop = LoopPlan(at, sentences)
     if plan.thinking:
@@ -154,8 +172,11 @@ def continue_plan(full: Plan, done: int) -> Plan:
 
 def prefix_tokens(prefix: str) -> int:
     """The completion tokens a continued prefix holds, counted as :func:`output_tokens` makes them
-    (``<think>``, ``</think>`` and each word one token)."""
-    return len(prefix.split())
+    (``<think>``, ``</think>``, a newline, a blank line and each word one token)."""
+    return len(_PREFIX_PIECE.findall(prefix))
+
+
+_PREFIX_PIECE = re.compile(r"</?think>|\n\n|\n|[^\s<]+")
 
 
 def _filler_tokens(rng: random.Random, tokens: int, vocab: list[str]) -> list[str]:
@@ -173,12 +194,11 @@ def _filler_tokens(rng: random.Random, tokens: int, vocab: list[str]) -> list[st
 
 def _loop_unit(rng: random.Random, sentences: int, vocab: list[str]) -> list[str]:
     """The span a looping sample repeats: a sentence (`` Word … word.``) or a paragraph
-    (``\n\n`` and ``sentences`` sentences); the break goes with the paragraph's first word, so that
-    each token holds a word, as :func:`prefix_tokens` counts them."""
-    unit: list[str] = []
+    (``\n\n``, a token of its own, and ``sentences`` sentences)."""
+    unit: list[str] = [ANSWER_BREAK] if sentences > 1 else []
     for n in range(sentences):
         words = rng.choices(vocab, k=rng.randint(*LOOP_SENTENCE_WORDS))
-        first = "\n\n" if sentences > 1 and n == 0 else " "
+        first = "" if sentences > 1 and n == 0 else " "
         unit += [first + words[0].capitalize(), *(" " + w for w in words[1:])]
         unit[-1] += "."
     return unit
@@ -188,7 +208,7 @@ def _looping_tokens(rng: random.Random, plan: Plan, loop: LoopPlan, end: int) ->
     """The first ``end`` tokens of a looping plan: the natural start, then the span repeated
     (text past :data:`MAX_TEXT_WORDS` tokens is empty)."""
     vocab = _REASONING_WORDS if plan.thinking else _ANSWER_WORDS
-    head = ["<think>\n"] if plan.thinking else []
+    head = list(THINK_OPEN_TOKENS) if plan.thinking else []
     tokens = head + _filler_tokens(rng, loop.at - len(head), vocab)
     unit = _loop_unit(rng, loop.sentences, vocab)
     text_end = min(end, MAX_TEXT_WORDS)
@@ -198,20 +218,22 @@ def _looping_tokens(rng: random.Random, plan: Plan, loop: LoopPlan, end: int) ->
 
 
 def output_tokens(rng: random.Random, plan: Plan, end: int | None = None) -> list[str]:
-    """The untruncated plan's raw output as tokens, Qwen3 hybrid style:
-    ``<think>\n`` … ``\n</think>\n\n`` answer (words past :data:`MAX_TEXT_WORDS` are empty);
-    a looping plan's only up to ``end``, since it never ends."""
+    """The plan's raw output as tokens, Qwen3 hybrid style: ``<think>``, ``\n``, the thought,
+    ``\n``, ``</think>``, ``\n\n``, the answer and the stop token (words past
+    :data:`MAX_TEXT_WORDS` are empty); a looping plan's only up to ``end``, since it never ends. A
+    plan cut short (:func:`truncate`) gives the first of its tokens."""
     if plan.loop is not None:
         return _looping_tokens(rng, plan, plan.loop, plan.completion_tokens if end is None else end)
-    answer = _padded(_filler_tokens(rng, plan.answer_tokens, _ANSWER_WORDS), plan.answer_tokens)
-    if not plan.thinking or plan.completion_tokens == 0:
-        return answer
-    if not plan.reasoning_closed:  # a plan cut inside its thought
-        words = plan.reasoning_tokens - 1
-        return ["<think>\n", *_padded(_filler_tokens(rng, words, _REASONING_WORDS), words)]
-    words = max(0, plan.reasoning_tokens - 2)
+    stop = [STOP_TEXT] if plan.finish_reason == "stop" else []
+    head = [ANSWER_BREAK] if plan.thinking and plan.answer_tokens > 0 else []
+    words = max(0, plan.answer_tokens - len(head) - len(stop))
+    answer = [*head, *_padded(_filler_tokens(rng, words, _ANSWER_WORDS), words), *stop]
+    if not plan.thinking:
+        return answer[: plan.answer_tokens]
+    words = max(0, plan.planned_reasoning - len(THINK_OPEN_TOKENS) - len(THINK_CLOSE_TOKENS))
     thought = _padded(_filler_tokens(rng, words, _REASONING_WORDS), words)
-    return ["<think>\n", *thought, "\n</think>\n\n", *answer]
+    think = [*THINK_OPEN_TOKENS, *thought, *THINK_CLOSE_TOKENS][: plan.reasoning_tokens]
+    return think + answer[: plan.answer_tokens]
 
 
 def _padded(tokens: list[str], count: int) -> list[str]:

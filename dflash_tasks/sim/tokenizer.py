@@ -3,15 +3,17 @@
 A simulator started with ``--model-path`` pointing at one reports it in ``/model_info``, and the
 worker beside it counts each record's loss tokens with it, as beside a real server: so the demo
 and the tests measure the trainable yield without a real model. A byte-level BPE trained with
-``tokenizers`` on the simulator's own output (:mod:`dflash_tasks.sim.textgen`) and a few words,
-each word the simulator writes (with the space or full stop before it) one token, as the
-simulator counts them: its text tokenizes to within about 1% of the ``completion_tokens`` it
-reports (the think markers and their newlines are a few tokens more), so a yield measured on it
-is near what a real tokenizer gives. Saved as ``tokenizer.json`` plus a ``tokenizer_config.json``
-carrying a chat template: :data:`QWEN3_TEMPLATE` follows Qwen3's rules (think blocks only for
-assistant turns after the last user message unless ``preserve_thinking``, as Qwen3.6's, the empty
-think block with ``enable_thinking`` false); :data:`PLAIN_TEMPLATE` is a header-and-end template
-without reasoning. Other text (prompts) falls apart into short pieces, as rare words do.
+``tokenizers`` on the simulator's own output (:mod:`dflash_tasks.sim.textgen`), its words and a
+few more: each word the simulator writes (with the space before it, capitalised or not, with a
+full stop after it or not) one token, ``<think>`` and ``</think>`` one token each and ``\n\n``
+one token, as in Qwen3's tokenizer; so the simulator's text tokenizes to exactly the
+``completion_tokens`` it reports, less the stop token (``<|im_end|>``, which the text leaves out)
+and the tokens past :data:`~dflash_tasks.sim.textgen.MAX_TEXT_WORDS` words a section (empty text).
+Saved as ``tokenizer.json`` plus a ``tokenizer_config.json`` carrying a chat template:
+:data:`QWEN3_TEMPLATE` follows Qwen3's rules (think blocks only for assistant turns after the last
+user message unless ``preserve_thinking``, as Qwen3.6's, the empty think block with
+``enable_thinking`` false); :data:`PLAIN_TEMPLATE` is a header-and-end template without reasoning.
+Other text (prompts) falls apart into short pieces, as rare words do.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from dflash_tasks.sim.textgen import plan_output, render_raw
+from dflash_tasks.sim.textgen import ANSWER_BREAK, FILLER_WORDS, plan_output, render_raw
 
 #: Qwen3's rules: the last-query rule, reasoning_content rendered in a think block, and the empty
 #: think block of the generation prompt with thinking off.
@@ -80,6 +82,7 @@ def build_model_dir(where: Path, template: str, name: str = "tiny-qwen3") -> Pat
     rng = random.Random(0)
     said = [render_raw(rng, plan_output(rng, True, 400, 0.5, 0.8)) for _ in range(60)]
     lines = [" ".join(WORDS), " " + " ".join(WORDS)] * 50 + list(WORDS) * 20 + said
+    lines += [form for word in FILLER_WORDS for form in _word_forms(word)] * 20 + [ANSWER_BREAK] * 100
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
         special_tokens=SPECIAL,
@@ -89,6 +92,13 @@ def build_model_dir(where: Path, template: str, name: str = "tiny-qwen3") -> Pat
     tokenizer.train_from_iterator(lines, trainer)
     tokenizer.add_tokens(ADDED)
     return save_model_dir(path, tokenizer, template)
+
+
+def _word_forms(word: str) -> list[str]:
+    """``word`` in each form the simulator writes it: opening a text, after a space (capitalised
+    after a full stop), ending a sentence."""
+    title = word.capitalize()
+    return [f"{title} {word} {word}. {title} {title}.", f"{title}."]
 
 
 def save_model_dir(path: Path, tokenizer: Tokenizer, template: str, **config: object) -> Path:

@@ -50,10 +50,10 @@ def test_markers_come_from_the_template(qwen3: Any, plain: Any) -> None:
 
 def test_one_thinking_turn_counted_by_hand(qwen3: Any) -> None:
     row = counter(qwen3).count([msg("user", "alpha"), msg("assistant", "beta gamma", "alpha beta")])
-    # After "<|im_start|>assistant\n": <think> \n alpha Ġbeta \n </think> \n \n beta Ġgamma <|im_end|> \n
-    assert row.loss_tokens == row.loss_tokens_untruncated == 12
+    # After "<|im_start|>assistant\n": <think> \n alpha Ġbeta \n </think> \n\n beta Ġgamma <|im_end|> \n
+    assert row.loss_tokens == row.loss_tokens_untruncated == 11
     # Before it: <|im_start|> + "user\n" + alpha + <|im_end|> + \n + <|im_start|> + "assistant\n"
-    assert row.tokens == 12 + len(
+    assert row.tokens == 11 + len(
         qwen3.tokenize("<|im_start|>user\nalpha<|im_end|>\n<|im_start|>assistant\n")
     )
     assert (row.reasoning_turns, row.reasoning_dropped, row.truncated) == (1, 0, False)
@@ -73,17 +73,17 @@ def test_the_last_query_rule_drops_earlier_reasoning(qwen3: Any) -> None:
     ]
     row = counter(qwen3).count(messages)
     # turn 1 as history: beta <|im_end|> \n (3)
-    # turn 2: <think> \n alpha \n </think> \n \n gamma <|im_end|> \n (10)
-    assert row.loss_tokens == 3 + 10
+    # turn 2: <think> \n alpha \n </think> \n\n gamma <|im_end|> \n (9)
+    assert row.loss_tokens == 3 + 9
     assert (row.reasoning_turns, row.reasoning_dropped) == (2, 1)
-    assert counter(qwen3, last_turn_only=True).count(messages).loss_tokens == 10
+    assert counter(qwen3, last_turn_only=True).count(messages).loss_tokens == 9
 
 
 def test_max_length_cuts_loss_tokens(qwen3: Any) -> None:
     messages = [msg("user", "alpha"), msg("assistant", "beta gamma", "alpha beta")]
     full = counter(qwen3).count(messages)
     cut = counter(qwen3, max_length=full.tokens - 5).count(messages)
-    assert (cut.loss_tokens, cut.lost_to_max_length, cut.truncated) == (7, 5, True)
+    assert (cut.loss_tokens, cut.lost_to_max_length, cut.truncated) == (6, 5, True)
     assert counter(qwen3, max_length=full.tokens).count(messages).truncated is False
 
 
@@ -179,6 +179,6 @@ def test_preserve_thinking_renders_and_counts_the_earlier_reasoning(qwen3: Any) 
         msg("assistant", "gamma", "alpha"),
     ]
     kept = LossTokenCounter(qwen3, TrainerView(), True, "test", preserve_thinking=True).count(messages)
-    # turn 1 now: <think> \n gamma Ġdelta \n </think> \n \n beta <|im_end|> \n (11) instead of 3
-    assert kept.loss_tokens == 11 + 10
+    # turn 1 now: <think> \n gamma Ġdelta \n </think> \n\n beta <|im_end|> \n (10) instead of 3
+    assert kept.loss_tokens == 10 + 9
     assert (kept.reasoning_turns, kept.reasoning_dropped) == (2, 0)

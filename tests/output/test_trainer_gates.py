@@ -1,8 +1,8 @@
 """The trainer's gates (``few_loss_tokens``, ``truncated_by_trainer``) on rows of known loss tokens,
 in ``report`` and the preflight alike: where a row is few, and what each share is taken over.
 
-Two ok samples, planned as two rows under a tiny Qwen3 tokenizer: one of 20 loss tokens, one of
-130 that ``max_length`` 100 cuts (84 kept), beside ten samples that failed for good (judged by the
+Two ok samples, planned as two rows under a tiny Qwen3 tokenizer: one of 19 loss tokens, one of
+129 that ``max_length`` 100 cuts (83 kept), beside ten samples that failed for good (judged by the
 ``failed`` gate, never planned as rows). The trainer's shares are over the two counted rows.
 """
 
@@ -22,7 +22,7 @@ from dflash_tasks.producer.preflight import judge
 from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, build_model_dir
 from dflash_tasks.store import LocalStore
 
-SHORT_LOSS_TOKENS = 20  # the short row's, under the tiny tokenizer and Qwen3's template
+SHORT_LOSS_TOKENS = 19  # the short row's, under the tiny tokenizer and Qwen3's template
 MAX_LENGTH = 100  # fits the short row whole, cuts the long one
 FAILED = 10
 
@@ -75,7 +75,7 @@ def records() -> list[Record]:
 def test_the_rows_are_what_the_gates_below_assume(view: TrainerView) -> None:
     report = build_report(job(1), records(), 1, 1, view)
     assert report.trainable is not None
-    assert sorted(report.trainable.loss_tokens) == [SHORT_LOSS_TOKENS, 84]
+    assert sorted(report.trainable.loss_tokens) == [SHORT_LOSS_TOKENS, 83]
     assert (report.trainable.samples, report.trainable.truncated, report.samples) == (2, 1, 2 + FAILED)
 
 

@@ -264,10 +264,9 @@ def test_turns_a_repair_round_generated_again_count_as_generated_in_export_and_r
 
 
 def test_rows_of_the_simulators_text_never_train_more_than_was_generated(tmp_path: Path) -> None:
-    """The demo's case: the simulator counts ``<think>\\n`` and ``\\n</think>\\n\\n`` as one token each
-    and no end of turn, its tokenizer more; a row cut at max_tokens renders the template's closing
-    past max_length. Loss tokens then exceeded the generated ones (yield 1.0002, untrained -1,267 on
-    200 such samples)."""
+    """The demo's case: a row cut at max_tokens renders the template's closing past max_length, and
+    every row the newline after its end of turn; counted, these made the loss tokens exceed the
+    generated ones (:func:`dflash_tasks.core.yields.written_share`)."""
     from dflash_tasks.core.row_planner import RowPlanner
     from dflash_tasks.sim.textgen import plan_output, prompt_rng, render_span, split_reasoning, truncate
 
@@ -291,3 +290,29 @@ def test_rows_of_the_simulators_text_never_train_more_than_was_generated(tmp_pat
     assert y.horizon_rows > 0 and y.written_generated == y.generated
     assert y.ratio is not None and 0.99 < y.ratio <= 1 and y.untrained >= 0
     assert planner.summary.total > y.trainable  # the trainer's loss tokens: the template's own too
+
+
+def test_the_template_writes_loss_tokens_no_server_generated(tmp_path: Path) -> None:
+    """Why a row's trainable tokens are capped at its generated ones: with the simulator's counts
+    (SGLang's: markers and stop token included) a finished row's loss tokens are its completion
+    tokens plus the newline of the template's end of turn (``<|im_end|>\\n``); a row cut inside its
+    thought adds the template's ``\\n</think>\\n\\n`` and its end of turn, never generated."""
+    from dflash_tasks.sim.textgen import plan_output, prompt_rng, render_span, split_reasoning, truncate
+
+    tokenizer = load_tokenizer(str(build_model_dir(tmp_path, QWEN3_TEMPLATE)))
+    counter = LossTokenCounter(tokenizer, TrainerView(), True, "t")
+    excess: dict[str, set[int]] = {"stop": set(), "length": set()}
+    for i in range(24):
+        prompt = f"Explain topic {i} step by step."
+        full = plan_output(prompt_rng(0, prompt), True, 400, 0.6, 0.9)
+        plan = truncate(full, 300, "length")
+        raw = render_span(prompt_rng(0, prompt), full, 0, plan.completion_tokens)
+        reasoning, content = split_reasoning(raw, True)
+        if plan.finish_reason == "length" and content:
+            continue  # cut in its answer: only the end of turn is the template's
+        messages = [
+            {"role": "user", "content": prompt, "reasoning_content": None},
+            {"role": "assistant", "content": content.strip(), "reasoning_content": (reasoning or "").strip()},
+        ]
+        excess[plan.finish_reason].add(counter.count(messages).loss_tokens - plan.completion_tokens)
+    assert excess == {"stop": {1}, "length": {5}}

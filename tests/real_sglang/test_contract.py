@@ -174,6 +174,22 @@ def test_a_small_budget_cuts_the_thought_and_leaves_no_answer(target: Target) ->
     assert done.reasoning and done.content == ""
 
 
+def test_the_stop_token_is_a_completion_token_without_text(target: Target) -> None:
+    """A finished answer's count includes the ``<|im_end|>`` it stopped on: one token less is the same
+    text cut by the length, and exactly the count has room for the stop (checked before the length)."""
+    whole = chat(target, request(target))
+    tokens = whole.completion_tokens
+    short = chat(target, request(target, max_tokens=tokens - 1))
+    assert (short.finish_reason, short.completion_tokens) == ("length", tokens - 1)
+    assert (short.reasoning, short.content, short.reasoning_tokens) == (
+        whole.reasoning,
+        whole.content,
+        whole.reasoning_tokens,
+    )
+    exact = chat(target, request(target, max_tokens=tokens))
+    assert (exact.finish_reason, exact.completion_tokens) == ("stop", tokens)
+
+
 def test_a_multi_turn_history_is_rendered(target: Target) -> None:
     first = chat(target, request(target))
     history = [

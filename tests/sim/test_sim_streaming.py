@@ -113,7 +113,9 @@ def test_continuous_usage_counts_the_tokens_so_far(sims: list[RunningSimulator])
     chunks = stream(start(sims).url, stream_options={"include_usage": True, "continuous_usage_stats": True})
     counted = [c["usage"]["completion_tokens"] for c in chunks[1:-3]]
     assert counted == sorted(counted) and counted[0] >= 1
-    assert counted[-1] == chunks[-2]["usage"]["completion_tokens"]
+    # the stop token has no text: a last decode step of it alone sends no text chunk
+    final = chunks[-2]["usage"]["completion_tokens"]
+    assert final - 1 <= counted[-1] <= final
 
 
 def test_without_thinking_the_stream_is_answer_only(sims: list[RunningSimulator]) -> None:
