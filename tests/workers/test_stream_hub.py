@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import multiprocessing
 import socket
+import struct
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,6 +20,7 @@ import pytest
 from dflash_tasks.core.errors import RetryableError
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.repetition import RepetitionSettings
+from dflash_tasks.core.states import ErrorKind
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
 from workers.sglang_client import ChatRequest, Completion, SGLangClient, stream_hub
 from workers.sglang_client.stream import StreamReader
@@ -207,3 +210,85 @@ def test_the_hub_gives_no_connection_back_when_the_server_cuts_the_body() -> Non
     finally:
         thread.join(5)
         listener.close()
+
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+class HeadersFirst:
+    """A server that sends the answer's headers, waits until the client built its reader (the hub
+    takes the socket over right after), then runs ``then`` on the connection."""
+
+    def __init__(self, then: Any) -> None:
+        self.reader_built = threading.Event()
+        self.then_done = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, args=(then,), daemon=True)
+        self._thread.start()
+
+    def _serve(self, then: Any) -> None:
+        conn, _ = self._listener.accept()
+        conn.recv(65536)
+        conn.sendall(HEAD)
+        self.reader_built.wait(10)
+        then(conn)
+        self.then_done.set()
+
+    def close(self) -> None:
+        self._thread.join(5)
+        self._listener.close()
+
+
+def test_a_connection_reset_before_the_take_over_is_a_retryable_connection_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reset after the headers: the take-over's first read of the body fails."""
+
+    def reset(conn: socket.socket) -> None:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+
+    server = HeadersFirst(reset)
+
+    class Waiting(StreamReader):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            server.reader_built.set()
+            server.then_done.wait(10)
+            time.sleep(0.05)  # the reset has reached the client's socket
+
+    monkeypatch.setattr("workers.sglang_client.client.StreamReader", Waiting)
+    try:
+        with pytest.raises(RetryableError, match="connection error") as caught:
+            ask(SGLangClient(server.url), "reset")
+    finally:
+        server.close()
+    assert caught.value.kind is ErrorKind.CONNECTION
+
+
+def test_a_body_with_nothing_buffered_at_the_take_over_is_read_by_the_hub(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing waits when the hub takes the socket over (a non-blocking read finds nothing)."""
+
+    def body_later(conn: socket.socket) -> None:
+        time.sleep(0.05)
+        conn.sendall(b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in EVENTS) + b"0\r\n\r\n")
+        conn.recv(1)  # until the client closes
+
+    server = HeadersFirst(body_later)
+
+    class Noting(StreamReader):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            server.reader_built.set()
+
+    monkeypatch.setattr("workers.sglang_client.client.StreamReader", Noting)
+    client = SGLangClient(server.url)
+    try:
+        done = ask(client, "later")
+        client._session().close()
+    finally:
+        server.close()
+    assert (done.reasoning, done.finish_reason) == ("Hm.", "stop")

@@ -101,7 +101,10 @@ class StreamHub:
         loop; ``timeout``: the longest silence (s). True when the connection went back to its pool,
         False when it was closed; None when the hub cannot take the body (nothing was read then).
         Raises what the reader raises, :class:`RetryableError` for a broken or silent stream."""
-        taken = _take_over(resp)
+        try:
+            taken = _take_over(resp)
+        except OSError as exc:  # reset while the bytes already waiting were read
+            raise RetryableError(f"connection error: {exc}", ErrorKind.CONNECTION) from exc
         if taken is None:
             return None
         sock, buffered, sock_timeout = taken
@@ -197,7 +200,7 @@ class StreamHub:
 def _take_over(resp: requests.Response) -> tuple[socket.socket, bytes, float | None] | None:
     """The socket of ``resp`` made non-blocking, the body bytes already buffered and the socket's
     timeout before, when the body is plain chunked HTTP/1.1 nobody read yet; None otherwise
-    (``resp`` untouched)."""
+    (``resp`` untouched). Raises ``OSError`` when the connection broke."""
     raw: Any = resp.raw
     original = getattr(raw, "_fp", None)
     conn = getattr(raw, "_connection", None)
@@ -216,7 +219,10 @@ def _take_over(resp: requests.Response) -> tuple[socket.socket, bytes, float | N
     sock_timeout = sock.gettimeout()
     sock.setblocking(False)
     pieces = []
-    while piece := original.fp.read1(_READ_SIZE):  # bytes read with the headers, then what waits
+    while True:  # the bytes read with the headers, then what waits on the socket
+        piece = original.fp.read1(_READ_SIZE)
+        if not piece:  # nothing waits now (b"" or None), or the end: the selector sees that
+            break
         pieces.append(piece)
     return sock, b"".join(pieces), sock_timeout
 
