@@ -6,6 +6,8 @@ simulator and small servers of the test's own."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import socket
 import struct
 import threading
@@ -22,6 +24,7 @@ from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.repetition import RepetitionSettings
 from dflash_tasks.core.states import ErrorKind
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
+from tests.helpers import wait_until
 from workers.sglang_client import ChatRequest, Completion, SGLangClient, stream_hub
 from workers.sglang_client.stream import StreamReader
 
@@ -292,3 +295,44 @@ def test_a_body_with_nothing_buffered_at_the_take_over_is_read_by_the_hub(
     finally:
         server.close()
     assert (done.reasoning, done.finish_reason) == ("Hm.", "stop")
+
+
+class Interrupted(Exception):
+    """What a signal handler raises in the caller (as Celery's soft time limit does)."""
+
+
+@pytest.mark.parametrize("lets_go", [True, False], ids=["handed-back", "closed-under-the-hub"])
+def test_a_caller_that_leaves_mid_stream_leaves_the_hub_serving(
+    monkeypatch: pytest.MonkeyPatch, sim: RunningSimulator, lets_go: bool
+) -> None:
+    """Interrupted while the hub reads its stream, the caller closes its socket (``lets_go``:
+    once the hub let it go; else under the hub, as after a second interrupt); the next
+    connections (the closed one's descriptor number again) are read as usual by the same hub."""
+    if not lets_go:
+        monkeypatch.setattr(stream_hub.StreamHub, "_leave", lambda self, answer: None, raising=False)
+    hub = stream_hub.StreamHub()
+    monkeypatch.setattr(stream_hub, "_shared", hub)
+    monkeypatch.setattr(stream_hub, "_shared_pid", os.getpid())
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    slow = SimConfig(port=0, time_scale=0.25, mean_output_tokens=300, stream_interval=4)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with start_simulator(slow) as paced:
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(Interrupted):
+                ask(SGLangClient(paced.url), "left")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    client = SGLangClient(sim.url)
+    for n in range(3):
+        assert ask(client, f"after{n}").finish_reason in ("stop", "length")
+        client._session().close()  # a new connection each time
+    with ThreadPoolExecutor(8) as pool:
+        done = list(pool.map(lambda n: ask(client, f"many{n}", question=n), range(16)))
+    assert all(d.finish_reason in ("stop", "length") for d in done)
+    assert stream_hub.shared_hub() is hub and hub._thread.is_alive()
+    wait_until(lambda: not hub._answers, 2, "the hub to let go of every socket")
