@@ -336,3 +336,34 @@ def test_a_caller_that_leaves_mid_stream_leaves_the_hub_serving(
     assert all(d.finish_reason in ("stop", "length") for d in done)
     assert stream_hub.shared_hub() is hub and hub._thread.is_alive()
     wait_until(lambda: not hub._answers, 2, "the hub to let go of every socket")
+
+
+def _child_hub(out: Any) -> None:
+    out.send(stream_hub.shared_hub()._thread.is_alive())
+
+
+def test_a_child_forked_while_another_thread_held_the_hub_lock_gets_its_hub() -> None:
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with stream_hub._shared_lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert held.wait(5)
+    fork = multiprocessing.get_context("fork")
+    here, there = fork.Pipe()
+    child = fork.Process(target=_child_hub, args=(there,))
+    try:
+        child.start()
+        assert here.poll(10), "the child's shared_hub() never returned (deadlocked)"
+        assert here.recv()
+    finally:
+        release.set()
+        holder.join(5)
+        child.join(5)
+        if child.is_alive():
+            child.kill()
+            child.join(5)

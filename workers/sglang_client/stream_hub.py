@@ -289,6 +289,15 @@ _shared_pid = 0
 _shared_lock = threading.Lock()
 
 
+def _new_lock_after_fork() -> None:
+    """A forked child's lock: another thread of the parent may have held the old one."""
+    global _shared_lock
+    _shared_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
 def shared_hub() -> StreamHub:
     """This process's hub (a new one after a fork, or after the last one failed)."""
     global _shared, _shared_pid
