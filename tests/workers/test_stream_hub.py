@@ -367,3 +367,18 @@ def test_a_child_forked_while_another_thread_held_the_hub_lock_gets_its_hub() ->
         if child.is_alive():
             child.kill()
             child.join(5)
+
+
+def test_a_hub_that_failed_closes_its_selector_and_wake_sockets() -> None:
+    hub = stream_hub.StreamHub()
+
+    def broken() -> None:
+        raise RuntimeError("odd")
+
+    hub._adopt = broken  # type: ignore[method-assign]
+    hub._wake()
+    hub._thread.join(5)
+    assert isinstance(hub._failed, RuntimeError)
+    assert hub._wake_r.fileno() == -1 and hub._wake_w.fileno() == -1
+    assert hub._selector.get_map() is None  # closed
+    hub._wake()  # a late caller's wake-up is no error

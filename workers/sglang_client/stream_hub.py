@@ -151,7 +151,7 @@ class StreamHub:
         answer.done.wait(LEAVE_SECONDS)
 
     def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # a wake-up is already pending
+        with contextlib.suppress(OSError):  # a wake-up is already pending, or the hub failed
             self._wake_w.send(b"\0")
 
     def _run(self) -> None:
@@ -178,6 +178,9 @@ class StreamHub:
             for answer in waiting:
                 answer.error = RetryableError(f"the stream reader failed: {type(exc).__name__}: {exc}")
                 answer.done.set()
+            self._selector.close()
+            self._wake_r.close()
+            self._wake_w.close()
 
     def _adopt(self) -> None:
         """Register the answers handed in since the last round, let go of those left."""
