@@ -90,6 +90,12 @@ def _add_stream_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
         default=d.disconnect_poll_seconds,
         help="how often a waiting request's connection is checked (SGLang: 4 s)",
     )
+    p.add_argument(
+        "--stream-stall-seconds",
+        type=float,
+        default=d.stream_stall_seconds,
+        help="a streaming client that reads nothing this long while bytes wait is dropped (aborted)",
+    )
 
 
 def _add_curve_flags(curve: argparse._ArgumentGroup, d: SimConfig) -> None:

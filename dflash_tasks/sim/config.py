@@ -115,6 +115,9 @@ class SimConfig:
     #: How often a request waiting for a slot has its connection checked (SGLang's
     #: ``SGLANG_REQUEST_STATE_WAIT_TIMEOUT``, 4 s). Not scaled.
     disconnect_poll_seconds: float = 4.0
+    #: A streaming client that takes no byte this long while some wait for it (its socket full) is
+    #: dropped as gone: its request is aborted (:mod:`dflash_tasks.sim.outbox`). Not scaled.
+    stream_stall_seconds: float = 60.0
     faults: tuple[FaultSpec, ...] = field(default_factory=tuple)
     verbose: bool = False
     #: Append every chat request body to this JSONL file (see :mod:`dflash_tasks.sim.requestlog`).
@@ -147,6 +150,7 @@ class SimConfig:
             (0.0 <= self.loop_share <= 1.0, "loop_share must be in [0, 1]"),
             (self.stream_interval >= 1, "stream_interval must be >= 1"),
             (self.disconnect_poll_seconds > 0, "disconnect_poll_seconds must be > 0"),
+            (self.stream_stall_seconds > 0, "stream_stall_seconds must be > 0"),
         )
         for ok, message in checks:
             if not ok:

@@ -29,7 +29,7 @@ from dflash_tasks.sim.protocol import (
 from dflash_tasks.sim.pump import StreamPump
 from dflash_tasks.sim.requestlog import RequestLog
 from dflash_tasks.sim.scheduler import QueueFull, SlotScheduler, Stopped
-from dflash_tasks.sim.streaming import GoneCheck, StreamJob, Write
+from dflash_tasks.sim.streaming import Flush, GoneCheck, StreamJob, Write
 from dflash_tasks.sim.textgen import (
     Plan,
     continue_plan,
@@ -57,7 +57,7 @@ class Reply:
     body: bytes = b""
     content_type: str = "application/json"
     reset: bool = False
-    stream: Callable[[Write, GoneCheck], bool] | None = None
+    stream: Callable[[Write, GoneCheck, Flush], bool] | None = None
 
 
 def json_reply(status: int, payload: Any) -> Reply:

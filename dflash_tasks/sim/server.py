@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from dflash_tasks.sim import info
 from dflash_tasks.sim.config import FaultSpec, SimConfig
 from dflash_tasks.sim.engine import Reply, SimEngine, json_reply
+from dflash_tasks.sim.outbox import Outbox
 
 _NOT_FOUND = json_reply(404, {"detail": "Not Found"})
 _NOT_ALLOWED = json_reply(405, {"detail": "Method Not Allowed"})
@@ -77,6 +78,8 @@ class SimHandler(BaseHTTPRequestHandler):
     # client's delayed ACK (~40 ms a request). Real servers (uvicorn) set TCP_NODELAY too.
     disable_nagle_algorithm = True
     server: SimHTTPServer
+    #: The running stream's outbox: its status line and headers go there too.
+    _outbox: Outbox | None = None
 
     def setup(self) -> None:
         super().setup()
@@ -165,8 +168,11 @@ class SimHandler(BaseHTTPRequestHandler):
 
     def _send_stream(self, reply: Reply) -> None:
         """A streamed body, chunked (as uvicorn sends one): the status line and headers go with
-        the first piece, so a request still waiting for a slot has had no answer yet."""
+        the first piece, so a request still waiting for a slot has had no answer yet. The pump
+        writes through an :class:`Outbox` (never blocking); what still waits at the stream's end
+        is sent from this thread."""
         assert reply.stream is not None
+        out = self._outbox = Outbox(self.connection, self.server.engine.config.stream_stall_seconds)
         started = False
 
         def write(piece: bytes) -> None:
@@ -177,16 +183,28 @@ class SimHandler(BaseHTTPRequestHandler):
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 started = True
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            out.put(b"%x\r\n%s\r\n" % (len(piece), piece))
 
-        close = reply.stream(write, self._client_gone)
-        if started and not close:
-            try:
-                self.wfile.write(b"0\r\n\r\n")
-            except OSError:
-                close = True
+        try:
+            close = reply.stream(write, self._client_gone, out.flush)
+            if started and not close:
+                out.put(b"0\r\n\r\n")
+            out.drain()
+        except OSError:
+            close = True
+        finally:
+            self._outbox = None
         if close or not started:
             self.close_connection = True
+
+    def flush_headers(self) -> None:
+        """The headers buffered, sent (through the running stream's outbox, if any)."""
+        if self._outbox is None:
+            super().flush_headers()
+            return
+        head: list[bytes] = getattr(self, "_headers_buffer", [])
+        self._headers_buffer: list[bytes] = []
+        self._outbox.put(b"".join(head))
 
     def _client_gone(self) -> bool:
         """Has the client closed its end (end of stream waiting on the socket)?"""

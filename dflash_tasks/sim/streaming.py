@@ -11,6 +11,10 @@ tokens it generated. So does SGLang: the closed connection cancels the response'
 ``TokenizerManager.generate_request`` aborts a dispatched request on any exception (its
 ``create_abort_task``, 2 s later, is only a backstop); the release's CPU engine freed the slot
 0.15 s after the client closed (``tests/real_sglang/test_loop_abort.py``).
+
+Writes never block (:mod:`~dflash_tasks.sim.outbox`): a client that stops reading delays no other
+stream, and once it took no byte for ``stream_stall_seconds`` it is dropped as gone. (SGLang's
+uvicorn would pause that stream's writes and keep it; the simulator frees its slot instead.)
 """
 
 from __future__ import annotations
@@ -29,12 +33,17 @@ from dflash_tasks.sim.scheduler import Gone, QueueFull, SlotScheduler, Stopped
 from dflash_tasks.sim.sse import DONE, ChunkHead, ReasoningStream, error_event, usage, usage_json
 from dflash_tasks.sim.textgen import IM_END_TOKEN_ID, Plan, prompt_rng, span_tokens
 
-#: Writes one piece of a streamed body; raises ``OSError`` when the client is gone.
+#: Writes one piece of a streamed body without blocking (what the client does not take at once
+#: waits); raises ``OSError`` when the client is gone or stopped reading.
 Write = Callable[[bytes], None]
 #: Says whether the client closed its connection.
 GoneCheck = Callable[[], bool]
+#: Sends what waits for the client; True once nothing does. Raises as :data:`Write`.
+Flush = Callable[[], bool]
 #: How often a running stream's connection is looked at between two chunks (s).
 GONE_POLL_SECONDS = 0.05
+#: How soon a stream whose client left bytes waiting tries again (s).
+BACKLOG_RETRY_SECONDS = 0.01
 
 
 def emission_points(total: int, accept: float, interval: int) -> list[int]:
@@ -120,24 +129,37 @@ class _BatchPace:
 
 
 class _Client:
-    """The streaming client's connection: whether it went away, and since when."""
+    """The streaming client's connection: whether it went away (or stopped reading), and since
+    when; whether bytes wait for it."""
 
-    def __init__(self, write: Write, gone: GoneCheck) -> None:
-        self._write, self._gone = write, gone
+    def __init__(self, write: Write, gone: GoneCheck, flush: Flush) -> None:
+        self._write, self._gone, self._flush = write, gone, flush
         self.gone_at: float | None = None
+        self.waiting = False  # bytes wait for the client (its socket was full)
         self._checked = time.monotonic()
 
-    def send(self, *pieces: bytes) -> None:
-        for piece in pieces:
-            if self.gone_at is not None:
-                return
+    def send(self, piece: bytes) -> None:
+        if self.gone_at is not None:
+            return
+        try:
+            self._write(piece)
+        except OSError:
+            self.gone_at = time.monotonic()
+            return
+        self.flush()
+
+    def flush(self) -> None:
+        """Send what waits for the client."""
+        if self.gone_at is None:
             try:
-                self._write(piece)
+                self.waiting = not self._flush()
             except OSError:
                 self.gone_at = time.monotonic()
 
     def look(self) -> None:
-        """Check the connection (at most every :data:`GONE_POLL_SECONDS`)."""
+        """Send what waits; check the connection (at most every :data:`GONE_POLL_SECONDS`)."""
+        if self.waiting:
+            self.flush()
         now = time.monotonic()
         if self.gone_at is None and now - self._checked >= GONE_POLL_SECONDS:
             self._checked = now
@@ -153,12 +175,13 @@ class StreamJob:
     ) -> None:
         self.engine, self.req, self.request_id, self.fault = engine, req, request_id, fault
 
-    def __call__(self, write: Write, gone: GoneCheck) -> bool:
-        """Serve the request; True when the connection must be closed afterwards."""
+    def __call__(self, write: Write, gone: GoneCheck, flush: Flush) -> bool:
+        """Serve the request; True when the connection must be closed afterwards. The server
+        sends what still waits for the client once it returns."""
         engine = self.engine
         try:
             with engine.scheduler.slot(gone, engine.config.disconnect_poll_seconds):
-                return self._generate(_Client(write, gone))
+                return self._generate(_Client(write, gone, flush))
         except QueueFull:  # the scheduler rejects it once the stream began: an error event
             write(error_event("The request queue is full.", "SERVICE_UNAVAILABLE", 503) + DONE)
             return False
@@ -276,8 +299,10 @@ class _StreamRun:
             return True
         if pieces:
             client.send(b"".join(pieces))
-        wait = self.pace.seconds_until(points[self.next])
-        self.wake_at = time.monotonic() + max(min(wait, GONE_POLL_SECONDS), 0.0)
+        wait = min(self.pace.seconds_until(points[self.next]), GONE_POLL_SECONDS)
+        if client.waiting:
+            wait = min(wait, BACKLOG_RETRY_SECONDS)
+        self.wake_at = time.monotonic() + max(wait, 0.0)
         return False
 
     def _finish(self, pieces: list[bytes]) -> None:

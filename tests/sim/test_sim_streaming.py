@@ -17,6 +17,8 @@ import requests
 from dflash_tasks.core.repetition import RepetitionDetector, first_loop
 from dflash_tasks.sim import RunningSimulator, start_simulator
 from dflash_tasks.sim.__main__ import config_from_args
+from dflash_tasks.sim.outbox import ClientStalled, Outbox
+from dflash_tasks.sim.server import SimHandler
 from dflash_tasks.sim.sse import ChunkHead, ReasoningStream, usage, usage_json
 from dflash_tasks.sim.streaming import emission_points
 from tests.helpers import wait_until
@@ -190,10 +192,14 @@ def test_chunks_arrive_at_the_decode_pace(sims: list[RunningSimulator]) -> None:
 # --- a client that goes away ---------------------------------------------------------------------------
 
 
-def open_stream(sim: RunningSimulator, **fields: Any) -> socket.socket:
-    """A raw streaming request whose connection the test closes itself."""
+def open_stream(sim: RunningSimulator, receive_buffer: int = 0, **fields: Any) -> socket.socket:
+    """A raw streaming request whose connection the test closes itself (``receive_buffer``: the
+    socket's, when set)."""
     payload = json.dumps(body(stream=True, **fields)).encode()
-    conn = socket.create_connection((sim.host, sim.port))
+    conn = socket.socket()
+    if receive_buffer:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    conn.connect((sim.host, sim.port))
     head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     conn.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
     return conn
@@ -223,6 +229,52 @@ def test_a_client_that_goes_away_frees_its_slot_at_once(sims: list[RunningSimula
     assert metric(sim, "generation_tokens_total") == after["generation_tokens"]
     time.sleep(0.3)
     assert stats(sim)["generation_tokens"] == after["generation_tokens"]
+
+
+def test_a_client_that_stops_reading_delays_no_other_stream_and_is_dropped(
+    monkeypatch: pytest.MonkeyPatch, sims: list[RunningSimulator]
+) -> None:
+    """One stream's client reads nothing: its socket fills, the pump goes on sending the other
+    streams, and once the client took nothing for the stall limit it is dropped as a client gone.
+    Small socket buffers (the server's and the stuck client's) fill in a fraction of a second."""
+    setup = SimHandler.setup
+
+    def small_buffers(handler: SimHandler) -> None:
+        handler.request.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        setup(handler)
+
+    monkeypatch.setattr(SimHandler, "setup", small_buffers)
+    sim = start(sims, time_scale=0.01, mean_output_tokens=30000, stream_stall_seconds=0.5)  # 4000 tokens/s
+    stuck = open_stream(sim, receive_buffer=4096, max_tokens=8000)
+    try:
+        wait_until(lambda: metric(sim, "num_running_reqs") == 1, 10, "the stuck stream running")
+        time.sleep(0.3)  # its buffers fill
+        began = time.monotonic()
+        resp = requests.post(
+            f"{sim.url}/v1/chat/completions", json=body(stream=True, max_tokens=300), timeout=5
+        )
+        assert events(resp)[-1] == "[DONE]"
+        assert time.monotonic() - began < 1.5
+        wait_until(lambda: metric(sim, "num_running_reqs") == 0, 10, "the stuck stream dropped", 0.02)
+    finally:
+        stuck.close()
+    after = stats(sim)
+    assert (after["aborted"], after["client_gone"], after["running"]) == (1, 1, 0)
+    assert after["generation_tokens"] < 8000 + 300  # it stopped generating
+
+
+def test_an_outbox_past_its_limit_is_a_stalled_client() -> None:
+    here, there = socket.socketpair()
+    out = Outbox(here, stall_seconds=60.0, limit=100_000)
+    try:
+        with pytest.raises(ClientStalled, match="bytes wait"):
+            for _ in range(10_000):  # far more than the socket's buffers hold
+                out.put(b"x" * 1000)
+        with pytest.raises(ClientStalled):  # and it stays so
+            out.flush()
+    finally:
+        here.close()
+        there.close()
 
 
 def test_one_pump_thread_sends_every_stream(sims: list[RunningSimulator]) -> None:
@@ -409,8 +461,12 @@ def test_another_seed_may_escape_the_loop(sims: list[RunningSimulator]) -> None:
 
 def test_the_flags() -> None:
     config = config_from_args(
-        ["--loop-share", "0.2", "--stream-interval", "4", "--disconnect-poll-seconds", "1"]
+        [
+            *("--loop-share", "0.2", "--stream-interval", "4"),
+            *("--disconnect-poll-seconds", "1", "--stream-stall-seconds", "5"),
+        ]
     )
     assert (config.loop_share, config.stream_interval, config.disconnect_poll_seconds) == (0.2, 4, 1.0)
+    assert config.stream_stall_seconds == 5.0
     with pytest.raises(SystemExit):
         config_from_args(["--loop-share", "1.5"])

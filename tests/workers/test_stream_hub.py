@@ -6,8 +6,12 @@ simulator and small servers of the test's own."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import socket
+import struct
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,7 +22,9 @@ import pytest
 from dflash_tasks.core.errors import RetryableError
 from dflash_tasks.core.job import GenerationSpec
 from dflash_tasks.core.repetition import RepetitionSettings
+from dflash_tasks.core.states import ErrorKind
 from dflash_tasks.sim import RunningSimulator, SimConfig, start_simulator
+from tests.helpers import wait_until
 from workers.sglang_client import ChatRequest, Completion, SGLangClient, stream_hub
 from workers.sglang_client.stream import StreamReader
 
@@ -207,3 +213,172 @@ def test_the_hub_gives_no_connection_back_when_the_server_cuts_the_body() -> Non
     finally:
         thread.join(5)
         listener.close()
+
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+class HeadersFirst:
+    """A server that sends the answer's headers, waits until the client built its reader (the hub
+    takes the socket over right after), then runs ``then`` on the connection."""
+
+    def __init__(self, then: Any) -> None:
+        self.reader_built = threading.Event()
+        self.then_done = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, args=(then,), daemon=True)
+        self._thread.start()
+
+    def _serve(self, then: Any) -> None:
+        conn, _ = self._listener.accept()
+        conn.recv(65536)
+        conn.sendall(HEAD)
+        self.reader_built.wait(10)
+        then(conn)
+        self.then_done.set()
+
+    def close(self) -> None:
+        self._thread.join(5)
+        self._listener.close()
+
+
+def test_a_connection_reset_before_the_take_over_is_a_retryable_connection_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reset after the headers: the take-over's first read of the body fails."""
+
+    def reset(conn: socket.socket) -> None:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+
+    server = HeadersFirst(reset)
+
+    class Waiting(StreamReader):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            server.reader_built.set()
+            server.then_done.wait(10)
+            time.sleep(0.05)  # the reset has reached the client's socket
+
+    monkeypatch.setattr("workers.sglang_client.client.StreamReader", Waiting)
+    try:
+        with pytest.raises(RetryableError, match="connection error") as caught:
+            ask(SGLangClient(server.url), "reset")
+    finally:
+        server.close()
+    assert caught.value.kind is ErrorKind.CONNECTION
+
+
+def test_a_body_with_nothing_buffered_at_the_take_over_is_read_by_the_hub(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing waits when the hub takes the socket over (a non-blocking read finds nothing)."""
+
+    def body_later(conn: socket.socket) -> None:
+        time.sleep(0.05)
+        conn.sendall(b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in EVENTS) + b"0\r\n\r\n")
+        conn.recv(1)  # until the client closes
+
+    server = HeadersFirst(body_later)
+
+    class Noting(StreamReader):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            server.reader_built.set()
+
+    monkeypatch.setattr("workers.sglang_client.client.StreamReader", Noting)
+    client = SGLangClient(server.url)
+    try:
+        done = ask(client, "later")
+        client._session().close()
+    finally:
+        server.close()
+    assert (done.reasoning, done.finish_reason) == ("Hm.", "stop")
+
+
+class Interrupted(Exception):
+    """What a signal handler raises in the caller (as Celery's soft time limit does)."""
+
+
+@pytest.mark.parametrize("lets_go", [True, False], ids=["handed-back", "closed-under-the-hub"])
+def test_a_caller_that_leaves_mid_stream_leaves_the_hub_serving(
+    monkeypatch: pytest.MonkeyPatch, sim: RunningSimulator, lets_go: bool
+) -> None:
+    """Interrupted while the hub reads its stream, the caller closes its socket (``lets_go``:
+    once the hub let it go; else under the hub, as after a second interrupt); the next
+    connections (the closed one's descriptor number again) are read as usual by the same hub."""
+    if not lets_go:
+        monkeypatch.setattr(stream_hub.StreamHub, "_leave", lambda self, answer: None, raising=False)
+    hub = stream_hub.StreamHub()
+    monkeypatch.setattr(stream_hub, "_shared", hub)
+    monkeypatch.setattr(stream_hub, "_shared_pid", os.getpid())
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    slow = SimConfig(port=0, time_scale=0.25, mean_output_tokens=300, stream_interval=4)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with start_simulator(slow) as paced:
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(Interrupted):
+                ask(SGLangClient(paced.url), "left")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    client = SGLangClient(sim.url)
+    for n in range(3):
+        assert ask(client, f"after{n}").finish_reason in ("stop", "length")
+        client._session().close()  # a new connection each time
+    with ThreadPoolExecutor(8) as pool:
+        done = list(pool.map(lambda n: ask(client, f"many{n}", question=n), range(16)))
+    assert all(d.finish_reason in ("stop", "length") for d in done)
+    assert stream_hub.shared_hub() is hub and hub._thread.is_alive()
+    wait_until(lambda: not hub._answers, 2, "the hub to let go of every socket")
+
+
+def _child_hub(out: Any) -> None:
+    out.send(stream_hub.shared_hub()._thread.is_alive())
+
+
+def test_a_child_forked_while_another_thread_held_the_hub_lock_gets_its_hub() -> None:
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with stream_hub._shared_lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert held.wait(5)
+    fork = multiprocessing.get_context("fork")
+    here, there = fork.Pipe()
+    child = fork.Process(target=_child_hub, args=(there,))
+    try:
+        child.start()
+        assert here.poll(10), "the child's shared_hub() never returned (deadlocked)"
+        assert here.recv()
+    finally:
+        release.set()
+        holder.join(5)
+        child.join(5)
+        if child.is_alive():
+            child.kill()
+            child.join(5)
+
+
+def test_a_hub_that_failed_closes_its_selector_and_wake_sockets() -> None:
+    hub = stream_hub.StreamHub()
+
+    def broken() -> None:
+        raise RuntimeError("odd")
+
+    hub._adopt = broken  # type: ignore[method-assign]
+    hub._wake()
+    hub._thread.join(5)
+    assert isinstance(hub._failed, RuntimeError)
+    assert hub._wake_r.fileno() == -1 and hub._wake_w.fileno() == -1
+    assert hub._selector.get_map() is None  # closed
+    hub._wake()  # a late caller's wake-up is no error

@@ -8,7 +8,10 @@ reads what arrived every few milliseconds (:data:`GATHER_SECONDS`: a round gathe
 decodes the chunked coding (:mod:`~workers.sglang_client.chunked`) and feeds each
 :class:`~workers.sglang_client.stream.StreamReader` there. The caller's thread sleeps until its
 answer ended, looped, broke or timed out; it then gives the connection back to its pool (read to
-its end) or closes it (stopped early: the server aborts the request).
+its end) or closes it (stopped early: the server aborts the request). A caller that leaves its wait
+early (an exception: a time limit, an interrupt) has the hub let go of its socket before closing
+it; one closed under the hub all the same is dropped at the next scan, or when the next connection
+gets its descriptor's number.
 
 Only a plain HTTP/1.1 chunked body whose bytes nobody read yet is taken over; anything else
 (TLS, a compressed or sized body) is read the usual way (:meth:`StreamHub.read` answers None).
@@ -38,20 +41,23 @@ from workers.sglang_client.stream import StreamReader
 GATHER_SECONDS = 0.002
 #: How often the deadlines of the answers are looked at (s).
 TIMEOUT_SCAN_SECONDS = 0.2
+#: How long a caller leaving early waits for the hub to let its socket go (s).
+LEAVE_SECONDS = 1.0
 _READ_SIZE = 256 * 1024
 
 
 class _Answer:
     """One streamed answer the hub reads for a waiting caller."""
 
-    __slots__ = ("body", "deadline", "done", "error", "reader", "sock", "timeout", "whole")
+    __slots__ = ("body", "deadline", "done", "error", "fd", "reader", "sock", "timeout", "whole")
 
     def __init__(self, sock: socket.socket, reader: StreamReader, timeout: float) -> None:
         self.sock, self.reader, self.timeout = sock, reader, timeout
         self.body = ChunkedBody()
         self.deadline = time.monotonic() + timeout
-        self.done = threading.Event()
+        self.done = threading.Event()  # set once the hub no longer watches the socket
         self.error: DflashError | None = None
+        self.fd = -1  # the descriptor the hub registered (the socket's own is -1 once closed)
         self.whole = False  # the body was read to its end: the connection can be used again
 
     def take(self, data: bytes) -> bool:
@@ -91,7 +97,8 @@ class StreamHub:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._lock = threading.Lock()
         self._incoming: list[_Answer] = []
-        self._answers: dict[int, _Answer] = {}  # fd -> answer being read
+        self._leaving: list[_Answer] = []  # answers whose callers left before their end
+        self._answers: dict[int, _Answer] = {}  # registered fd -> answer being read
         self._failed: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="sglang-streams", daemon=True)
         self._thread.start()
@@ -101,7 +108,10 @@ class StreamHub:
         loop; ``timeout``: the longest silence (s). True when the connection went back to its pool,
         False when it was closed; None when the hub cannot take the body (nothing was read then).
         Raises what the reader raises, :class:`RetryableError` for a broken or silent stream."""
-        taken = _take_over(resp)
+        try:
+            taken = _take_over(resp)
+        except OSError as exc:  # reset while the bytes already waiting were read
+            raise RetryableError(f"connection error: {exc}", ErrorKind.CONNECTION) from exc
         if taken is None:
             return None
         sock, buffered, sock_timeout = taken
@@ -115,7 +125,11 @@ class StreamHub:
                 answer.error = RetryableError(f"the stream reader failed: {failed}")
             else:
                 self._wake()
-                answer.done.wait()
+                try:
+                    answer.done.wait()
+                except BaseException:  # a signal's exception (a time limit): the socket is closed next
+                    self._leave(answer)
+                    raise
         if answer.error is None and answer.whole:
             _give_back(resp, sock, sock_timeout)
             return True
@@ -124,8 +138,20 @@ class StreamHub:
             raise answer.error
         return False
 
+    def _leave(self, answer: _Answer) -> None:
+        """Take ``answer`` back from the hub before its caller closes the socket."""
+        with self._lock:
+            if answer in self._incoming:
+                self._incoming.remove(answer)
+                return
+            if self._failed is not None or answer.done.is_set():
+                return
+            self._leaving.append(answer)
+        self._wake()
+        answer.done.wait(LEAVE_SECONDS)
+
     def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # a wake-up is already pending
+        with contextlib.suppress(OSError):  # a wake-up is already pending, or the hub failed
             self._wake_w.send(b"\0")
 
     def _run(self) -> None:
@@ -145,15 +171,19 @@ class StreamHub:
         except BaseException as exc:  # every waiting caller must hear of it
             with self._lock:
                 self._failed = exc
-                waiting = [*self._answers.values(), *self._incoming]
+                waiting = [*self._answers.values(), *self._incoming, *self._leaving]
                 self._answers.clear()
                 self._incoming.clear()
+                self._leaving.clear()
             for answer in waiting:
                 answer.error = RetryableError(f"the stream reader failed: {type(exc).__name__}: {exc}")
                 answer.done.set()
+            self._selector.close()
+            self._wake_r.close()
+            self._wake_w.close()
 
     def _adopt(self) -> None:
-        """Register the answers handed in since the last round."""
+        """Register the answers handed in since the last round, let go of those left."""
         while True:
             try:
                 if not self._wake_r.recv(4096):
@@ -162,11 +192,29 @@ class StreamHub:
                 break
         with self._lock:
             incoming, self._incoming = self._incoming, []
+            leaving, self._leaving = self._leaving, []
+        for answer in leaving:
+            self._finish(answer)
         for answer in incoming:
-            self._answers[answer.sock.fileno()] = answer
+            self._register(answer)
+
+    def _register(self, answer: _Answer) -> None:
+        fd = answer.sock.fileno()
+        stale = self._answers.get(fd)
+        if stale is not None:  # its caller closed the socket under the hub: the number is reused
+            self._finish(stale)
+        try:
             self._selector.register(answer.sock, selectors.EVENT_READ, answer)
+        except (KeyError, ValueError, OSError) as exc:
+            answer.error = RetryableError(f"connection error: {exc}", ErrorKind.CONNECTION)
+            answer.done.set()
+            return
+        answer.fd = fd
+        self._answers[fd] = answer
 
     def _read_ready(self, answer: _Answer) -> None:
+        if self._answers.get(answer.fd) is not answer:  # let go of earlier in this round
+            return
         try:
             data = answer.sock.recv(_READ_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -182,22 +230,28 @@ class StreamHub:
             self._finish(answer)
 
     def _expire(self, now: float) -> None:
-        for answer in [a for a in self._answers.values() if a.deadline <= now]:
-            answer.error = RetryableError(
-                f"request timed out after {answer.timeout:.0f}s (no data)", ErrorKind.TIMEOUT
-            )
-            self._finish(answer)
+        """Fail the answers silent past their timeout; drop those whose socket was closed."""
+        for answer in list(self._answers.values()):
+            if answer.sock.fileno() < 0:  # its caller left and closed it under the hub
+                self._finish(answer)
+            elif answer.deadline <= now:
+                answer.error = RetryableError(
+                    f"request timed out after {answer.timeout:.0f}s (no data)", ErrorKind.TIMEOUT
+                )
+                self._finish(answer)
 
     def _finish(self, answer: _Answer) -> None:
-        self._selector.unregister(answer.sock)
-        del self._answers[answer.sock.fileno()]
+        """Stop watching ``answer`` (by the descriptor it was registered with) and wake its caller."""
+        if self._answers.get(answer.fd) is answer:
+            del self._answers[answer.fd]
+            self._selector.unregister(answer.fd)  # a closed descriptor's epoll entry is gone: no error
         answer.done.set()
 
 
 def _take_over(resp: requests.Response) -> tuple[socket.socket, bytes, float | None] | None:
     """The socket of ``resp`` made non-blocking, the body bytes already buffered and the socket's
     timeout before, when the body is plain chunked HTTP/1.1 nobody read yet; None otherwise
-    (``resp`` untouched)."""
+    (``resp`` untouched). Raises ``OSError`` when the connection broke."""
     raw: Any = resp.raw
     original = getattr(raw, "_fp", None)
     conn = getattr(raw, "_connection", None)
@@ -216,7 +270,10 @@ def _take_over(resp: requests.Response) -> tuple[socket.socket, bytes, float | N
     sock_timeout = sock.gettimeout()
     sock.setblocking(False)
     pieces = []
-    while piece := original.fp.read1(_READ_SIZE):  # bytes read with the headers, then what waits
+    while True:  # the bytes read with the headers, then what waits on the socket
+        piece = original.fp.read1(_READ_SIZE)
+        if not piece:  # nothing waits now (b"" or None), or the end: the selector sees that
+            break
         pieces.append(piece)
     return sock, b"".join(pieces), sock_timeout
 
@@ -233,6 +290,15 @@ def _give_back(resp: requests.Response, sock: socket.socket, sock_timeout: float
 _shared: StreamHub | None = None
 _shared_pid = 0
 _shared_lock = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    """A forked child's lock: another thread of the parent may have held the old one."""
+    global _shared_lock
+    _shared_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def shared_hub() -> StreamHub:
