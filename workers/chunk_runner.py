@@ -93,12 +93,12 @@ def _store_chunk(
     stored chunk is counted through a Redis restart.
     """
     quality = job.definition.quality
-    records = checked_records(ctx, job, job_id, generated)
+    where = f"chunk {chunk} of job {job_id}"
+    records = checked_records(ctx, job, job_id, generated, where)
     gated = judged(records)  # the live gate leaves transient failures to the repair rounds
     checks: Counter[str] = Counter()
     for record in gated:
         checks.update(record.checks or ())
-    where = f"chunk {chunk} of job {job_id}"
     # before the write: between a stored chunk and its completion nothing but retries may run
     model_path = served_model_path(ctx)
     live_yield = yield_counters(ctx.loss_counts, job_id, job.definition, model_path, records, where=where)

@@ -195,12 +195,15 @@ def report_sample(
     return done
 
 
-def checked_records(ctx: ChunkContext, job: JobHandle, job_id: str, generated: list[Record]) -> list[Record]:
+def checked_records(
+    ctx: ChunkContext, job: JobHandle, job_id: str, generated: list[Record], where: str
+) -> list[Record]:
     """Each record checked against the job's quality settings, and its loss tokens counted with the
-    served model's tokenizer where this worker can (:mod:`workers.checks.loss_counting`)."""
+    served model's tokenizer where this worker can (:mod:`workers.checks.loss_counting`; ``where``:
+    the chunk or round, for its log)."""
     quality, thinking = job.definition.quality, job.definition.spec.thinking
     records = [with_checks(r, thinking, quality) for r in generated]
-    return ctx.loss_counts.counted(job_id, job.definition, served_model_path(ctx), records)
+    return ctx.loss_counts.counted(job_id, job.definition, served_model_path(ctx), records, where)
 
 
 def served_model_path(ctx: ChunkContext) -> str | None:

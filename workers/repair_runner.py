@@ -183,8 +183,8 @@ def _store_round(
     started: float,
 ) -> DeliveryOutcome:
     """Check, write the round's file once, and move the counters by what changed."""
-    records = checked_records(ctx, job, job_id, generated)
     where = f"repair round {unit.round} of chunk {unit.chunk} of job {job_id}"
+    records = checked_records(ctx, job, job_id, generated, where)
     # before the write: between a stored round and its completion nothing but retries may run
     model_path = served_model_path(ctx)
     live_yield = yield_counters(

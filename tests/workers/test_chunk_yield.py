@@ -125,6 +125,35 @@ def test_a_yield_not_counted_logs_its_chunk_and_why_without_sample_text(
     assert SECRET not in line and "42" not in line
 
 
+class Uncountable(LossCountCache):
+    """A counter that fails on a record as a chat template could, repeating its text."""
+
+    def counter(self, job_id: str, job: JobDefinition, model_path: str | None) -> RecordCounter | None:
+        return Failing(job)
+
+
+class Failing(RecordCounter):
+    def __init__(self, job: JobDefinition) -> None:
+        pass
+
+    def counted(self, records: Sequence[Record]) -> list[Record]:
+        raise ValueError(f"cannot render the row {SECRET!r}")
+
+
+def test_loss_tokens_not_counted_log_their_chunk_and_why_without_sample_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    job = JobDefinition.create("sha256:x", "in.jsonl", GenerationSpec(model="m"))
+    with caplog.at_level(logging.WARNING, logger="workers.checks.loss_counting"):
+        records = Uncountable().counted(
+            job.job_id, job, "/m", [], where="repair round 2 of chunk 7 of job j1"
+        )
+    assert records == []  # stored without counts
+    (line,) = (r.getMessage() for r in caplog.records)
+    assert "repair round 2 of chunk 7 of job j1" in line and "ValueError: cannot render the row <" in line
+    assert SECRET not in line and "42" not in line
+
+
 def test_a_repair_round_moves_the_yield_by_what_report_sees_change(counted: Staged, tmp_path: Path) -> None:
     """A two-turn sample's second turn failed after it had generated (regenerated: its tokens
     superseded); the thoughts cut at max_tokens 200 are continued (their tokens carried)."""

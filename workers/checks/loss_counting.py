@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dflash_tasks.core.errors import ConfigError
 from dflash_tasks.core.job import JobDefinition
+from dflash_tasks.core.log_text import exception_text
 from dflash_tasks.core.record import Record
 from dflash_tasks.core.stored_counts import RecordCounter
 
@@ -29,16 +30,18 @@ class LossCountCache:
         self._lock = threading.Lock()  # chunks run in threads; transformers' lazy imports are not safe
 
     def counted(
-        self, job_id: str, job: JobDefinition, model_path: str | None, records: list[Record]
+        self, job_id: str, job: JobDefinition, model_path: str | None, records: list[Record], where: str
     ) -> list[Record]:
-        """``records`` with their loss counts, or unchanged when no tokenizer is at hand."""
+        """``records`` with their loss counts, or unchanged when no tokenizer is at hand or the
+        count fails; that failure is logged with ``where`` (the chunk or round) and its message,
+        quoted text masked (:mod:`dflash_tasks.core.log_text`)."""
         counter = self.counter(job_id, job, model_path)
         if counter is None:
             return records
         try:
             return counter.counted(records)
         except Exception as exc:  # the count is optional: the chunk is stored without it
-            log.warning("loss tokens not counted for a chunk of job %s: %s", job_id, type(exc).__name__)
+            log.warning("loss tokens not counted for %s: %s", where, exception_text(exc))
             return records
 
     def counter(self, job_id: str, job: JobDefinition, model_path: str | None) -> RecordCounter | None:
