@@ -79,16 +79,7 @@ def verify(input_path: str | InputMix, store: Store) -> Verification:
     result = Verification()
     job, manifest = load_job(store), load_manifest(store)
     mode = job.spec.turns if job is not None else "all"
-    expected: dict[str, int] = {}  # sample id -> its user turns
-    lines: dict[str, int] = {}  # sample id -> its input line
-    items = (input_path if isinstance(input_path, InputMix) else InputMix.of(input_path)).read()
-    for item in items:
-        result.lines += 1
-        if isinstance(item, InvalidLine):
-            result.invalid += 1
-        else:
-            expected[item.id] = count_turns(item.messages, mode)
-            lines[item.id] = item.line
+    expected, lines = _read_inputs(input_path, mode, result)
     result.valid = len(expected)
     result.turns_expected = sum(expected.values())
     if job is None or manifest is None:
@@ -135,6 +126,24 @@ def verify(input_path: str | InputMix, store: Store) -> Verification:
     result.unexpected = sum(unexpected.values())
     _judge(result, manifest.invalid, lines, missing, duplicates, unexpected)
     return result
+
+
+def _read_inputs(
+    input_path: str | InputMix, mode: str, result: Verification
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Each valid sample's user turns and input line, by id; counts the lines and invalid ones in
+    ``result``."""
+    expected: dict[str, int] = {}  # sample id -> its user turns
+    lines: dict[str, int] = {}  # sample id -> its input line
+    items = (input_path if isinstance(input_path, InputMix) else InputMix.of(input_path)).read()
+    for item in items:
+        result.lines += 1
+        if isinstance(item, InvalidLine):
+            result.invalid += 1
+        else:
+            expected[item.id] = count_turns(item.messages, mode)
+            lines[item.id] = item.line
+    return expected, lines
 
 
 def _count(r: Verification, record: Record) -> None:

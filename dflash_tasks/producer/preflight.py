@@ -255,9 +255,6 @@ def judge(
     trainable, note = _trainable(records, plan, trainer, thinking, preserve_thinking, settings)
     if trainable is not None:
         failures += evaluate_gates(trainable.samples, trainable.gate_counts(), settings)
-    by_source = SourceTally()
-    for record in judged(records):
-        by_source.add(record)
     turns = [t for r in records for t in r.turns]
     ok = [t for t in turns if t.ok]
     return PreflightReport(
@@ -277,14 +274,24 @@ def judge(
         trainable=trainable,
         trainer_note=note,
         tuned_workers=tuned_workers,
-        source_failures={
-            name: [f.message for f in fails]
-            for name, fails in by_source.gate_failures(settings, temperature).items()
-        },
+        source_failures=_source_failures(records, settings, temperature),
         yields=None if plan is None else plan.yields,
         layout="" if plan is None else plan.layout,
         budgets=_budgets(plan, records, job),
     )
+
+
+def _source_failures(
+    records: Sequence[Record], settings: QualitySettings, temperature: float | None
+) -> dict[str, list[str]]:
+    """Each source's failed gates' messages, over the judged records."""
+    by_source = SourceTally()
+    for record in judged(records):
+        by_source.add(record)
+    return {
+        name: [f.message for f in fails]
+        for name, fails in by_source.gate_failures(settings, temperature).items()
+    }
 
 
 def _budgets(

@@ -181,20 +181,12 @@ def run_repair_rounds(
     queue = model_queue(settings.queue, job.spec.model)
 
     def replan(only: Iterable[int] | None) -> RepairPlan:
-        return ride_out(
-            lambda: job_repair_plan(
-                store, manifest, bookkeeping, settings, job, permanent=permanent, only=only
-            ),
-            "planning a repair round",
-            tell,
-            sleep,
-        )
+        return _replan(store, manifest, bookkeeping, settings, job, permanent, only, tell, sleep)
 
     plan = replan(None)
     rounds = 0
     while plan.stored and plan.pending and rounds < settings.repair_rounds:
-        state = ride_out(lambda: bookkeeping.job_state(job.job_id)[0], "reading the job's state", tell, sleep)
-        if state == JobState.PAUSED:
+        if _paused(bookkeeping, job.job_id, tell, sleep):
             break
         tell(
             f"repair round {rounds + 1} of at most {settings.repair_rounds}: {describe(plan, permanent)} "
@@ -202,30 +194,63 @@ def run_repair_rounds(
         )
         sleep(settings.repair_spacing_seconds)
         chunks = set(plan.pending)
-        ride_out(
-            partial(
-                _publish_idle,
-                app,
-                store,
-                bookkeeping,
-                queue,
-                job.job_id,
-                settings.lease_seconds,
-                plan.to_queue,
-            ),
-            "queueing the repair round",
-            tell,
-            sleep,
-        )
-        wait_for_repairs(
-            bookkeeping, queue, job.job_id, settings.lease_seconds, chunks, sleep=sleep, tell=tell
-        )
+        _run_round(app, store, bookkeeping, settings, queue, job.job_id, plan, chunks, tell, sleep)
         rounds += 1
         plan = replan(chunks)
     if rounds:
         left = describe(plan, permanent) if plan.samples else "none left"
         tell(f"repair: {rounds} rounds run; {left}")
     return plan, rounds
+
+
+def _replan(
+    store: Store,
+    manifest: Manifest,
+    bookkeeping: Bookkeeping,
+    settings: ProducerSettings,
+    job: JobDefinition,
+    permanent: bool,
+    only: Iterable[int] | None,
+    tell: Callable[[str], None],
+    sleep: Callable[[float], None],
+) -> RepairPlan:
+    """:func:`job_repair_plan`, riding out a Redis outage."""
+    return ride_out(
+        lambda: job_repair_plan(store, manifest, bookkeeping, settings, job, permanent=permanent, only=only),
+        "planning a repair round",
+        tell,
+        sleep,
+    )
+
+
+def _paused(
+    bookkeeping: Bookkeeping, job_id: str, tell: Callable[[str], None], sleep: Callable[[float], None]
+) -> bool:
+    """Whether the job is paused (its state read riding out a Redis outage)."""
+    state = ride_out(lambda: bookkeeping.job_state(job_id)[0], "reading the job's state", tell, sleep)
+    return state == JobState.PAUSED
+
+
+def _run_round(
+    app: Celery,
+    store: Store,
+    bookkeeping: Bookkeeping,
+    settings: ProducerSettings,
+    queue: str,
+    job_id: str,
+    plan: RepairPlan,
+    chunks: set[int],
+    tell: Callable[[str], None],
+    sleep: Callable[[float], None],
+) -> None:
+    """Queue the plan's idle units and wait until no round of ``chunks`` runs or waits."""
+    ride_out(
+        partial(_publish_idle, app, store, bookkeeping, queue, job_id, settings.lease_seconds, plan.to_queue),
+        "queueing the repair round",
+        tell,
+        sleep,
+    )
+    wait_for_repairs(bookkeeping, queue, job_id, settings.lease_seconds, chunks, sleep=sleep, tell=tell)
 
 
 def _publish_idle(

@@ -138,49 +138,76 @@ def start_conversation(
     conversation = Conversation(spec, sample, who, rid_prefix, kept, repair, resume, budget)
     send = functools.partial(generate_turn, sleep=sleep, listener=listener, repetition=repetition)
     extend = functools.partial(continue_turn, sleep=sleep, listener=listener, repetition=repetition)
-    result: Future[Record] = Future()
-    lock = threading.Lock()
-    current: list[Future[Turn]] = []
+    return _TurnChain(pool, client, conversation, policy, send, extend).start()
 
-    def submit_next() -> None:
+
+class _TurnChain:
+    """Queues a conversation's turns one after another and resolves its future with the record."""
+
+    def __init__(
+        self,
+        pool: RequestPool,
+        client: SGLangClient,
+        conversation: Conversation,
+        policy: RetryPolicy,
+        send: Callable[..., Turn],
+        extend: Callable[..., Turn],
+    ) -> None:
+        self.pool = pool
+        self.client = client
+        self.conversation = conversation
+        self.policy = policy
+        self.send = send
+        self.extend = extend
+        self.result: Future[Record] = Future()
+        self.lock = threading.Lock()
+        self.current: list[Future[Turn]] = []
+
+    def start(self) -> Future[Record]:
+        """Queue the first turn; the future the record (or a turn's exception) resolves."""
+        self.result.add_done_callback(self.on_result)
+        try:
+            self.submit_next()
+        except BaseException as exc:
+            _settle(self.result.set_exception, exc)
+        return self.result
+
+    def submit_next(self) -> None:
+        """Queue the next turn (or the cut one's continuation), unless the sample was cancelled."""
+        conversation, spec, policy = self.conversation, self.conversation.spec, self.policy
         messages, added, rid = conversation.next_request()
         resume = conversation.take_resume()
         request = conversation.request_spec() if resume is None else spec
-        with lock:
-            if result.cancelled():
+        with self.lock:
+            if self.result.cancelled():
                 return
             if resume is None:
-                turn = pool.submit(send, client, request, messages, added, policy, rid)
+                turn = self.pool.submit(self.send, self.client, request, messages, added, policy, rid)
             else:
                 cut, how = resume
-                turn = pool.submit(extend, client, spec, messages, cut, how, policy, f"{rid}C")
-            current[:] = [turn]
-        turn.add_done_callback(on_turn)
+                turn = self.pool.submit(self.extend, self.client, spec, messages, cut, how, policy, f"{rid}C")
+            self.current[:] = [turn]
+        turn.add_done_callback(self.on_turn)
 
-    def on_turn(turn: Future[Turn]) -> None:
+    def on_turn(self, turn: Future[Turn]) -> None:
+        """Add a returned turn; then the record, or the next turn."""
         if turn.cancelled():
             return
         try:
-            conversation.add(turn.result())
-            if conversation.finished:
-                _settle(result.set_result, conversation.record())
+            self.conversation.add(turn.result())
+            if self.conversation.finished:
+                _settle(self.result.set_result, self.conversation.record())
             else:
-                submit_next()
+                self.submit_next()
         except BaseException as exc:  # a turn's error, or the pool shut down: the sample fails
-            _settle(result.set_exception, exc)
+            _settle(self.result.set_exception, exc)
 
-    def on_result(done: Future[Record]) -> None:
+    def on_result(self, done: Future[Record]) -> None:
+        """A cancelled sample cancels the turn waiting in the pool."""
         if done.cancelled():
-            with lock:
-                for turn in current:
+            with self.lock:
+                for turn in self.current:
                     turn.cancel()
-
-    result.add_done_callback(on_result)
-    try:
-        submit_next()
-    except BaseException as exc:
-        _settle(result.set_exception, exc)
-    return result
 
 
 def _settle(setter: Callable[[Any], None], value: Any) -> None:
