@@ -126,7 +126,7 @@ def check_turn(turn: Turn, thinking: bool, settings: QualitySettings) -> list[st
     text = f"{reasoning}\n{content}".lower()  # once: the texts run to tens of kilobytes
     if any(m in text for m in THINK_MARKERS):
         found.append("think_marker")
-    if not content:
+    if not content and not turn.looped:  # a loop in the thought: its missing answer is the loop's
         found.append("empty_answer")
     if turn.finish_reason == "length":
         found.append("truncated")

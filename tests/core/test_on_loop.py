@@ -67,10 +67,15 @@ def looped(*earlier: Turn, last: Turn | None = None, max_tokens: int = 4096) -> 
 # --- the check and the gate ---------------------------------------------------------------------
 
 
-def test_a_looped_turn_fails_the_looping_check_and_only_it_with_its_answer_missing() -> None:
-    assert check_turn(looped_turn(), True, QualitySettings()) == ["empty_answer", "looping"]
+def test_a_looped_turn_fails_the_looping_check_not_empty_answer() -> None:
+    """Its thought looped, so it has no answer: that is the loop's doing, counted and gated once,
+    under ``looping`` (whose hint names the cause), not also under ``empty_answer`` (whose hint
+    says to raise --max-tokens)."""
+    assert check_turn(looped_turn(), True, QualitySettings()) == ["looping"]
     assert "looping" not in check_turn(turn(), True, QualitySettings())
-    assert with_checks(looped(turn()), True, QualitySettings()).checks == ("empty_answer", "looping")
+    assert with_checks(looped(turn()), True, QualitySettings()).checks == ("looping",)
+    unlooped = replace(looped_turn(), loop=None, finish_reason="stop")
+    assert check_turn(unlooped, True, QualitySettings()) == ["empty_answer"]
 
 
 def test_the_looping_gate_trips_above_ten_percent_and_names_greedy_decoding_at_temperature_zero() -> None:

@@ -58,9 +58,8 @@ def run_job(procs: Processes, inp: Path, out: Path, *flags: str) -> str:
     sim = procs.simulator(*SIM_FLAGS, "--stream-interval", "8")
     procs.worker(sim, "gpu0", "--max-inflight", "64")
     common = ("--max-tokens", str(MAX_TOKENS), "--chunk-size", "50", "--no-preflight", "--wait", "--json")
-    # the looping share is the test's own: the gate would (rightly) stop the job at 10%; a loop in
-    # the thought leaves no answer, so with the cut thoughts a window can pass empty_answer's 25%
-    shares = ("--max-share", "truncated=1.0", "--max-share", "looping=1.0", "--max-share", "empty_answer=1.0")
+    # the looping share is the test's own: the gate would (rightly) stop the job at 10%
+    shares = ("--max-share", "truncated=1.0", "--max-share", "looping=1.0")
     res = procs.run(
         "dflash_tasks.producer.enqueue", *enqueue_args(inp, out, *common, *shares, *flags), timeout=600
     )
