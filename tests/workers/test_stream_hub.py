@@ -6,7 +6,6 @@ simulator and small servers of the test's own."""
 from __future__ import annotations
 
 import multiprocessing
-import os
 import signal
 import socket
 import struct
@@ -312,7 +311,6 @@ def test_a_caller_that_leaves_mid_stream_leaves_the_hub_serving(
         monkeypatch.setattr(stream_hub.StreamHub, "_leave", lambda self, answer: None, raising=False)
     hub = stream_hub.StreamHub()
     monkeypatch.setattr(stream_hub, "_shared", hub)
-    monkeypatch.setattr(stream_hub, "_shared_pid", os.getpid())
 
     def interrupt(signum: int, frame: Any) -> None:
         raise Interrupted

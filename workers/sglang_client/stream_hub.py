@@ -270,10 +270,9 @@ def _take_over(resp: requests.Response) -> tuple[socket.socket, bytes, float | N
     sock_timeout = sock.gettimeout()
     sock.setblocking(False)
     pieces = []
-    while True:  # the bytes read with the headers, then what waits on the socket
-        piece = original.fp.read1(_READ_SIZE)
-        if not piece:  # nothing waits now (b"" or None), or the end: the selector sees that
-            break
+    # the bytes read with the headers, then what waits on the socket; b"" (or None) when nothing
+    # waits now, or at the end: the selector sees that
+    while piece := original.fp.read1(_READ_SIZE):
         pieces.append(piece)
     return sock, b"".join(pieces), sock_timeout
 
@@ -288,25 +287,23 @@ def _give_back(resp: requests.Response, sock: socket.socket, sock_timeout: float
 
 
 _shared: StreamHub | None = None
-_shared_pid = 0
 _shared_lock = threading.Lock()
 
 
-def _new_lock_after_fork() -> None:
-    """A forked child's lock: another thread of the parent may have held the old one."""
-    global _shared_lock
-    _shared_lock = threading.Lock()
+def _forget_after_fork() -> None:
+    """A forked child has no hub thread, and another thread of the parent may have held the lock."""
+    global _shared, _shared_lock
+    _shared, _shared_lock = None, threading.Lock()
 
 
-os.register_at_fork(after_in_child=_new_lock_after_fork)
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def shared_hub() -> StreamHub:
     """This process's hub (a new one after a fork, or after the last one failed)."""
-    global _shared, _shared_pid
+    global _shared
     with _shared_lock:
         hub = _shared
-        if hub is None or _shared_pid != os.getpid() or hub._failed is not None:
+        if hub is None or hub._failed is not None:
             hub = _shared = StreamHub()
-            _shared_pid = os.getpid()
         return hub
