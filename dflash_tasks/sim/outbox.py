@@ -32,17 +32,19 @@ class Outbox:
         self._moved = time.monotonic()  # when the client last took bytes, or bytes began to wait
         self._failed: OSError | None = None
 
-    def put(self, data: bytes) -> None:
-        """Send ``data`` after what waits, as far as the socket takes it now. Raises ``OSError``
-        when the client is gone, :class:`ClientStalled` when it stopped reading."""
+    def put(self, data: bytes) -> bool:
+        """Send ``data`` after what waits, as far as the socket takes it now; True once nothing
+        waits. Raises ``OSError`` when the client is gone, :class:`ClientStalled` when it stopped
+        reading."""
         if self._waiting or self._failed is not None:
             self._waiting += data
-            self.flush()
-            return
+            return self.flush()
         sent = self._send(data)
         if sent < len(data):
             self._waiting += memoryview(data)[sent:]
             self._moved = time.monotonic()
+            return False
+        return True
 
     def flush(self) -> bool:
         """Send what waits, as far as the socket takes it now; True once nothing waits. Raises as

@@ -175,7 +175,7 @@ class SimHandler(BaseHTTPRequestHandler):
         out = self._outbox = Outbox(self.connection, self.server.engine.config.stream_stall_seconds)
         started = False
 
-        def write(piece: bytes) -> None:
+        def write(piece: bytes) -> bool:
             nonlocal started
             if not started:
                 self.send_response(reply.status)
@@ -183,7 +183,7 @@ class SimHandler(BaseHTTPRequestHandler):
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 started = True
-            out.put(b"%x\r\n%s\r\n" % (len(piece), piece))
+            return out.put(b"%x\r\n%s\r\n" % (len(piece), piece))
 
         try:
             close = reply.stream(write, self._client_gone, out.flush)

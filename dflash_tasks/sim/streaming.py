@@ -34,8 +34,8 @@ from dflash_tasks.sim.sse import DONE, ChunkHead, ReasoningStream, error_event, 
 from dflash_tasks.sim.textgen import IM_END_TOKEN_ID, Plan, prompt_rng, span_tokens
 
 #: Writes one piece of a streamed body without blocking (what the client does not take at once
-#: waits); raises ``OSError`` when the client is gone or stopped reading.
-Write = Callable[[bytes], None]
+#: waits); True once nothing waits. Raises ``OSError`` when the client is gone or stopped reading.
+Write = Callable[[bytes], bool]
 #: Says whether the client closed its connection.
 GoneCheck = Callable[[], bool]
 #: Sends what waits for the client; True once nothing does. Raises as :data:`Write`.
@@ -142,11 +142,9 @@ class _Client:
         if self.gone_at is not None:
             return
         try:
-            self._write(piece)
+            self.waiting = not self._write(piece)
         except OSError:
             self.gone_at = time.monotonic()
-            return
-        self.flush()
 
     def flush(self) -> None:
         """Send what waits for the client."""
