@@ -150,8 +150,8 @@ class _TurnChain:
         client: SGLangClient,
         conversation: Conversation,
         policy: RetryPolicy,
-        send: Callable[..., Turn],
-        extend: Callable[..., Turn],
+        send: functools.partial[Turn],
+        extend: functools.partial[Turn],
     ) -> None:
         self.pool = pool
         self.client = client
@@ -161,7 +161,7 @@ class _TurnChain:
         self.extend = extend
         self.result: Future[Record] = Future()
         self.lock = threading.Lock()
-        self.current: list[Future[Turn]] = []
+        self.current: Future[Turn] | None = None  # the turn in the pool
 
     def start(self) -> Future[Record]:
         """Queue the first turn; the future the record (or a turn's exception) resolves."""
@@ -186,7 +186,7 @@ class _TurnChain:
             else:
                 cut, how = resume
                 turn = self.pool.submit(self.extend, self.client, spec, messages, cut, how, policy, f"{rid}C")
-            self.current[:] = [turn]
+            self.current = turn
         turn.add_done_callback(self.on_turn)
 
     def on_turn(self, turn: Future[Turn]) -> None:
@@ -206,8 +206,8 @@ class _TurnChain:
         """A cancelled sample cancels the turn waiting in the pool."""
         if done.cancelled():
             with self.lock:
-                for turn in self.current:
-                    turn.cancel()
+                if self.current is not None:
+                    self.current.cancel()
 
 
 def _settle(setter: Callable[[Any], None], value: Any) -> None:
