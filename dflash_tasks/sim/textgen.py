@@ -34,6 +34,9 @@ ANSWER_BREAK = "\n\n"
 #: ``<|im_end|>``: the stop token, a completion token without text (SGLang drops it from the text).
 STOP_TEXT = ""
 
+#: The pieces of a text as :func:`output_tokens` makes its tokens (:func:`prefix_tokens`).
+_PREFIX_PIECE = re.compile(r"</?think>|\n\n|\n|[^\s<]+")
+
 MAX_TEXT_WORDS = 4096
 #: A short answer's tokens, its stop token included.
 SHORT_ANSWER_TOKENS = (4, 8)
@@ -174,9 +177,6 @@ def prefix_tokens(prefix: str) -> int:
     """The completion tokens a continued prefix holds, counted as :func:`output_tokens` makes them
     (``<think>``, ``</think>``, a newline, a blank line and each word one token)."""
     return len(_PREFIX_PIECE.findall(prefix))
-
-
-_PREFIX_PIECE = re.compile(r"</?think>|\n\n|\n|[^\s<]+")
 
 
 def _filler_tokens(rng: random.Random, tokens: int, vocab: list[str]) -> list[str]:

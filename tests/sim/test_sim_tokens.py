@@ -38,11 +38,15 @@ def count(tokenizer: Tokenizer, text: str) -> int:
     return len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-def ask(sim: RunningSimulator, prompt: str, max_tokens: int = 5000, **fields: Any) -> dict[str, Any]:
+def post(sim: RunningSimulator, prompt: str, max_tokens: int, **fields: Any) -> requests.Response:
     body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
     resp = requests.post(f"{sim.url}/v1/chat/completions", json={**body, **fields}, timeout=30)
     assert resp.status_code == 200, resp.text
-    doc: dict[str, Any] = resp.json()
+    return resp
+
+
+def ask(sim: RunningSimulator, prompt: str, max_tokens: int = 5000, **fields: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = post(sim, prompt, max_tokens, **fields).json()
     return doc
 
 
@@ -66,9 +70,7 @@ def streamed(sim: RunningSimulator, prompt: str, max_tokens: int = 5000, **field
 
 
 def ask_stream(sim: RunningSimulator, prompt: str, max_tokens: int, **fields: Any) -> list[Any]:
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
-    resp = requests.post(f"{sim.url}/v1/chat/completions", json={**body, **fields}, timeout=30)
-    assert resp.status_code == 200, resp.text
+    resp = post(sim, prompt, max_tokens, **fields)
     lines = [line[len(b"data: ") :] for line in resp.iter_lines() if line]
     assert lines[-1] == b"[DONE]"
     return [json.loads(line) for line in lines[:-1]]

@@ -113,44 +113,47 @@ class Unplannable(LossCountCache):
         raise ValueError(f"cannot render the row {SECRET!r}")
 
 
-def test_a_yield_not_counted_logs_its_chunk_and_why_without_sample_text(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    job = JobDefinition.create("sha256:x", "in.jsonl", GenerationSpec(model="m"))
-    with caplog.at_level(logging.WARNING, logger="workers.checks.chunk_yield"):
-        counters = yield_counters(Unplannable(), job.job_id, job, "/m", [], where="chunk 7 of job j1")
-    assert counters == {}
-    (line,) = (r.getMessage() for r in caplog.records)
-    assert "chunk 7 of job j1" in line and "ValueError: cannot render the row <" in line
-    assert SECRET not in line and "42" not in line
-
-
 class Uncountable(LossCountCache):
-    """A counter that fails on a record as a chat template could, repeating its text."""
+    """Its counter fails on a record as a chat template could, repeating its text."""
 
     def counter(self, job_id: str, job: JobDefinition, model_path: str | None) -> RecordCounter | None:
-        return Failing(job)
+        return FailingCounter()
 
 
-class Failing(RecordCounter):
-    def __init__(self, job: JobDefinition) -> None:
+class FailingCounter(RecordCounter):
+    def __init__(self) -> None:  # no tokenizer: it never counts
         pass
 
     def counted(self, records: Sequence[Record]) -> list[Record]:
         raise ValueError(f"cannot render the row {SECRET!r}")
 
 
-def test_loss_tokens_not_counted_log_their_chunk_and_why_without_sample_text(
-    caplog: pytest.LogCaptureFixture,
+JOB = JobDefinition.create("sha256:x", "in.jsonl", GenerationSpec(model="m"))
+#: Each count that may fail, and the logger saying so: (call with ``where``, logger, its result).
+FAILING_COUNTS: dict[str, tuple[Any, str, Any]] = {
+    "live yield": (
+        lambda where: yield_counters(Unplannable(), JOB.job_id, JOB, "/m", [], where=where),
+        "workers.checks.chunk_yield",
+        {},
+    ),
+    "loss tokens": (
+        lambda where: Uncountable().counted(JOB.job_id, JOB, "/m", [], where=where),
+        "workers.checks.loss_counting",
+        [],  # stored without counts
+    ),
+}
+
+
+@pytest.mark.parametrize("what", FAILING_COUNTS)
+def test_a_count_that_fails_logs_its_chunk_and_why_without_sample_text(
+    caplog: pytest.LogCaptureFixture, what: str
 ) -> None:
-    job = JobDefinition.create("sha256:x", "in.jsonl", GenerationSpec(model="m"))
-    with caplog.at_level(logging.WARNING, logger="workers.checks.loss_counting"):
-        records = Uncountable().counted(
-            job.job_id, job, "/m", [], where="repair round 2 of chunk 7 of job j1"
-        )
-    assert records == []  # stored without counts
+    count, logger, nothing = FAILING_COUNTS[what]
+    where = "repair round 2 of chunk 7 of job j1"
+    with caplog.at_level(logging.WARNING, logger=logger):
+        assert count(where) == nothing
     (line,) = (r.getMessage() for r in caplog.records)
-    assert "repair round 2 of chunk 7 of job j1" in line and "ValueError: cannot render the row <" in line
+    assert where in line and "ValueError: cannot render the row <" in line
     assert SECRET not in line and "42" not in line
 
 
