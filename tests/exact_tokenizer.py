@@ -15,9 +15,10 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
+from dflash_tasks.sim.textgen import MARKER_PIECES
 from dflash_tasks.sim.tokenizer import QWEN3_TEMPLATE, SPECIAL, WORD_PIECE, save_model_dir
 
-SIM_PIECES = r"</?think>|\n\n|\n|" + WORD_PIECE
+SIM_PIECES = MARKER_PIECES + "|" + WORD_PIECE
 
 
 def build_exact_model_dir(where: Path, template: str = QWEN3_TEMPLATE, name: str = "exact-qwen3") -> Path:

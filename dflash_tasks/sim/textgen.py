@@ -34,8 +34,10 @@ ANSWER_BREAK = "\n\n"
 #: ``<|im_end|>``: the stop token, a completion token without text (SGLang drops it from the text).
 STOP_TEXT = ""
 
+#: The tokens other than words (a regex): the think markers, a blank line, a newline.
+MARKER_PIECES = r"</?think>|\n\n|\n"
 #: The pieces of a text as :func:`output_tokens` makes its tokens (:func:`prefix_tokens`).
-_PREFIX_PIECE = re.compile(r"</?think>|\n\n|\n|[^\s<]+")
+_PREFIX_PIECE = re.compile(MARKER_PIECES + r"|[^\s<]+")
 
 MAX_TEXT_WORDS = 4096
 #: A short answer's tokens, its stop token included.
